@@ -1,0 +1,37 @@
+# The two commands: `make demo` and `make test`. Both set up .venv first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# CPU build of torch; the pin lives here only, pyproject declares a range for users.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test lint pytest demo bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml plugins/autotune-baselines/pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[test]" -e plugins/autotune-baselines
+	touch $@
+
+test: lint pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+pytest: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(PY) benchmarks/allreduce_busbw.py --world-sizes 4 --sizes 64K,1M,4M --iters 10
+
+bench: $(STAMP)
+	$(PY) benchmarks/allreduce_busbw.py --world-sizes 2,4 --sizes 64K,1M,16M --iters 50 --markdown
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,79 @@
+"""Swappable all-reduce algorithms on torch.distributed point-to-point operations; their registry.
+
+Built in: ``ring``, ``tree``, ``two_tree`` and ``native``; more arrive through `register` or the
+``autotune.algorithms`` entry-point group (the ``direct`` and ``star`` baselines ship that way).
+"""
+
+from __future__ import annotations
+
+from autotune.algorithms._base import SUPPORTED_DTYPES, AllReduceAlgorithm
+from autotune.algorithms._native import NativeAllReduce
+from autotune.algorithms._registry import (
+    ALGORITHMS,
+    ENTRY_POINT_GROUP,
+    PLUGIN_SOURCES,
+    available,
+    get_algorithm,
+    load_plugins,
+    register,
+)
+from autotune.algorithms._ring import RingAllReduce
+from autotune.algorithms._transport import (
+    Comm,
+    PeerError,
+    Recv,
+    Round,
+    ScratchPool,
+    Send,
+    Traffic,
+    Transport,
+    p2p_group,
+    segments,
+    split,
+)
+from autotune.algorithms._tree import TreeAllReduce
+from autotune.algorithms._trees import Tree, binary_tree, double_binary_tree, render
+from autotune.algorithms._two_tree import TwoTreeAllReduce
+
+__all__ = [
+    "ALGORITHMS",
+    "BUILTINS",
+    "ENTRY_POINT_GROUP",
+    "PLUGIN_SOURCES",
+    "SUPPORTED_DTYPES",
+    "AllReduceAlgorithm",
+    "Comm",
+    "NativeAllReduce",
+    "PeerError",
+    "Recv",
+    "RingAllReduce",
+    "Round",
+    "ScratchPool",
+    "Send",
+    "Traffic",
+    "Transport",
+    "Tree",
+    "TreeAllReduce",
+    "TwoTreeAllReduce",
+    "available",
+    "binary_tree",
+    "double_binary_tree",
+    "get_algorithm",
+    "load_plugins",
+    "p2p_group",
+    "register",
+    "render",
+    "segments",
+    "split",
+]
+
+#: The algorithms that ship with autotune itself.
+BUILTINS: tuple[type[AllReduceAlgorithm], ...] = (
+    NativeAllReduce,
+    RingAllReduce,
+    TreeAllReduce,
+    TwoTreeAllReduce,
+)
+for _cls in BUILTINS:
+    register(_cls.name, _cls)
+del _cls

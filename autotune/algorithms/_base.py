@@ -1,0 +1,176 @@
+"""The all-reduce contract every algorithm implements, and the input checks they all share."""
+
+from __future__ import annotations
+
+import abc
+import zlib
+from datetime import timedelta
+from typing import ClassVar
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+
+from autotune.algorithms._transport import (
+    Comm,
+    PeerError,
+    Traffic,
+    backend_for,
+    ensure_ready,
+    p2p_group,
+)
+
+__all__ = ["SUPPORTED_DTYPES", "AllReduceAlgorithm"]
+
+SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+)
+
+
+class AllReduceAlgorithm(abc.ABC):
+    """An in-place SUM all-reduce over a process group, built on point-to-point operations.
+
+    `all_reduce` is the public entry: it checks the input, finds the dedicated point-to-point group,
+    stages CUDA tensors through pinned host memory where the backend cannot send them (gloo), and
+    calls `_run`. Subclasses implement `_run` alone; it is called on every rank of the group, in the
+    same order, with a flat, contiguous, non-empty buffer and a world of at least two ranks, and
+    must leave every rank with bitwise-identical values (reduce each element on one rank, then
+    copy it).
+
+    Example::
+
+        >>> algo = autotune.algorithms.get_algorithm("ring")
+        >>> algo.all_reduce(grad, segment_bytes=1 << 20)  # grad now holds the sum over ranks
+    """
+
+    #: Registry name, used in errors and metrics.
+    name: ClassVar[str]
+    #: Whether ``segment_bytes`` changes what the algorithm does (the tuner searches it only then).
+    segmented: ClassVar[bool] = True
+    #: Pipeline segment used when the caller gives none.
+    default_segment_bytes: ClassVar[int] = 4 << 20
+
+    def __init__(self, *, timeout_s: float | None = None) -> None:
+        """``timeout_s``: how long to wait for a peer before raising; None: the group's timeout."""
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        self.timeout_s = timeout_s
+        #: What this rank sent in the last all-reduce (None before the first).
+        self.last_traffic: Traffic | None = None
+
+    def all_reduce(
+        self,
+        tensor: torch.Tensor,
+        group: ProcessGroup | None = None,
+        *,
+        segment_bytes: int | None = None,
+    ) -> None:
+        """Sum ``tensor`` over ``group`` in place; on return (CPU) every rank holds the same sum.
+
+        On CUDA the result is ordered on the current stream. ``segment_bytes`` is the pipeline
+        segment (rounded down to whole elements, at least one); None uses the algorithm's default.
+        """
+        check_tensor(tensor)
+        segment_bytes = self.default_segment_bytes if segment_bytes is None else segment_bytes
+        check_segment_bytes(segment_bytes)
+        if group is not None and dist.get_rank(group) < 0:
+            raise ValueError("this rank is not a member of the process group passed to all_reduce")
+        timeout = None if self.timeout_s is None else timedelta(seconds=self.timeout_s)
+        try:
+            dedicated = p2p_group(group, timeout)
+        except PeerError as exc:
+            raise PeerError(f"{self.name} all-reduce: {exc}") from exc.__cause__
+        rank = dist.get_rank(dedicated)
+        size = dist.get_world_size(dedicated)
+        backend = backend_for(dedicated, tensor.device)
+        comm = Comm(dedicated, rank, size, backend, self.name, timeout)
+        self.last_traffic = comm.traffic
+        if dist.get_debug_level() == dist.DebugLevel.DETAIL:
+            _check_same_call(tensor, segment_bytes, self.name, comm)
+        if size == 1 or tensor.numel() == 0:
+            return
+        ensure_ready(comm, tensor.device)
+        segment_elems = max(1, segment_bytes // tensor.element_size())
+        flat = tensor.view(-1)
+        with torch.no_grad():
+            if flat.is_cuda and backend == "gloo":
+                # gloo has no CUDA send/recv: run on a pinned host copy. The blocking copy orders
+                # it after work already queued on the current stream; the copy back is queued on
+                # that stream, and the caching host allocator keeps the pinned block alive until
+                # that copy has run.
+                host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+                host.copy_(flat)
+                self._run(host, comm, segment_elems)
+                flat.copy_(host, non_blocking=True)
+            else:
+                self._run(flat, comm, segment_elems)
+
+    @abc.abstractmethod
+    def _run(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> None:
+        """Reduce ``buf`` in place over ``comm``; called on every rank with ``comm.size >= 2``."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, timeout_s={self.timeout_s!r})"
+
+
+def check_tensor(tensor: object) -> None:
+    """Raise a TypeError/ValueError naming the problem if ``tensor`` cannot be all-reduced."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"all_reduce expects a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.layout != torch.strided:
+        raise TypeError(
+            f"all_reduce supports dense tensors only, got layout {tensor.layout}; "
+            "call .to_dense() first"
+        )
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        names = ", ".join(str(d) for d in SUPPORTED_DTYPES)
+        raise TypeError(f"all_reduce does not support dtype {tensor.dtype}; supported: {names}")
+    if not tensor.is_contiguous():
+        raise ValueError(
+            "all_reduce needs a contiguous tensor (it reduces the storage in place); "
+            "pass t.contiguous() and copy the result back"
+        )
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"all_reduce supports CPU and CUDA tensors, got device {tensor.device}")
+
+
+def check_segment_bytes(segment_bytes: object) -> None:
+    if isinstance(segment_bytes, bool) or not isinstance(segment_bytes, int):
+        raise TypeError(f"segment_bytes must be an int, got {type(segment_bytes).__name__}")
+    if segment_bytes <= 0:
+        raise ValueError(f"segment_bytes must be > 0, got {segment_bytes}")
+
+
+def _check_same_call(tensor: torch.Tensor, segment_bytes: int, name: str, comm: Comm) -> None:
+    """Under TORCH_DISTRIBUTED_DEBUG=DETAIL, check every rank passed the same call.
+
+    A size or segment mismatch cannot be seen from one side: gloo accepts a shorter message into a
+    longer receive without error, so the sum would be silently wrong.
+    """
+    mine = torch.tensor(
+        [
+            tensor.numel(),
+            SUPPORTED_DTYPES.index(tensor.dtype),
+            segment_bytes,
+            zlib.crc32(name.encode()),
+        ],
+        dtype=torch.int64,
+        device=tensor.device if comm.backend == "nccl" else "cpu",
+    )
+    everyone = [torch.empty_like(mine) for _ in range(comm.size)]
+    work = dist.all_gather(everyone, mine, group=comm.group, async_op=True)
+    assert work is not None
+    comm.wait(work, "the TORCH_DISTRIBUTED_DEBUG=DETAIL call check")
+    for peer, theirs in enumerate(everyone):
+        if not torch.equal(theirs, mine):
+            numel, dtype_index, seg, _ = theirs.tolist()
+            raise ValueError(
+                f"{name} all-reduce called with different arguments on different ranks: "
+                f"this rank has numel={tensor.numel()}, dtype={tensor.dtype}, "
+                f"segment_bytes={segment_bytes}, algorithm={name}; rank {comm.global_rank(peer)} "
+                f"has numel={numel}, dtype={SUPPORTED_DTYPES[dtype_index]}, segment_bytes={seg} "
+                "(and the algorithm names must match)"
+            )

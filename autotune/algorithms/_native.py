@@ -1,0 +1,23 @@
+"""The backend's own all-reduce, the baseline (NCCL picks ring or tree itself; gloo runs a ring)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from autotune.algorithms._base import AllReduceAlgorithm
+from autotune.algorithms._transport import Comm
+
+__all__ = ["NativeAllReduce"]
+
+
+class NativeAllReduce(AllReduceAlgorithm):
+    """``dist.all_reduce`` on the dedicated group; ``segment_bytes`` does not apply."""
+
+    name = "native"
+    segmented = False
+
+    def _run(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> None:
+        work = dist.all_reduce(buf, group=comm.group, async_op=True)
+        assert work is not None
+        comm.wait(work, f"{comm.backend} all_reduce of {buf.numel() * buf.element_size()} bytes")

@@ -1,0 +1,104 @@
+"""The algorithm registry: a plain dict of classes, filled by code and by installed plugins."""
+
+from __future__ import annotations
+
+import re
+import threading
+import warnings
+from importlib.metadata import entry_points
+from typing import Any
+
+from autotune.algorithms._base import AllReduceAlgorithm
+
+__all__ = [
+    "ALGORITHMS",
+    "ENTRY_POINT_GROUP",
+    "PLUGIN_SOURCES",
+    "available",
+    "get_algorithm",
+    "load_plugins",
+    "register",
+]
+
+#: Entry-point group third-party algorithms register under, ``name = "module:Class"``.
+ENTRY_POINT_GROUP = "autotune.algorithms"
+
+#: Every known algorithm, name -> class. Plugins join on the first `get_algorithm`/`available`.
+ALGORITHMS: dict[str, type[AllReduceAlgorithm]] = {}
+
+#: Algorithms that came from entry points: name -> "distribution version".
+PLUGIN_SOURCES: dict[str, str] = {}
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_lock = threading.RLock()
+_loaded = [False]
+_failed: dict[str, Exception] = {}
+
+
+def register(name: str, cls: type[AllReduceAlgorithm], *, replace: bool = False) -> None:
+    """Make ``cls`` available as ``name``; pass ``replace=True`` to rebind an existing name."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(f"algorithm name must be letters, digits, '_', '.' or '-', got {name!r}")
+    if not (isinstance(cls, type) and issubclass(cls, AllReduceAlgorithm)):
+        raise TypeError(f"{cls!r} is not a subclass of autotune.algorithms.AllReduceAlgorithm")
+    with _lock:
+        existing = ALGORITHMS.get(name)
+        if existing is not None and existing is not cls and not replace:
+            raise ValueError(
+                f"algorithm {name!r} is already registered as {existing.__module__}."
+                f"{existing.__qualname__}; pass replace=True to rebind it"
+            )
+        ALGORITHMS[name] = cls
+        _failed.pop(name, None)
+
+
+def load_plugins() -> None:
+    """Register the algorithms of installed distributions (entry points ``autotune.algorithms``).
+
+    Runs once per process. A plugin that fails to import is reported with a warning and its error
+    is raised again when someone asks for it by name; it never stops the others from loading.
+    """
+    with _lock:
+        if _loaded[0]:
+            return
+        _loaded[0] = True
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            source = f"{ep.dist.name} {ep.dist.version}" if ep.dist else ep.value
+            if ep.name in ALGORITHMS:
+                warnings.warn(
+                    f"plugin {source} registers algorithm {ep.name!r}, which already exists; "
+                    "keeping the existing one",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                continue
+            try:
+                register(ep.name, ep.load())
+            except Exception as exc:  # a broken plugin must not take the others down
+                _failed[ep.name] = exc
+                warnings.warn(
+                    f"could not load algorithm {ep.name!r} from {source}: {exc!r}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            else:
+                PLUGIN_SOURCES[ep.name] = source
+
+
+def available() -> list[str]:
+    """Names of every registered algorithm, plugins included, sorted."""
+    load_plugins()
+    return sorted(ALGORITHMS)
+
+
+def get_algorithm(name: str, **options: Any) -> AllReduceAlgorithm:
+    """Instantiate the algorithm registered as ``name`` with ``options`` (e.g. ``timeout_s``)."""
+    load_plugins()
+    cls = ALGORITHMS.get(name)
+    if cls is None:
+        if name in _failed:
+            raise RuntimeError(f"algorithm {name!r} is installed but failed to load") from _failed[
+                name
+            ]
+        raise ValueError(f"unknown algorithm {name!r}; registered: {', '.join(sorted(ALGORITHMS))}")
+    return cls(**options)

@@ -1,0 +1,229 @@
+"""Start N local ranks on 127.0.0.1 and run one function on each: for tests, benchmarks, examples.
+
+The parent owns the rendezvous store on a free port it picks itself (no port race), and collects
+each rank's return value or traceback; a rank that hangs is killed at the deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing.context import BaseContext
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RankFailure", "RankResult", "launch", "run_local"]
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """What one rank left behind: its return value, or the error that ended it."""
+
+    rank: int
+    value: Any = None
+    error: str | None = None  # the traceback, or why the rank did not finish
+    exitcode: int | None = None
+    failed_at: float = float("inf")  # time.time() of the failure, to find the first one
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class RankFailure(RuntimeError):
+    """One or more local ranks raised, died or ran past the deadline."""
+
+    def __init__(self, results: list[RankResult]) -> None:
+        self.results = results
+        # The rank that failed first is the cause; the others mostly report losing it.
+        bad = sorted((r for r in results if not r.ok), key=lambda r: (r.failed_at, r.rank))
+        first = bad[0]
+        others = ", ".join(str(r.rank) for r in bad[1:])
+        super().__init__(
+            f"rank {first.rank} failed (exit code {first.exitcode})"
+            + (f"; ranks {others} failed too" if others else "")
+            + f":\n{first.error}"
+        )
+
+
+def _context() -> BaseContext:
+    import multiprocessing as mp
+
+    # forkserver: children fork from a server that has imported torch once, so starting 8 ranks on
+    # 2 cores takes well under a second, and none inherits the parent's threads or CUDA state.
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "autotune.algorithms"])
+        return ctx
+    return mp.get_context("spawn")
+
+
+def _child(
+    fn: Callable[..., Any],
+    rank: int,
+    world_size: int,
+    port: int,
+    backend: str,
+    pg_timeout_s: float,
+    threads: int,
+    env: Mapping[str, str],
+    args: tuple[Any, ...],
+    out: str,
+) -> None:
+    os.environ.update(env)
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # never leave the loopback interface
+    result: tuple[str, Any, float] | None = None
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(threads)
+        # The forkserver imported torch before this rank's environment was set.
+        dist.set_debug_level_from_env()
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False)
+        dist.init_process_group(
+            backend,
+            store=store,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=pg_timeout_s),
+        )
+        try:
+            result = ("ok", fn(rank, world_size, *args), 0.0)
+        except BaseException:
+            # Stamp the failure before teardown: closing our connections is what makes the
+            # other ranks fail, and the report must name this rank as the first.
+            result = ("error", traceback.format_exc(), time.time())
+        dist.destroy_process_group()
+    except BaseException:
+        if result is None or result[0] == "ok":  # keep the first error, not teardown's
+            result = ("error", traceback.format_exc(), time.time())
+    assert result is not None
+    tmp = f"{out}.tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump(result, f)
+    os.replace(tmp, out)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: a rank whose peer died can otherwise block in gloo's destructors.
+    os._exit(0 if result[0] == "ok" else 1)
+
+
+def launch(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    backend: str = "gloo",
+    timeout_s: float = 300.0,
+    pg_timeout_s: float = 60.0,
+    grace_s: float = 30.0,
+    env: Mapping[str, str] | None = None,
+    threads: int | None = None,
+) -> list[RankResult]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` local ranks; return each rank's result.
+
+    Each rank joins a process group on ``backend`` over 127.0.0.1 first. ``fn`` must be importable
+    (a module-level function). Once one rank fails, the others get ``grace_s`` to finish or fail on
+    their own (that is how fault tests watch survivors raise), then are killed; every rank is killed
+    at ``timeout_s``. ``threads``: torch intra-op threads per rank (default: cores / ranks).
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    import torch.distributed as dist
+
+    ctx = _context()
+    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False)
+    threads = threads or max(1, (os.cpu_count() or 1) // world_size)
+    with tempfile.TemporaryDirectory(prefix="autotune-launch-") as tmp:
+        outs = [str(Path(tmp) / f"rank{r}.pkl") for r in range(world_size)]
+        procs = [
+            ctx.Process(  # type: ignore[attr-defined]
+                target=_child,
+                args=(
+                    fn,
+                    r,
+                    world_size,
+                    store.port,
+                    backend,
+                    pg_timeout_s,
+                    threads,
+                    env or {},
+                    args,
+                    outs[r],
+                ),
+                name=f"autotune-rank{r}",
+            )
+            for r in range(world_size)
+        ]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout_s
+        first_failure: float | None = None
+        deaths: dict[int, float] = {}  # rank -> time.time() its process was seen dead, unclean
+        while any(p.is_alive() for p in procs):
+            now = time.monotonic()
+            for r, p in enumerate(procs):
+                if r not in deaths and not p.is_alive() and p.exitcode != 0:
+                    deaths[r] = time.time()
+                    first_failure = first_failure or now
+            if now > deadline or (first_failure is not None and now > first_failure + grace_s):
+                break
+            time.sleep(0.02)
+        killed = set()
+        for r, p in enumerate(procs):
+            if p.is_alive():
+                p.kill()
+                killed.add(r)
+            p.join()
+        results = []
+        for r, p in enumerate(procs):
+            if r in killed:
+                why = "timeout" if first_failure is None else "grace period after a peer failed"
+                results.append(
+                    RankResult(r, error=f"killed: still running at the {why}", exitcode=p.exitcode)
+                )
+                continue
+            try:
+                with open(outs[r], "rb") as f:
+                    status, payload, failed_at = pickle.load(f)
+            except FileNotFoundError:
+                results.append(
+                    RankResult(
+                        r,
+                        error="died without a result",
+                        exitcode=p.exitcode,
+                        failed_at=deaths.get(r, float("inf")),
+                    )
+                )
+                continue
+            if status == "ok":
+                results.append(RankResult(r, value=payload, exitcode=p.exitcode))
+            else:
+                results.append(
+                    RankResult(r, error=payload, exitcode=p.exitcode, failed_at=failed_at)
+                )
+    del store
+    return results
+
+
+def run_local(fn: Callable[..., Any], world_size: int, *args: Any, **options: Any) -> list[Any]:
+    """Like `launch`, but return the ranks' values and raise `RankFailure` if any rank failed."""
+    results = launch(fn, world_size, *args, **options)
+    if not all(r.ok for r in results):
+        raise RankFailure(results)
+    return [r.value for r in results]

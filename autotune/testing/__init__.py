@@ -1,0 +1,3 @@
+"""Test support shipped with autotune: the algorithm conformance suite, usable by plugins' tests."""
+
+from __future__ import annotations

@@ -1,0 +1,64 @@
+"""The conformance suite on CUDA tensors: gloo staging through pinned memory, and NCCL.
+
+Gated on a CUDA device: CI has none, and a session that is lent a GPU runs these.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune.algorithms import available
+from autotune.testing.conformance import Case, failures, run_conformance
+
+pytestmark = pytest.mark.cuda
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _cases(world_size: int) -> list[Case]:
+    out = []
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        for numel in (0, 1, world_size + 1, 4099, 300_001):
+            out.append(Case(numel, dtype))
+            if numel > 1000:
+                out.append(Case(numel, dtype, segment_bytes=64 << 10))
+    return out
+
+
+@needs_cuda
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_gloo_with_cuda_tensors(world_size: int) -> None:
+    got = run_conformance(world_size, available(), case_list=_cases(world_size), device="cuda")
+    problems = failures(got)
+    assert not problems, "\n".join(problems[:20])
+
+
+@needs_cuda
+def test_nccl_world_of_one() -> None:
+    got = run_conformance(1, available(), case_list=_cases(1), device="cuda", backend="nccl")
+    problems = failures(got)
+    assert not problems, "\n".join(problems[:20])
+
+
+def _nccl_allows_ranks_sharing_a_gpu() -> bool:
+    if not torch.cuda.is_available() or not torch.distributed.is_nccl_available():
+        return False
+    version: tuple[int, ...] = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
+    return torch.cuda.device_count() >= 2 or version[:2] >= (2, 30)
+
+
+@pytest.mark.skipif(
+    not _nccl_allows_ranks_sharing_a_gpu(),
+    reason="needs two GPUs, or one GPU and NCCL >= 2.30 (NCCL_MULTI_RANK_GPU_ENABLE)",
+)
+def test_nccl_two_ranks() -> None:
+    got = run_conformance(
+        2,
+        available(),
+        case_list=_cases(2),
+        device="cuda",
+        backend="nccl",
+        env={"NCCL_MULTI_RANK_GPU_ENABLE": "1"},
+    )
+    problems = failures(got)
+    assert not problems, "\n".join(problems[:20])

@@ -1,0 +1,51 @@
+"""The local launcher: values back, the first failure's traceback, no hang past the deadline."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch.distributed as dist
+
+from autotune.launch import RankFailure, launch, run_local
+
+
+def _identity(rank: int, world_size: int, tag: str) -> tuple[int, int, str, str, str]:
+    return (rank, world_size, tag, os.environ["LOCAL_RANK"], os.environ["GLOO_SOCKET_IFNAME"])
+
+
+def test_values_come_back_in_rank_order() -> None:
+    got = run_local(_identity, 3, "x")
+    assert got == [(r, 3, "x", str(r), "lo") for r in range(3)]
+
+
+def _one_fails(rank: int, world_size: int) -> None:
+    if rank == 1:
+        raise KeyError("the cause")
+    dist.barrier()  # the others are left waiting for rank 1
+
+
+def test_the_first_failure_is_reported_and_the_rest_do_not_hang() -> None:
+    start = time.monotonic()
+    with pytest.raises(RankFailure, match="rank 1 failed") as info:
+        run_local(_one_fails, 3, grace_s=2, pg_timeout_s=60)
+    assert "KeyError: 'the cause'" in str(info.value)
+    assert time.monotonic() - start < 30  # grace_s, not the 60 s collective timeout
+    assert [r.ok for r in info.value.results] == [False, False, False]
+
+
+def _hang(rank: int, world_size: int) -> None:
+    time.sleep(600)
+
+
+def test_deadline_kills_hung_ranks() -> None:
+    start = time.monotonic()
+    results = launch(_hang, 2, timeout_s=3)
+    assert time.monotonic() - start < 20
+    assert all("killed" in (r.error or "") for r in results)
+
+
+def test_bad_world_size() -> None:
+    with pytest.raises(ValueError, match="world_size"):
+        launch(_hang, 0)

@@ -1,0 +1,53 @@
+"""Each algorithm sends exactly the bytes per rank that docs/ALGORITHMS.md says it does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune.algorithms import binary_tree, double_binary_tree, get_algorithm
+from autotune.launch import run_local
+
+NAMES = ["ring", "tree", "two_tree", "direct", "star"]
+
+
+def _traffic(rank: int, world_size: int, numel: int) -> dict[str, tuple[int, int]]:
+    out = {}
+    for name in NAMES:
+        algo = get_algorithm(name)
+        algo.all_reduce(torch.ones(numel), segment_bytes=1 << 30)  # one segment: count messages
+        assert algo.last_traffic is not None
+        out[name] = (algo.last_traffic.bytes_sent, algo.last_traffic.messages_sent)
+    return out
+
+
+def expected(name: str, rank: int, n: int, size_bytes: int) -> int:
+    """Bytes rank ``rank`` of ``n`` sends to all-reduce ``size_bytes`` (divisible by 2n)."""
+    if name == "ring":
+        return 2 * (n - 1) * size_bytes // n
+    if name == "direct":
+        return (n - 1) * size_bytes
+    if name == "star":
+        return (n - 1) * size_bytes if rank == 0 else size_bytes
+    trees = [binary_tree(n)] if name == "tree" else list(double_binary_tree(n))
+    share = size_bytes // len(trees)
+    # Up once to the parent (unless root), down once to each child.
+    return sum(share * ((t.parent[rank] is not None) + len(t.children[rank])) for t in trees)
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 5, 8])
+def test_bytes_sent_per_rank(world_size: int) -> None:
+    numel = 2 * world_size * 96
+    got = run_local(_traffic, world_size, numel)
+    for rank, per_algo in enumerate(got):
+        for name in NAMES:
+            sent, _ = per_algo[name]
+            assert sent == expected(name, rank, world_size, numel * 4), (name, rank)
+    # The ring's bandwidth optimum: every rank sends the same 2(N-1)/N of the data.
+    assert len({per_algo["ring"][0] for per_algo in got}) == 1
+
+
+def test_ring_message_count() -> None:
+    # 2(N-1) steps, one message each when a chunk fits one segment.
+    got = run_local(_traffic, 5, 5 * 100)
+    assert all(per_algo["ring"][1] == 2 * 4 for per_algo in got)
