@@ -27,6 +27,10 @@ class DirectAllReduce(AllReduceAlgorithm):
         sends = [Send(p, me * n, (me + 1) * n) for p in peers]
         recvs = [Recv(p, p * n, (p + 1) * n, reduce=False) for p in peers]
         Transport(gathered, comm).run([(sends, recvs)])
-        buf.copy_(gathered[:n])
-        for p in range(1, comm.size):
-            buf.add_(gathered[p * n : (p + 1) * n])
+        self._sum(buf, gathered.view(comm.size, n), me)
+
+    def _sum(self, buf: torch.Tensor, inputs: torch.Tensor, me: int) -> None:
+        """Sum the rows of ``inputs`` (one per rank) into ``buf``, in rank order on every rank."""
+        buf.copy_(inputs[0])
+        for row in inputs[1:]:
+            buf.add_(row)
