@@ -28,25 +28,14 @@ import torch.distributed as dist
 
 from autotune.algorithms import available, get_algorithm
 from autotune.launch import run_local
+from autotune.units import format_bytes, parse_bytes
 
-UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
-
-def parse_bytes(text: str) -> int:
-    """'64K' -> 65536; plain numbers are bytes."""
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    unit = text[-1] if text and text[-1] in UNITS else ""
-    value = int(float(text[: len(text) - len(unit)]) * UNITS[unit])
+def parse_size(text: str) -> int:
+    value = parse_bytes(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
     return value
-
-
-def human(nbytes: int) -> str:
-    for unit in ("G", "M", "K"):
-        if nbytes >= UNITS[unit] and nbytes % UNITS[unit] == 0:
-            return f"{nbytes // UNITS[unit]} {unit}iB"
-    return f"{nbytes} B"
 
 
 Variant = tuple[str, int | None]  # (algorithm, segment_bytes or None for its default)
@@ -83,7 +72,7 @@ def _rank(
                     times[it - warmup, j, 1] = _cpu_seconds() - cpu
             if rank == 0:
                 print(
-                    f"\r  n={world_size} {human(size):>8}: {it + 1}/{warmup + iters}",
+                    f"\r  n={world_size} {format_bytes(size):>8}: {it + 1}/{warmup + iters}",
                     end="",
                     file=sys.stderr,
                     flush=True,
@@ -136,14 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     world_sizes = [int(w) for w in args.world_sizes.split(",")]
-    sizes = [parse_bytes(s) for s in args.sizes.split(",")]
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
     names = available() if args.algorithms == "all" else args.algorithms.split(",")
     if "native" not in names:
         names = ["native", *names]
     segs: list[int | None] = (
         [None]
         if args.segment_bytes == "default"
-        else [parse_bytes(s) for s in args.segment_bytes.split(",")]
+        else [parse_size(s) for s in args.segment_bytes.split(",")]
     )
     segmented = {name: type(get_algorithm(name)).segmented for name in names}
     variants: list[Variant] = []
@@ -213,11 +202,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         print("|---:|---:|---|---:|---:|---:|---:|---:|---:|")
         for r in rows:
-            seg_text = "default" if r["segment_bytes"] is None else human(r["segment_bytes"])
+            seg_text = "default" if r["segment_bytes"] is None else format_bytes(r["segment_bytes"])
             seg_text = seg_text if segmented[r["algorithm"]] else "-"
             q1, q3 = r["vs_native_iqr"]
             print(
-                f"| {r['world_size']} | {human(r['bytes'])} | {r['algorithm']} | {seg_text} | "
+                f"| {r['world_size']} | {format_bytes(r['bytes'])} | {r['algorithm']} | "
+                f"{seg_text} | "
                 f"{r['time_us']:.0f} | {r['cpu_us']:.0f} | {r['busbw_gbps']:.3f} | "
                 f"{r['vs_native']:.2f}x | {q1:.2f}-{q3:.2f} |"
             )
@@ -225,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'ranks':>5} {'size':>9} {'algorithm':>10} {'time(us)':>10} {'busbw':>8} {'x':>6}")
         for r in rows:
             print(
-                f"{r['world_size']:>5} {human(r['bytes']):>9} {r['algorithm']:>10} "
+                f"{r['world_size']:>5} {format_bytes(r['bytes']):>9} {r['algorithm']:>10} "
                 f"{r['time_us']:>10.0f} {r['busbw_gbps']:>8.3f} {r['vs_native']:>5.2f}x"
             )
     return 0

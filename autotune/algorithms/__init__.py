@@ -6,7 +6,7 @@ Built in: ``ring``, ``tree``, ``two_tree`` and ``native``; more arrive through `
 
 from __future__ import annotations
 
-from autotune.algorithms._base import SUPPORTED_DTYPES, AllReduceAlgorithm
+from autotune.algorithms._base import SUPPORTED_DTYPES, AllReduceAlgorithm, Pending
 from autotune.algorithms._native import NativeAllReduce
 from autotune.algorithms._registry import (
     ALGORITHMS,
@@ -27,6 +27,7 @@ from autotune.algorithms._transport import (
     Send,
     Traffic,
     Transport,
+    backend_for,
     p2p_group,
     segments,
     split,
@@ -45,6 +46,7 @@ __all__ = [
     "Comm",
     "NativeAllReduce",
     "PeerError",
+    "Pending",
     "Recv",
     "RingAllReduce",
     "Round",
@@ -56,6 +58,7 @@ __all__ = [
     "TreeAllReduce",
     "TwoTreeAllReduce",
     "available",
+    "backend_for",
     "binary_tree",
     "double_binary_tree",
     "get_algorithm",

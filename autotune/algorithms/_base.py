@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import zlib
+from collections.abc import Callable
 from datetime import timedelta
 from typing import ClassVar
 
@@ -20,7 +21,7 @@ from autotune.algorithms._transport import (
     p2p_group,
 )
 
-__all__ = ["SUPPORTED_DTYPES", "AllReduceAlgorithm"]
+__all__ = ["SUPPORTED_DTYPES", "AllReduceAlgorithm", "Pending"]
 
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (
     torch.float32,
@@ -30,12 +31,35 @@ SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (
 )
 
 
+class Pending:
+    """An all-reduce that `AllReduceAlgorithm.start` began: `wait` returns once it is done.
+
+    Waiting twice is harmless; a failure (a dead or stalled peer) raises from `wait`.
+    """
+
+    __slots__ = ("_wait",)
+
+    def __init__(self, wait: Callable[[], None] | None = None) -> None:
+        self._wait = wait
+
+    @property
+    def done(self) -> bool:
+        """Whether the all-reduce had already finished when `start` returned (or was waited on)."""
+        return self._wait is None
+
+    def wait(self) -> None:
+        wait, self._wait = self._wait, None
+        if wait is not None:
+            wait()
+
+
 class AllReduceAlgorithm(abc.ABC):
     """An in-place SUM all-reduce over a process group, built on point-to-point operations.
 
-    `all_reduce` is the public entry: it checks the input, finds the dedicated point-to-point group,
-    stages CUDA tensors through pinned host memory where the backend cannot send them (gloo), and
-    calls `_run`. Subclasses implement `_run` alone; it is called on every rank of the group, in the
+    `all_reduce` (or `start`) is the public entry: it checks the input, finds the dedicated
+    point-to-point group, stages CUDA tensors through pinned host memory where the backend cannot
+    send them (gloo), and calls `_run`. Subclasses implement `_run` (and may override `_start`
+    to return before the data has moved); it is called on every rank of the group, in the
     same order, with a flat, contiguous, non-empty buffer and a world of at least two ranks, and
     must leave every rank with bitwise-identical values (reduce each element on one rank, then
     copy it).
@@ -52,6 +76,9 @@ class AllReduceAlgorithm(abc.ABC):
     segmented: ClassVar[bool] = True
     #: Pipeline segment used when the caller gives none.
     default_segment_bytes: ClassVar[int] = 4 << 20
+    #: Whether `start` only launches work the backend runs by itself (so it is cheap to call
+    #: from any thread, and returns before the data has moved).
+    asynchronous: ClassVar[bool] = False
 
     def __init__(self, *, timeout_s: float | None = None) -> None:
         """``timeout_s``: how long to wait for a peer before raising; None: the group's timeout."""
@@ -73,6 +100,20 @@ class AllReduceAlgorithm(abc.ABC):
         On CUDA the result is ordered on the current stream. ``segment_bytes`` is the pipeline
         segment (rounded down to whole elements, at least one); None uses the algorithm's default.
         """
+        self.start(tensor, group, segment_bytes=segment_bytes).wait()
+
+    def start(
+        self,
+        tensor: torch.Tensor,
+        group: ProcessGroup | None = None,
+        *,
+        segment_bytes: int | None = None,
+    ) -> Pending:
+        """Begin `all_reduce`; the sum is in ``tensor`` once the returned `Pending` is waited on.
+
+        Algorithms driven from Python finish before returning; one the backend runs itself
+        (`native`) returns while its collective is in flight, so a caller can start the next.
+        """
         check_tensor(tensor)
         segment_bytes = self.default_segment_bytes if segment_bytes is None else segment_bytes
         check_segment_bytes(segment_bytes)
@@ -91,7 +132,7 @@ class AllReduceAlgorithm(abc.ABC):
         if dist.get_debug_level() == dist.DebugLevel.DETAIL:
             _check_same_call(tensor, segment_bytes, self.name, comm)
         if size == 1 or tensor.numel() == 0:
-            return
+            return Pending()
         ensure_ready(comm, tensor.device)
         segment_elems = max(1, segment_bytes // tensor.element_size())
         flat = tensor.view(-1)
@@ -103,10 +144,15 @@ class AllReduceAlgorithm(abc.ABC):
                 # that copy has run.
                 host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
                 host.copy_(flat)
-                self._run(host, comm, segment_elems)
+                self._start(host, comm, segment_elems).wait()
                 flat.copy_(host, non_blocking=True)
-            else:
-                self._run(flat, comm, segment_elems)
+                return Pending()
+            return self._start(flat, comm, segment_elems)
+
+    def _start(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> Pending:
+        """Begin reducing ``buf``; by default run `_run` to the end, return a finished Pending."""
+        self._run(buf, comm, segment_elems)
+        return Pending()
 
     @abc.abstractmethod
     def _run(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from autotune.algorithms._base import AllReduceAlgorithm
+from autotune.algorithms._base import AllReduceAlgorithm, Pending
 from autotune.algorithms._transport import Comm
 
 __all__ = ["NativeAllReduce"]
@@ -16,8 +16,14 @@ class NativeAllReduce(AllReduceAlgorithm):
 
     name = "native"
     segmented = False
+    asynchronous = True
 
-    def _run(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> None:
+    def _start(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> Pending:
+        # The backend runs it: return at once, so the next message can start meanwhile.
         work = dist.all_reduce(buf, group=comm.group, async_op=True)
         assert work is not None
-        comm.wait(work, f"{comm.backend} all_reduce of {buf.numel() * buf.element_size()} bytes")
+        what = f"{comm.backend} all_reduce of {buf.numel() * buf.element_size()} bytes"
+        return Pending(lambda: comm.wait(work, what))
+
+    def _run(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> None:
+        self._start(buf, comm, segment_elems).wait()

@@ -8,6 +8,7 @@ the reductions of the round before, waiting only where a range is about to be re
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -61,10 +62,15 @@ class Recv:
 
 @dataclass(slots=True)
 class Traffic:
-    """What this rank sent in one all-reduce (zero for algorithms the backend runs itself)."""
+    """What this rank sent in one all-reduce, and how long it first waited for a peer.
+
+    Zero and None for algorithms the backend runs itself (`native`): nothing is observable.
+    """
 
     bytes_sent: int = 0
     messages_sent: int = 0
+    #: Seconds the first receive kept this rank waiting: long when a peer came late.
+    first_wait_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,10 +415,14 @@ class Transport:
     def _apply(self, p: _Pending) -> None:
         r = p.recv
         nbytes = (r.stop - r.start) * self.buf.element_size()
+        first = self.comm.traffic.first_wait_s is None
+        start = time.perf_counter() if first else 0.0
         self.comm.wait(
             p.work,
             f"receive of {nbytes} bytes from rank {self.comm.global_rank(r.peer)}",
         )
+        if first:
+            self.comm.traffic.first_wait_s = time.perf_counter() - start
         if p.scratch is not None:
             self._drain_sends(r.start, r.stop)
             target = self.buf[r.start : r.stop]

@@ -1,0 +1,29 @@
+"""Byte sizes as people write them ("64K", "4MiB", "1G") and as tables print them."""
+
+from __future__ import annotations
+
+__all__ = ["format_bytes", "parse_bytes"]
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_bytes(text: str) -> int:
+    """Read a byte count: plain digits, or a K/M/G (binary) suffix, optionally "B"/"iB" after it."""
+    clean = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = clean[-1] if clean and clean[-1] in _UNITS else ""
+    number = clean[: len(clean) - len(unit)]
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"not a byte count: {text!r} (write e.g. 4096, 64K, 4M, 1G)") from None
+    if value < 0 or value * _UNITS[unit] != int(value * _UNITS[unit]):
+        raise ValueError(f"not a whole, non-negative byte count: {text!r}")
+    return int(value * _UNITS[unit])
+
+
+def format_bytes(nbytes: int) -> str:
+    """The shortest exact binary form: 65536 -> "64 KiB", 1000 -> "1000 B"."""
+    for unit in ("G", "M", "K"):
+        if nbytes >= _UNITS[unit] and nbytes % _UNITS[unit] == 0:
+            return f"{nbytes // _UNITS[unit]} {unit}iB"
+    return f"{nbytes} B"
