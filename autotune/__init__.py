@@ -1,8 +1,26 @@
-"""autotune: swappable, live-tuned all-reduce for PyTorch DDP, with Prometheus metrics."""
+"""autotune: swappable, live-tuned all-reduce for PyTorch DDP, with Prometheus metrics.
+
+ddp_model.register_comm_hook(autotune.AutotuneState(), autotune.hook)
+"""
 
 from __future__ import annotations
 
 from autotune import algorithms
+from autotune.config import Config
+from autotune.hook import AutotuneState, hook, register
+from autotune.plan import Choice, size_class
+from autotune.stats import MessageRecord, Summary
 
-__all__ = ["__version__", "algorithms"]
+__all__ = [
+    "AutotuneState",
+    "Choice",
+    "Config",
+    "MessageRecord",
+    "Summary",
+    "__version__",
+    "algorithms",
+    "hook",
+    "register",
+    "size_class",
+]
 __version__ = "0.1.0"

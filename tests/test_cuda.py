@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from autotune.algorithms import available
+from autotune.launch import run_local
 from autotune.testing.conformance import Case, failures, run_conformance
 
 pytestmark = pytest.mark.cuda
@@ -43,7 +44,7 @@ def test_nccl_world_of_one() -> None:
 def _nccl_allows_ranks_sharing_a_gpu() -> bool:
     if not torch.cuda.is_available() or not torch.distributed.is_nccl_available():
         return False
-    version: tuple[int, ...] = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
+    version: tuple[int, ...] = torch.cuda.nccl.version()
     return torch.cuda.device_count() >= 2 or version[:2] >= (2, 30)
 
 
@@ -62,3 +63,30 @@ def test_nccl_two_ranks() -> None:
     )
     problems = failures(got)
     assert not problems, "\n".join(problems[:20])
+
+
+def _ddp_matches(world_size: int, backend: str) -> None:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from ddp_jobs import digest, train_all
+
+    per_rank = run_local(
+        train_all, world_size, available(), ["base"], "cuda", backend=backend, timeout_s=600
+    )
+    for i, t in enumerate(per_rank[0]):
+        for hooked, plain in zip(t.hooked, t.plain, strict=True):
+            rel = float((hooked.double() - plain.double()).norm() / plain.double().norm())
+            assert rel <= 1e-5, f"{t.algorithm}: {rel:.2e} from DDP without the hook"
+        assert len({digest(ts[i].hooked) for ts in per_rank}) == 1, f"{t.algorithm}: ranks differ"
+
+
+@needs_cuda
+def test_hook_on_cuda_nccl_world_of_one() -> None:
+    _ddp_matches(1, "nccl")
+
+
+@needs_cuda
+def test_hook_on_cuda_tensors_over_gloo() -> None:
+    _ddp_matches(2, "gloo")

@@ -1,0 +1,149 @@
+"""What a job asks of autotune: one dataclass, every field also settable as ``AUTOTUNE_<FIELD>``."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from autotune.algorithms import BUILTINS, available
+from autotune.units import parse_bytes
+
+__all__ = ["ENV_PREFIX", "Config"]
+
+ENV_PREFIX = "AUTOTUNE_"
+
+
+@dataclass(frozen=True)
+class Config:
+    """How the comm hook all-reduces gradient buckets.
+
+    Example::
+
+        >>> autotune.Config(algorithm="ring", segment_bytes=1 << 20, fusion_bytes=4 << 20)
+    """
+
+    algorithm: str = "auto"
+    """A registered algorithm name (``autotune algorithms`` lists them), or "auto": chosen per
+    message-size class (see `autotune.plan.default_choice` until the tuner runs)."""
+
+    algorithms: tuple[str, ...] | None = None
+    """The candidates "auto" may choose from; None: every built-in algorithm."""
+
+    segment_bytes: int | None = None
+    """Pipeline segment for a fixed algorithm; None: the algorithm's own default."""
+
+    fusion_bytes: int = 0
+    """Message size the hook aims for: consecutive smaller buckets are fused up to it, larger ones
+    are sent in pieces of at most this size. 0 keeps DDP's buckets exactly as they are."""
+
+    storage: str | None = None
+    """Optuna storage URL for tuned plans (``sqlite:///...``, ``postgresql://...``); None: an
+    SQLite file under the user cache directory."""
+
+    metrics_port: int | None = None
+    """First port of the per-rank Prometheus exporter (rank i serves port + local rank i);
+    None: no exporter."""
+
+    timeout_s: float = 600.0
+    """How long any rank waits for a peer before the all-reduce raises, in seconds."""
+
+    def __post_init__(self) -> None:
+        names = available()
+        if self.algorithm != "auto" and self.algorithm not in names:
+            raise ValueError(
+                f"Config.algorithm: unknown algorithm {self.algorithm!r}; use 'auto' or one of "
+                f"{', '.join(names)}"
+            )
+        if self.algorithms is not None:
+            if isinstance(self.algorithms, str) or not all(
+                isinstance(a, str) for a in self.algorithms
+            ):
+                raise TypeError(
+                    f"Config.algorithms: expected a tuple of names, got {self.algorithms!r}"
+                )
+            object.__setattr__(self, "algorithms", tuple(self.algorithms))
+            unknown = [a for a in self.algorithms if a not in names]
+            if unknown or not self.algorithms:
+                raise ValueError(
+                    f"Config.algorithms: {'unknown ' + ', '.join(unknown) if unknown else 'empty'}"
+                    f"; choose from {', '.join(names)}"
+                )
+        _check_int("segment_bytes", self.segment_bytes, minimum=1, optional=True)
+        _check_int("fusion_bytes", self.fusion_bytes, minimum=0)
+        _check_int("metrics_port", self.metrics_port, minimum=0, maximum=65535, optional=True)
+        if self.storage is not None and (
+            not isinstance(self.storage, str) or "://" not in self.storage
+        ):
+            raise ValueError(
+                f"Config.storage: expected an Optuna storage URL such as "
+                f"'sqlite:///path/to/autotune.db' or 'postgresql://host/db', got {self.storage!r}"
+            )
+        if (
+            isinstance(self.timeout_s, bool)
+            or not isinstance(self.timeout_s, (int, float))
+            or not math.isfinite(self.timeout_s)
+            or self.timeout_s <= 0
+        ):
+            raise ValueError(
+                f"Config.timeout_s: expected a positive number of seconds, got {self.timeout_s!r}"
+            )
+
+    @property
+    def candidates(self) -> tuple[str, ...]:
+        """The algorithms "auto" chooses among."""
+        return self.algorithms or tuple(cls.name for cls in BUILTINS)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
+        """Build a Config from ``AUTOTUNE_<FIELD>`` variables; keyword arguments take precedence.
+
+        Sizes accept K/M/G suffixes (``AUTOTUNE_FUSION_BYTES=4M``), lists are comma-separated
+        (``AUTOTUNE_ALGORITHMS=ring,tree``), and ``none`` clears an optional field.
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            key = ENV_PREFIX + f.name.upper()
+            if key in env:
+                values[f.name] = _parse(f, env[key], key)
+        values.update(overrides)
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> Config:
+        """A copy with ``changes`` applied (and checked)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _check_int(
+    name: str, value: object, *, minimum: int, maximum: int | None = None, optional: bool = False
+) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"Config.{name}: expected an int, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        allowed = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+        raise ValueError(f"Config.{name}: must be {allowed}, got {value}")
+
+
+def _parse(f: dataclasses.Field[Any], raw: str, key: str) -> Any:
+    text = raw.strip()
+    optional = "None" in str(f.type)
+    if optional and text.lower() in ("", "none"):
+        return None
+    try:
+        if f.name in ("segment_bytes", "fusion_bytes"):
+            return parse_bytes(text)
+        if f.name == "metrics_port":
+            return int(text)
+        if f.name == "timeout_s":
+            return float(text)
+        if f.name == "algorithms":
+            return tuple(a.strip() for a in text.split(",") if a.strip())
+    except ValueError as exc:
+        raise ValueError(f"{key}={raw!r}: {exc}") from None
+    return text

@@ -1,0 +1,168 @@
+"""The DDP communication hook and its state: every gradient bucket through a swappable all-reduce.
+
+No ``from __future__ import annotations`` in this module: DDP's ``register_comm_hook`` compares the
+hook's annotations with ``dist.GradBucket`` and ``torch.futures.Future[torch.Tensor]`` as objects,
+and string annotations would fail that check.
+"""
+
+import threading
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+from torch.nn.parallel import DistributedDataParallel
+
+from autotune.algorithms import AllReduceAlgorithm, backend_for, get_algorithm, p2p_group
+from autotune.config import Config
+from autotune.engine import Engine
+from autotune.plan import Choice, Plan, default_choice
+from autotune.stats import Recorder, Summary, summarize
+
+__all__ = ["AutotuneState", "default_state", "hook", "register", "reset_default_state"]
+
+
+class AutotuneState:
+    """Everything the hook keeps for one DDP model: config, plan, engine, measurements.
+
+    Construct it on every rank at the same point (it sets up a dedicated process group for
+    autotune's traffic, collectively over ``process_group``'s members), then register it::
+
+        >>> state = autotune.AutotuneState(config=autotune.Config(algorithm="ring"))
+        >>> ddp_model.register_comm_hook(state, autotune.hook)
+
+    ``process_group`` must be the group DDP reduces over (None: the world); `register` takes it
+    from the model for you.
+    """
+
+    __slots__ = ("_algorithms", "config", "engine", "process_group", "recorder", "world_size")
+
+    def __init__(
+        self, process_group: ProcessGroup | None = None, config: Config | None = None
+    ) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "autotune.AutotuneState needs torch.distributed: call "
+                "torch.distributed.init_process_group() first (torchrun sets up the environment)"
+            )
+        self.config = config if config is not None else Config.from_env()
+        group = process_group if process_group is not None else dist.group.WORLD
+        assert group is not None
+        if dist.get_rank(group) < 0:
+            raise ValueError("this rank is not a member of the process group given to autotune")
+        self.process_group = group
+        self.world_size = dist.get_world_size(group)
+        self.recorder = Recorder()
+        self._algorithms: dict[str, AllReduceAlgorithm] = {}
+        # Made now, collectively, rather than inside the first backward on the autograd thread.
+        p2p_group(group, _timeout(self.config))
+        self.engine = Engine(
+            group=group,
+            world_size=self.world_size,
+            plan=Plan(self._initial_plan()),
+            algorithm_for=self._algorithm,
+            recorder=self.recorder,
+            fusion_bytes=self.config.fusion_bytes,
+        )
+
+    def plan(self) -> dict[int, Choice]:
+        """Size class (bytes, a power of two) -> the choice for it, for every class seen so far."""
+        return self.engine.plan.table()
+
+    def stats(self) -> dict[tuple[int, str], Summary]:
+        """(size class, algorithm) -> count, bytes, median and p99 seconds, busbw."""
+        return summarize(self.recorder.records())
+
+    def close(self) -> None:
+        """Stop the engine's worker thread (after it runs what is queued)."""
+        self.engine.close()
+
+    def _initial_plan(self) -> Choice | None:
+        if self.config.algorithm == "auto":
+            return None  # decided per device at the first bucket (see `_default_rule`)
+        return Choice(self.config.algorithm, self.config.segment_bytes)
+
+    def _algorithm(self, name: str) -> AllReduceAlgorithm:
+        algo = self._algorithms.get(name)
+        if algo is None:
+            algo = self._algorithms[name] = get_algorithm(name, timeout_s=self.config.timeout_s)
+        return algo
+
+    def _prepare(self, buffer: torch.Tensor) -> None:
+        """At the first bucket: "auto" learns which backend carries the model's gradients."""
+        if not self.engine.plan.has_default:
+            backend = backend_for(self.process_group, buffer.device)
+            self.engine.plan.set_default(default_choice(backend, self.config.candidates))
+
+    def __repr__(self) -> str:
+        return (
+            f"AutotuneState(world_size={self.world_size}, config={self.config}, "
+            f"iteration={self.engine.iteration})"
+        )
+
+
+def _timeout(config: Config) -> timedelta:
+    return timedelta(seconds=config.timeout_s)
+
+
+def hook(
+    state: AutotuneState | None, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """All-reduce (average) one gradient bucket with autotune's engine; return at once.
+
+    Hands the bucket to the engine's worker (which averages it: scales by 1/world size, then
+    sums) and returns a pending Future, so backward keeps computing while the bucket travels.
+    ``state`` None uses a state built from ``AUTOTUNE_*`` environment variables on first use
+    (`default_state`).
+
+    Example::
+
+        >>> ddp_model.register_comm_hook(autotune.AutotuneState(), autotune.hook)
+    """
+    start = time.perf_counter()
+    if state is None:
+        state = default_state()
+    buffer = bucket.buffer()
+    state._prepare(buffer)
+    future = state.engine.submit(buffer, bucket.is_last())
+    state.recorder.add_hook_call(start, time.perf_counter() - start)
+    return future
+
+
+def register(
+    ddp_model: DistributedDataParallel,
+    config: Config | None = None,
+    process_group: ProcessGroup | None = None,
+) -> AutotuneState:
+    """Build a state over ``ddp_model``'s process group and register `hook` with it.
+
+    DDP allows one comm hook per model: a second registration raises DDP's own error.
+    """
+    group = process_group if process_group is not None else ddp_model.process_group
+    state = AutotuneState(group, config)
+    try:
+        ddp_model.register_comm_hook(state, hook)
+    except BaseException:
+        state.close()
+        raise
+    return state
+
+
+_default_lock = threading.Lock()
+_default: list[AutotuneState] = []
+
+
+def default_state() -> AutotuneState:
+    """The state `hook` uses when DDP passes None: built on first use from the environment."""
+    with _default_lock:
+        if not _default:
+            _default.append(AutotuneState(config=Config.from_env()))
+        return _default[0]
+
+
+def reset_default_state() -> None:
+    """Close and forget the default state (a new one is built at the next use)."""
+    with _default_lock:
+        while _default:
+            _default.pop().close()

@@ -1,0 +1,104 @@
+"""What the engine measured, message by message, and the summaries `AutotuneState.stats` returns."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+__all__ = ["MessageRecord", "Recorder", "Summary", "summarize"]
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    """One all-reduce the engine ran: a bucket, a fusion of buckets, or a piece of a bucket."""
+
+    iteration: int  # how many iterations (last buckets) had completed before it
+    size_class: int
+    nbytes: int
+    algorithm: str
+    segment_bytes: int | None
+    seconds: float
+    first_wait_s: float | None  # blocked waiting for the first peer's data (None: not observable)
+    world_size: int
+    started: float  # time.perf_counter() at its start, for timelines
+
+    @property
+    def busbw_gbps(self) -> float:
+        """nccl-tests' bus bandwidth: algbw * 2(n-1)/n, in GB/s (1e9)."""
+        if self.seconds <= 0 or self.world_size < 2:
+            return 0.0
+        return self.nbytes / self.seconds * 2 * (self.world_size - 1) / self.world_size / 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """Messages of one size class run by one algorithm."""
+
+    count: int
+    bytes: int
+    median_s: float
+    p99_s: float
+    busbw_gbps: float  # at the median time, for the class's median message size
+
+
+def summarize(records: Iterable[MessageRecord]) -> dict[tuple[int, str], Summary]:
+    """Group ``records`` by (size class, algorithm) and summarize each group."""
+    groups: dict[tuple[int, str], list[MessageRecord]] = {}
+    for r in records:
+        groups.setdefault((r.size_class, r.algorithm), []).append(r)
+    out = {}
+    for key in sorted(groups):
+        group = groups[key]
+        times = sorted(r.seconds for r in group)
+        median = statistics.median(times)
+        p99 = times[min(len(times) - 1, round(0.99 * (len(times) - 1)))]
+        nbytes = statistics.median(r.nbytes for r in group)
+        n = group[0].world_size
+        busbw = nbytes / median * 2 * (n - 1) / n / 1e9 if median > 0 and n > 1 else 0.0
+        out[key] = Summary(len(group), sum(r.nbytes for r in group), median, p99, busbw)
+    return out
+
+
+class Recorder:
+    """Keeps the most recent message records and hook timings; tells listeners of each record.
+
+    Memory is bounded (``keep`` records); listeners (the metrics exporter, the tuner) see every
+    record as it is made, on the engine's thread, so they must be quick.
+    """
+
+    def __init__(self, keep: int = 100_000) -> None:
+        self._records: deque[MessageRecord] = deque(maxlen=keep)
+        self._hook_calls: deque[tuple[float, float]] = deque(maxlen=keep)
+        self._listeners: list[Callable[[MessageRecord], None]] = []
+        self._lock = threading.Lock()
+
+    def add(self, record: MessageRecord) -> None:
+        with self._lock:
+            self._records.append(record)
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener(record)
+
+    def add_hook_call(self, started: float, seconds: float) -> None:
+        with self._lock:
+            self._hook_calls.append((started, seconds))
+
+    def listen(self, listener: Callable[[MessageRecord], None]) -> None:
+        with self._lock:
+            self._listeners.append(listener)
+
+    def records(self) -> list[MessageRecord]:
+        with self._lock:
+            return list(self._records)
+
+    def hook_calls(self) -> list[tuple[float, float]]:
+        """Each hook call: when it started (time.perf_counter()) and seconds until it returned."""
+        with self._lock:
+            return list(self._hook_calls)
+
+    def hook_times(self) -> list[float]:
+        """Seconds from each hook call to its return (the autograd thread's cost per bucket)."""
+        return [seconds for _, seconds in self.hook_calls()]

@@ -1,0 +1,109 @@
+"""Step time of the example job with autotune's hook against DDP without it, in one run.
+
+    python benchmarks/hook_overhead.py --world-size 4 --steps 60
+
+Each rank builds identical models from examples/train_ddp.py: plain DDP, DDP with the hook in
+fixed `native` mode, and DDP with the hook in `auto` mode. They take turns step by step on the same
+batches, so drift on a shared machine hits them alike. A step is forward, backward (which waits for
+the all-reduces) and the optimizer, timed on each rank; the slowest rank's time counts. Reported:
+the median and interquartile range of the per-step ratio hooked/plain, and the hook's own cost
+per bucket (its call to its return, on the autograd thread) in each mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import autotune
+from autotune.launch import run_local
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from train_ddp import Teacher, build_model
+
+MODES = ("plain", "native", "auto")
+
+
+def _rank(rank: int, world_size: int, args: argparse.Namespace) -> dict[str, Any]:
+    base = build_model(args.width, args.depth)
+    models: dict[str, DDP] = {}
+    states: dict[str, autotune.AutotuneState] = {}
+    for mode in MODES:
+        models[mode] = DDP(copy.deepcopy(base), bucket_cap_mb=args.bucket_cap_mb)
+        if mode != "plain":
+            states[mode] = autotune.register(models[mode], autotune.Config(algorithm=mode))
+    optimizers = {m: torch.optim.SGD(models[m].parameters(), lr=0.1) for m in MODES}
+    teacher = Teacher()
+    g = torch.Generator().manual_seed(1000 + rank)
+    times = torch.zeros(args.steps, len(MODES), dtype=torch.float64)
+    buckets = 0
+    for step in range(args.warmup + args.steps):
+        x, y = teacher.batch(g, args.batch)
+        for j, mode in enumerate(MODES):
+            dist.barrier()
+            start = time.perf_counter()
+            loss = torch.nn.functional.cross_entropy(models[mode](x), y)
+            loss.backward()
+            optimizers[mode].step()
+            optimizers[mode].zero_grad(set_to_none=True)
+            if step >= args.warmup:
+                times[step - args.warmup, j] = time.perf_counter() - start
+        if step == args.warmup:
+            buckets = len(states["native"].recorder.hook_times())
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    hook_us = {m: [t * 1e6 for t in s.recorder.hook_times()[buckets:]] for m, s in states.items()}
+    per_step = len(hook_us["native"]) / args.steps
+    for state in states.values():
+        state.close()
+    return {"times": times.tolist(), "hook_us": hook_us, "buckets_per_step": per_step}
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--world-size", type=int, default=4)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--width", type=int, default=512)
+    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--bucket-cap-mb", type=float, default=1.0)
+    args = p.parse_args(argv)
+    result = run_local(_rank, args.world_size, args, timeout_s=3600)[0]
+    times = result["times"]
+    plain = [row[0] for row in times]
+    per_step = result["buckets_per_step"]
+    print(f"{args.world_size} ranks, {args.steps} steps, {per_step:.1f} buckets/step")
+    print(f"plain DDP step: median {statistics.median(plain) * 1e3:.1f} ms")
+    for j, mode in enumerate(MODES[1:], start=1):
+        ratios = [row[j] / row[0] for row in times]
+        q1, q2, q3 = quartiles(ratios)
+        med = statistics.median(row[j] for row in times) * 1e3
+        print(
+            f"hook, {mode:>6}: step median {med:.1f} ms; step time / plain DDP: "
+            f"median {q2:.3f}x (IQR {q1:.3f}-{q3:.3f})"
+        )
+    for mode, hook_us in result["hook_us"].items():
+        h1, h2, h3 = quartiles(hook_us)
+        print(
+            f"hook, {mode:>6}: hook call to Future return: median {h2:.0f} us "
+            f"(IQR {h1:.0f}-{h3:.0f}) per bucket"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

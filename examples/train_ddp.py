@@ -1,0 +1,197 @@
+"""Train a small classifier with DDP, its gradients all-reduced by autotune's hook.
+
+    python examples/train_ddp.py --world-size 4 --steps 60            # spawns 4 CPU ranks (gloo)
+    torchrun --nproc-per-node 4 examples/train_ddp.py --steps 60      # or let torchrun start them
+    python examples/train_ddp.py --world-size 1 --device cuda          # CUDA/NCCL
+    python examples/train_ddp.py --world-size 2 --device cuda --backend gloo   # CUDA on gloo
+
+The task is synthetic but real learning: labels come from a fixed random "teacher" network, so
+the loss falls as the student fits it. Rank 0 prints a summary at the end: steps per second, the
+loss, and per message-size class the algorithm, its median latency and bus bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import autotune
+from autotune.launch import run_local
+from autotune.units import format_bytes, parse_bytes
+
+INPUTS = 64
+CLASSES = 10
+
+
+def build_model(width: int, depth: int, seed: int = 0) -> torch.nn.Module:
+    """An MLP; the same weights on every rank (DDP also broadcasts rank 0's at construction)."""
+    torch.manual_seed(seed)
+    layers: list[torch.nn.Module] = [torch.nn.Linear(INPUTS, width), torch.nn.ReLU()]
+    for _ in range(depth - 1):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    layers.append(torch.nn.Linear(width, CLASSES))
+    return torch.nn.Sequential(*layers)
+
+
+class Teacher:
+    """Labels inputs with a fixed random network: a target the student can actually learn."""
+
+    def __init__(self, seed: int = 1234) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.w1 = torch.randn(INPUTS, 128, generator=g) / INPUTS**0.5
+        self.w2 = torch.randn(128, CLASSES, generator=g) / 128**0.5
+
+    def batch(self, g: torch.Generator, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn(size, INPUTS, generator=g)
+        y = (torch.tanh(x @ self.w1) @ self.w2).argmax(dim=1)
+        return x, y
+
+
+@dataclass
+class Result:
+    """What a rank reports at the end of training."""
+
+    steps_per_s: float
+    losses: list[float]
+    plan: dict[int, autotune.Choice] = field(default_factory=dict)
+    stats: dict[tuple[int, str], autotune.Summary] = field(default_factory=dict)
+    hook_us_median: float | None = None
+    parameters: list[torch.Tensor] = field(default_factory=list)
+
+
+def train(rank: int, world_size: int, args: argparse.Namespace) -> Result:
+    """One rank's training loop; the process group is already initialised."""
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    model = build_model(args.width, args.depth).to(device)
+    ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
+    state = None
+    if not args.no_hook:
+        config = autotune.Config.from_env(
+            algorithm=args.algorithm,
+            fusion_bytes=args.fusion_bytes,
+            **({"segment_bytes": args.segment_bytes} if args.segment_bytes else {}),
+        )
+        state = autotune.register(ddp, config)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+    teacher = Teacher()
+    g = torch.Generator().manual_seed(1000 + rank)  # every rank sees different data
+    losses = []
+    start = time.perf_counter()
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+        x, y = teacher.batch(g, args.batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(ddp(x.to(device)), y.to(device))
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    result = Result(steps_per_s=args.steps / elapsed, losses=losses)
+    if state is not None:
+        result.plan = state.plan()
+        result.stats = state.stats()
+        hook_s = sorted(state.recorder.hook_times())
+        result.hook_us_median = hook_s[len(hook_s) // 2] * 1e6 if hook_s else None
+        state.close()
+    result.parameters = [p.detach().cpu().clone() for p in ddp.parameters()]
+    return result
+
+
+def summary(result: Result, world_size: int, args: argparse.Namespace) -> str:
+    """A readable report of one rank's result."""
+    first, last = sum(result.losses[:5]) / 5, sum(result.losses[-5:]) / 5
+    mode = "no hook (DDP's own all-reduce)" if args.no_hook else f"autotune, {args.algorithm}"
+    lines = [
+        f"{world_size} ranks, {args.device}, {mode}: {result.steps_per_s:.1f} steps/s over "
+        f"{args.steps} steps; loss {first:.3f} -> {last:.3f}",
+    ]
+    if result.hook_us_median is not None:
+        lines.append(f"hook call to Future return: {result.hook_us_median:.0f} us (median)")
+    if result.stats:
+        lines.append(
+            f"{'size class':>10}  {'algorithm':<10} {'segment':>9} {'messages':>8} "
+            f"{'median':>10} {'p99':>10} {'busbw':>10}"
+        )
+        for (cls, algo), s in result.stats.items():
+            choice = result.plan.get(cls)
+            seg = (
+                format_bytes(choice.segment_bytes)
+                if choice is not None and choice.segment_bytes
+                else "default"
+            )
+            lines.append(
+                f"{format_bytes(cls):>10}  {algo:<10} {seg:>9} {s.count:>8} "
+                f"{s.median_s * 1e3:>8.2f}ms {s.p99_s * 1e3:>8.2f}ms {s.busbw_gbps:>6.3f}GB/s"
+            )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help="spawn this many local ranks (default: under torchrun, its ranks; else 4)",
+    )
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--backend", default=None, help="default: gloo on CPU, nccl on CUDA")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--warmup", type=int, default=5, help="steps before the clock starts")
+    p.add_argument("--batch", type=int, default=64, help="per rank")
+    p.add_argument("--width", type=int, default=512)
+    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--bucket-cap-mb", type=float, default=1.0, help="DDP's bucket size")
+    p.add_argument("--algorithm", default="auto", help="'auto' or a registered algorithm")
+    p.add_argument("--segment-bytes", type=parse_bytes, default=None)
+    p.add_argument("--fusion-bytes", type=parse_bytes, default=0)
+    p.add_argument("--no-hook", action="store_true", help="plain DDP, for comparison")
+    args = p.parse_args(argv)
+    if args.backend is None:
+        args.backend = "nccl" if args.device == "cuda" else "gloo"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and args.world_size is None:
+        # Under torchrun: its environment says who we are.
+        dist.init_process_group(args.backend)
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        result = train(rank, world_size, args)
+        dist.destroy_process_group()
+        if rank == 0:
+            print(summary(result, world_size, args))
+        return 0
+    world_size = args.world_size or 4
+    results: list[Any] = run_local(
+        train, world_size, args, backend=args.backend, timeout_s=1800, pg_timeout_s=600
+    )
+    same = all(
+        all(torch.equal(a, b) for a, b in zip(results[0].parameters, r.parameters, strict=True))
+        for r in results[1:]
+    )
+    print(summary(results[0], world_size, args))
+    print(f"parameters bitwise identical on all {world_size} ranks: {'yes' if same else 'NO'}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,310 @@
+"""Training jobs the hook tests run on spawned ranks (importable by the ranks)."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import autotune
+from autotune.algorithms import Comm, RingAllReduce, register
+
+
+class Net(torch.nn.Module):
+    """A small MLP with a branch that some steps leave unused (for find_unused_parameters)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(16, 64)
+        self.b = torch.nn.Linear(64, 64)
+        self.c = torch.nn.Linear(64, 4)
+        self.branch = torch.nn.Linear(64, 4)
+
+    def forward(self, x: torch.Tensor, use_branch: bool = True) -> torch.Tensor:
+        h = torch.relu(self.b(torch.relu(self.a(x))))
+        out: torch.Tensor = self.c(h)
+        if use_branch:
+            out = out + self.branch(h)
+        return out
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A DDP setting to train under, with and without the hook."""
+
+    name: str
+    ddp: dict[str, Any] = field(default_factory=dict)
+    fusion_bytes: int = 0
+    dtype: torch.dtype = torch.float32
+    no_sync_every: int = 0  # >0: accumulate this many steps under no_sync() before each sync
+    skip_branch: bool = False  # leave the branch unused on odd steps
+
+
+VARIANTS = {
+    v.name: v
+    for v in [
+        Variant("base"),
+        Variant("gradient_as_bucket_view", ddp={"gradient_as_bucket_view": True}),
+        Variant("static_graph", ddp={"static_graph": True}),
+        Variant("find_unused_parameters", ddp={"find_unused_parameters": True}, skip_branch=True),
+        Variant("small_buckets", ddp={"bucket_cap_mb": 0.002}),
+        Variant("no_sync", no_sync_every=2),
+        Variant("bf16", dtype=torch.bfloat16),
+        Variant("fuse_small_buckets", ddp={"bucket_cap_mb": 0.002}, fusion_bytes=64 << 10),
+        Variant("split_large_buckets", fusion_bytes=3000),
+    ]
+}
+
+
+def digest(params: list[torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for p in params:
+        h.update(p.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+@dataclass
+class Trained:
+    """One (algorithm, variant) on one rank: its parameters, DDP's, and what the hook measured."""
+
+    algorithm: str
+    variant: str
+    hooked: list[torch.Tensor]
+    plain: list[torch.Tensor]
+    messages: int
+    message_bytes: int
+    algorithms_used: set[str]
+    plan_classes: list[int]
+
+
+def train_pair(
+    rank: int, algorithm: str, variant: Variant, steps: int = 30, device: str = "cpu"
+) -> Trained:
+    """Train the same model with autotune's hook and with DDP's own all-reduce, side by side."""
+    if device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        device = f"cuda:{torch.cuda.current_device()}"
+    torch.manual_seed(0)
+    base = Net().to(variant.dtype).to(device)
+    models = [DDP(copy.deepcopy(base), **variant.ddp) for _ in range(2)]
+    state = autotune.register(
+        models[0],
+        autotune.Config(algorithm=algorithm, fusion_bytes=variant.fusion_bytes, timeout_s=60),
+    )
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in models]
+    g = torch.Generator().manual_seed(100 + rank)
+    for step in range(steps):
+        x = torch.randn(8, 16, generator=g).to(variant.dtype).to(device)
+        y = torch.randint(0, 4, (8,), generator=g).to(device)
+        use_branch = not (variant.skip_branch and step % 2)
+        accumulate = variant.no_sync_every and step % (variant.no_sync_every + 1) != 0
+        for model, opt in zip(models, optimizers, strict=True):
+            if accumulate:
+                with model.no_sync():
+                    torch.nn.functional.cross_entropy(model(x, use_branch).float(), y).backward()
+                continue
+            torch.nn.functional.cross_entropy(model(x, use_branch).float(), y).backward()
+            opt.step()
+            opt.zero_grad()
+    records = state.recorder.records()
+    state.close()
+    return Trained(
+        algorithm,
+        variant.name,
+        [p.detach().cpu().clone() for p in models[0].parameters()],
+        [p.detach().cpu().clone() for p in models[1].parameters()],
+        len(records),
+        sum(r.nbytes for r in records),
+        {r.algorithm for r in records},
+        sorted(state.plan()),
+    )
+
+
+def train_all(
+    rank: int, world_size: int, algorithms: list[str], variants: list[str], device: str = "cpu"
+) -> list[Trained]:
+    return [train_pair(rank, a, VARIANTS[v], device=device) for v in variants for a in algorithms]
+
+
+def bf16_gradient_error(
+    rank: int, world_size: int, algorithms: list[str], steps: int = 10
+) -> dict[str, tuple[float, str]]:
+    """Per algorithm: the worst gradient error of a bf16 model, as a multiple of the error bound.
+
+    Each step starts the hooked model and a plain local copy from the same bf16 parameters; every
+    rank's local gradient, scaled by 1/N in bf16 as DDP does, is gathered, and the hooked model's
+    averaged gradient must lie within the N-term bf16 summation bound of their exact sum.
+    """
+    from autotune.testing.conformance import error_bound
+
+    out = {}
+    for algorithm in algorithms:
+        torch.manual_seed(0)
+        base = Net().to(torch.bfloat16)
+        hooked = DDP(copy.deepcopy(base))
+        state = autotune.register(hooked, autotune.Config(algorithm=algorithm, timeout_s=60))
+        local = copy.deepcopy(base)
+        opt = torch.optim.SGD(hooked.parameters(), lr=0.1, momentum=0.9)
+        g = torch.Generator().manual_seed(100 + rank)
+        worst = 0.0
+        for _ in range(steps):
+            local.load_state_dict(hooked.module.state_dict())
+            x = torch.randn(8, 16, generator=g).to(torch.bfloat16)
+            y = torch.randint(0, 4, (8,), generator=g)
+            torch.nn.functional.cross_entropy(hooked(x).float(), y).backward()
+            torch.nn.functional.cross_entropy(local(x).float(), y).backward()
+            for ph, pl in zip(hooked.parameters(), local.parameters(), strict=True):
+                assert ph.grad is not None and pl.grad is not None
+                scaled = pl.grad * (1.0 / world_size)  # what each rank contributes
+                everyone = [torch.empty_like(scaled) for _ in range(world_size)]
+                dist.all_gather(everyone, scaled)
+                inputs = torch.stack([e.double() for e in everyone])
+                bound = error_bound(inputs.abs().sum(0), torch.bfloat16, world_size)
+                err = (ph.grad.double() - inputs.sum(0)).abs()
+                worst = max(worst, float((err / bound.clamp_min(1e-300)).max()))
+            opt.step()
+            opt.zero_grad()
+            local.zero_grad()
+        state.close()
+        out[algorithm] = (worst, digest(list(hooked.parameters())))
+    return out
+
+
+def train_steps(model: torch.nn.Module, steps: int) -> None:
+    """SGD on random batches: the numbers do not matter here, the traffic does."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def env_default_state(rank: int, world_size: int) -> tuple[set[str], int, str]:
+    """register_comm_hook(None, autotune.hook): the state comes from AUTOTUNE_* variables."""
+    torch.manual_seed(0)
+    model = DDP(Net(), bucket_cap_mb=0.002)
+    model.register_comm_hook(None, autotune.hook)
+    train_steps(model, 5)
+    from autotune.hook import default_state, reset_default_state
+
+    state = default_state()
+    used = {r.algorithm for r in state.recorder.records()}
+    fusion = state.config.fusion_bytes
+    reset_default_state()
+    return used, fusion, os.environ["AUTOTUNE_ALGORITHM"]
+
+
+def register_twice(rank: int, world_size: int) -> str:
+    model = DDP(Net())
+    autotune.register(model)
+    try:
+        autotune.register(model)
+    except RuntimeError as exc:
+        return str(exc)
+    return "no error"
+
+
+def die_mid_training(
+    rank: int, world_size: int, victim: int, timeout_s: float
+) -> tuple[int, str, float]:
+    """Train with ring; ``victim`` exits at step 5. Survivors report the error and its delay."""
+    torch.manual_seed(0)
+    model = DDP(Net())
+    autotune.register(model, autotune.Config(algorithm="ring", timeout_s=timeout_s))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(100):
+        if rank == victim and step == 5:
+            os._exit(17)
+        start = time.monotonic()
+        try:
+            torch.nn.functional.cross_entropy(
+                model(torch.randn(8, 16)), torch.randint(0, 4, (8,))
+            ).backward()
+        except RuntimeError as exc:
+            return step, str(exc), time.monotonic() - start
+        opt.step()
+        opt.zero_grad()
+    return -1, "finished without noticing", 0.0
+
+
+class DelayedRing(RingAllReduce):
+    """A ring that sleeps first: communication slow enough to watch it overlap backward."""
+
+    name = "delayed_ring"
+    delay_s = 0.01
+
+    def _run(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> None:
+        time.sleep(self.delay_s)
+        super()._run(buf, comm, segment_elems)
+
+
+@dataclass
+class Overlap:
+    compute_s: float  # forward + backward of the bare model, no communication at all
+    comm_s: float  # the hook's messages in one step, end to end
+    step_s: float  # forward + backward with DDP and the hook (backward waits for the futures)
+    messages_per_step: float
+    finished_during_backward: int  # messages complete before backward's last bucket was ready
+
+
+def overlap(rank: int, world_size: int, steps: int = 8) -> Overlap:
+    """Median step times with the hook against compute alone and communication alone."""
+    register("delayed_ring", DelayedRing)
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = []
+    for _ in range(6):
+        layers += [torch.nn.Linear(512, 512), torch.nn.ReLU()]
+    bare = torch.nn.Sequential(*layers)
+    ddp = DDP(copy.deepcopy(bare), bucket_cap_mb=1)
+    state = autotune.register(ddp, autotune.Config(algorithm="delayed_ring", timeout_s=60))
+    x = torch.randn(1024, 512)
+
+    def timed(model: torch.nn.Module) -> float:
+        start = time.perf_counter()
+        model(x).square().mean().backward()
+        return time.perf_counter() - start
+
+    compute, step, comm, during = [], [], [], []
+    for i in range(steps + 2):
+        c = timed(bare)
+        dist.barrier()
+        s = timed(ddp)
+        if i < 2:  # warm-up, and DDP rebuilds its buckets after the first iteration
+            continue
+        compute.append(c)
+        step.append(s)
+        mine = [r for r in state.recorder.records() if r.iteration == i]
+        comm.append(max(r.started + r.seconds for r in mine) - min(r.started for r in mine))
+        last_bucket = max(t for t, _ in state.recorder.hook_calls()[-len(mine) :])
+        during.append(sum(r.started + r.seconds < last_bucket for r in mine))
+    n = len(state.recorder.records())
+    state.close()
+    med = statistics.median
+    return Overlap(med(compute), med(comm), med(step), n / (steps + 2), min(during))
+
+
+def records(rank: int, world_size: int, algorithms: list[str]) -> dict[str, Any]:
+    """What the hook recorded for a few steps of each algorithm."""
+    out: dict[str, Any] = {}
+    for algorithm in algorithms:
+        torch.manual_seed(0)
+        model = DDP(Net(), bucket_cap_mb=0.002)
+        state = autotune.register(model, autotune.Config(algorithm=algorithm, timeout_s=60))
+        train_steps(model, 6)
+        out[algorithm] = (
+            state.recorder.records(),
+            state.stats(),
+            state.plan(),
+            state.recorder.hook_times(),
+        )
+        state.close()
+    return out

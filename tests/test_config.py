@@ -1,0 +1,90 @@
+"""Config: checked on construction with messages that name the field; every field from the env."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune import Config
+
+
+def test_defaults() -> None:
+    c = Config()
+    assert c.algorithm == "auto"
+    assert c.fusion_bytes == 0
+    assert c.metrics_port is None
+    assert c.candidates == ("native", "ring", "tree", "two_tree")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"algorithm": "rign"}, ValueError, "Config.algorithm: unknown algorithm 'rign'"),
+        ({"algorithms": ("ring", "nope")}, ValueError, "Config.algorithms: unknown nope"),
+        ({"algorithms": ()}, ValueError, "Config.algorithms: empty"),
+        ({"algorithms": "ring"}, TypeError, "Config.algorithms: expected a tuple"),
+        ({"segment_bytes": 0}, ValueError, "Config.segment_bytes: must be >= 1"),
+        ({"segment_bytes": 1.5}, TypeError, "Config.segment_bytes: expected an int"),
+        ({"fusion_bytes": -1}, ValueError, "Config.fusion_bytes: must be >= 0"),
+        ({"metrics_port": 70000}, ValueError, "Config.metrics_port: must be in 0..65535"),
+        ({"metrics_port": True}, TypeError, "Config.metrics_port: expected an int"),
+        ({"timeout_s": 0}, ValueError, "Config.timeout_s: expected a positive number"),
+        ({"timeout_s": float("nan")}, ValueError, "Config.timeout_s"),
+        ({"storage": "autotune.db"}, ValueError, "Config.storage: expected an Optuna storage URL"),
+    ],
+)
+def test_bad_values_name_the_field(kwargs: dict[str, object], error: type, words: str) -> None:
+    with pytest.raises(error, match=words.replace("(", r"\(").replace(".", r"\.")):
+        Config(**kwargs)  # type: ignore[arg-type]
+
+
+def test_plugin_algorithms_are_valid_choices() -> None:
+    assert Config(algorithm="star").algorithm == "star"
+    assert Config(algorithms=["ring", "direct"]).algorithms == ("ring", "direct")  # type: ignore[arg-type]
+
+
+def test_every_field_from_the_environment() -> None:
+    env = {
+        "AUTOTUNE_ALGORITHM": "two_tree",
+        "AUTOTUNE_ALGORITHMS": "ring, tree",
+        "AUTOTUNE_SEGMENT_BYTES": "256K",
+        "AUTOTUNE_FUSION_BYTES": "4MiB",
+        "AUTOTUNE_STORAGE": "sqlite:////tmp/x.db",
+        "AUTOTUNE_METRICS_PORT": "9400",
+        "AUTOTUNE_TIMEOUT_S": "12.5",
+        "UNRELATED": "ignored",
+    }
+    c = Config.from_env(env)
+    assert c == Config(
+        algorithm="two_tree",
+        algorithms=("ring", "tree"),
+        segment_bytes=256 << 10,
+        fusion_bytes=4 << 20,
+        storage="sqlite:////tmp/x.db",
+        metrics_port=9400,
+        timeout_s=12.5,
+    )
+
+
+def test_environment_none_and_overrides() -> None:
+    env = {"AUTOTUNE_METRICS_PORT": "none", "AUTOTUNE_ALGORITHM": "ring"}
+    c = Config.from_env(env, algorithm="tree")
+    assert c.metrics_port is None
+    assert c.algorithm == "tree"  # keyword arguments win
+
+
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [
+        ({"AUTOTUNE_FUSION_BYTES": "lots"}, "AUTOTUNE_FUSION_BYTES='lots': not a byte count"),
+        ({"AUTOTUNE_METRICS_PORT": "http"}, "AUTOTUNE_METRICS_PORT='http'"),
+        ({"AUTOTUNE_ALGORITHM": "fastest"}, "unknown algorithm 'fastest'"),
+    ],
+)
+def test_bad_environment_says_which_variable(env: dict[str, str], words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        Config.from_env(env)
+
+
+def test_replace_checks_again() -> None:
+    with pytest.raises(ValueError, match="fusion_bytes"):
+        Config().replace(fusion_bytes=-5)

@@ -1,0 +1,211 @@
+"""The engine in one process: fusion and splitting decisions, values, ordering, failure.
+
+A stand-in algorithm records each message and multiplies it by a factor instead of talking to
+peers, so every decision the engine makes is visible and checkable.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from autotune.algorithms import AllReduceAlgorithm, Comm, PeerError, Pending
+from autotune.engine import Engine
+from autotune.plan import Choice, Plan
+from autotune.stats import Recorder
+
+
+class Recording(AllReduceAlgorithm):
+    """Pretends the other ranks hold identical data: the sum is ``world_size`` times the input."""
+
+    name = "recording"
+
+    def __init__(self, world_size: int, fail_at: int | None = None) -> None:
+        super().__init__()
+        self.world_size = world_size
+        self.fail_at = fail_at
+        self.messages: list[int] = []  # bytes of each message, in order
+
+    def start(self, tensor, group=None, *, segment_bytes=None) -> Pending:  # type: ignore[no-untyped-def]
+        if self.fail_at is not None and len(self.messages) == self.fail_at:
+            raise PeerError(
+                "recording all-reduce: receive from rank 3 did not finish within 0:00:01"
+            )
+        self.messages.append(tensor.numel() * tensor.element_size())
+        tensor.mul_(self.world_size)
+        return Pending()
+
+    def _run(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> None:
+        raise AssertionError("start is overridden")
+
+
+def make_engine(fusion_bytes: int, world_size: int = 4, fail_at: int | None = None):  # type: ignore[no-untyped-def]
+    algo = Recording(world_size, fail_at)
+    recorder = Recorder()
+    engine = Engine(
+        group=None,  # type: ignore[arg-type]
+        world_size=world_size,
+        plan=Plan(Choice("recording")),
+        algorithm_for=lambda name: algo,
+        recorder=recorder,
+        fusion_bytes=fusion_bytes,
+    )
+    return engine, algo, recorder
+
+
+def submit_iteration(engine: Engine, sizes: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Submit float32 buckets of ``sizes`` elements, then wait, as DDP does (a fused bucket's
+    future completes only once a later bucket or the last one flushes it); return (input, result).
+    """
+    originals = [torch.randn(n) for n in sizes]
+    futures = [
+        engine.submit(x.clone(), is_last=i == len(sizes) - 1) for i, x in enumerate(originals)
+    ]
+    return [(x, f.wait()) for x, f in zip(originals, futures, strict=True)]
+
+
+@pytest.mark.parametrize(
+    ("fusion_bytes", "sizes", "messages"),
+    [
+        # Sizes are float32 elements; messages are bytes. 0: DDP's buckets, untouched.
+        (0, [100, 300, 50], [400, 1200, 200]),
+        # Small buckets fuse up to 1 KiB (800 + 400 would not fit); the last always flushes.
+        (1024, [100, 100, 100, 20], [800, 480]),
+        (1024, [50, 60, 20], [520]),
+        # A bucket of at least fusion_bytes goes alone, cut into near-equal pieces <= 1 KiB.
+        (1024, [1000], [1000, 1000, 1000, 1000]),
+        (1024, [10, 1000, 10], [40, 1000, 1000, 1000, 1000, 40]),
+        (1024, [300], [600, 600]),
+        # A bucket of exactly fusion_bytes is one message.
+        (1024, [256], [1024]),
+    ],
+)
+def test_fusion_and_splitting(fusion_bytes: int, sizes: list[int], messages: list[int]) -> None:
+    engine, algo, _ = make_engine(fusion_bytes)
+    results = submit_iteration(engine, sizes)
+    engine.close()
+    assert algo.messages == messages
+    # Averaged: scaled by 1/4, then "summed" (x4 here): the input comes back, to rounding.
+    for original, value in results:
+        assert value.shape == original.shape
+        torch.testing.assert_close(value, original)
+
+
+def test_every_message_is_recorded() -> None:
+    engine, _, recorder = make_engine(1024)
+    submit_iteration(engine, [100, 1000, 10])
+    engine.close()
+    records = recorder.records()
+    assert [r.nbytes for r in records] == [400, 1000, 1000, 1000, 1000, 40]
+    assert [r.size_class for r in records] == [512, 1024, 1024, 1024, 1024, 64]
+    assert {r.algorithm for r in records} == {"recording"}
+    assert all(r.seconds >= 0 and r.world_size == 4 for r in records)
+    assert all(r.iteration == 0 for r in records)
+    assert engine.iteration == 1
+
+
+def test_iteration_end_runs_before_the_last_futures_complete() -> None:
+    engine, _, _ = make_engine(0)
+    seen: list[tuple[int, bool]] = []
+    futures: list[torch.futures.Future[torch.Tensor]] = []
+    engine.on_iteration_end.append(lambda it: seen.append((it, futures[-1].done())))
+    for _ in range(3):
+        futures.clear()
+        for i in range(2):
+            futures.append(engine.submit(torch.ones(8), is_last=i == 1))
+        futures[-1].wait()
+    engine.close()
+    assert seen == [(1, False), (2, False), (3, False)]
+
+
+def test_a_failure_fails_every_pending_and_later_bucket() -> None:
+    engine, _, _ = make_engine(0, fail_at=1)
+    futures = [engine.submit(torch.ones(8), is_last=i == 3) for i in range(4)]
+    assert futures[0].wait().eq(1).all()
+    for f in futures[1:]:
+        with pytest.raises(RuntimeError, match="rank 3 did not finish"):
+            f.wait()
+    later = engine.submit(torch.ones(8), is_last=True)
+    with pytest.raises(RuntimeError, match="rank 3"):
+        later.wait()
+    assert isinstance(engine.error, PeerError)
+    engine.close()
+
+
+def test_submit_returns_before_the_message_runs() -> None:
+    gate = threading.Event()
+
+    class Slow(Recording):
+        def start(self, tensor, group=None, *, segment_bytes=None) -> Pending:  # type: ignore[no-untyped-def]
+            gate.wait(10)
+            return super().start(tensor)
+
+    algo = Slow(2)
+    engine = Engine(
+        group=None,  # type: ignore[arg-type]
+        world_size=2,
+        plan=Plan(Choice("recording")),
+        algorithm_for=lambda name: algo,
+        recorder=Recorder(),
+    )
+    fut = engine.submit(torch.ones(4), is_last=True)
+    assert not fut.done()  # the caller (autograd) is free while the message waits
+    gate.set()
+    assert fut.wait().eq(1).all()
+    engine.close()
+
+
+class Threaded(Recording):
+    """Records the thread each message starts on, and its order across instances."""
+
+    def __init__(
+        self, name: str, asynchronous: bool, order: list[str], gate: threading.Event
+    ) -> None:
+        super().__init__(world_size=1)
+        self.name = name  # type: ignore[misc]
+        self.asynchronous = asynchronous  # type: ignore[misc]
+        self.order = order
+        self.gate = gate
+        self.threads: list[str] = []
+
+    def start(self, tensor, group=None, *, segment_bytes=None) -> Pending:  # type: ignore[no-untyped-def]
+        assert self.gate.wait(10)
+        self.threads.append(threading.current_thread().name)
+        self.order.append(f"{self.name}:{tensor.numel()}")
+        return super().start(tensor)
+
+
+def test_asynchronous_starts_inline_only_with_nothing_ahead() -> None:
+    order: list[str] = []
+    opened, held = threading.Event(), threading.Event()
+    opened.set()
+    fast = Threaded("async", True, order, opened)
+    slow = Threaded("sync", False, order, held)  # runs only once everything is submitted
+    algos = {"async": fast, "sync": slow}
+    # Messages up to 1 KiB run the asynchronous algorithm, larger ones the Python-driven one.
+    plan = Plan(lambda cls: Choice("async" if cls <= 1024 else "sync"))
+    engine = Engine(
+        group=None,  # type: ignore[arg-type]
+        world_size=1,
+        plan=plan,
+        algorithm_for=algos.__getitem__,
+        recorder=Recorder(),
+    )
+    # Alone: the asynchronous launch happens right here, on the submitting thread.
+    engine.submit(torch.ones(10), is_last=True).wait()
+    assert fast.threads == [threading.current_thread().name]
+    # Behind a Python-driven message, it waits its turn on the start thread: order is kept.
+    futures = [
+        engine.submit(torch.ones(1000), is_last=False),
+        engine.submit(torch.ones(20), is_last=False),
+        engine.submit(torch.ones(30), is_last=True),
+    ]
+    held.set()
+    for f in futures:
+        f.wait()
+    engine.close()
+    assert order == ["async:10", "sync:1000", "async:20", "async:30"]
+    assert slow.threads == ["autotune-start"]
+    assert fast.threads[1:] == ["autotune-start", "autotune-start"]
