@@ -21,7 +21,7 @@ from torch.distributed import ProcessGroup
 
 from autotune.algorithms import AllReduceAlgorithm, Pending, split
 from autotune.plan import Choice, Plan, size_class
-from autotune.stats import MessageRecord, Recorder
+from autotune.stats import IterationRecord, MessageRecord, Recorder
 
 __all__ = ["Engine"]
 
@@ -82,12 +82,20 @@ class Engine:
         self.algorithm_for = algorithm_for
         self.recorder = recorder
         self.fusion_bytes = fusion_bytes
-        #: Called in order once every message of an iteration has completed, before that
-        #: iteration's futures complete: the same point of the bucket sequence on every rank.
-        self.on_iteration_end: list[Callable[[int], None]] = []
+        #: Called with (iteration, exposed seconds) once every message of an iteration has
+        #: completed, before that iteration's futures complete: the same point of the bucket
+        #: sequence on every rank.
+        self.on_iteration_end: list[Callable[[int, float], None]] = []
+        #: Called with the iteration once its futures have completed (backward is free to end):
+        #: for work that must not delay the step. It may run alongside the next iteration's
+        #: messages, so it must not use their process group.
+        self.after_iteration: list[Callable[[int], None]] = []
+        #: Called once with the error that stopped the engine.
+        self.on_failure: list[Callable[[BaseException], None]] = []
         self.iteration = 0
         self._pending: list[_Bucket] = []
         self._starting = 0  # messages queued for, or being started by, the start thread
+        self._last_bucket_at = 0.0  # when backward handed over its last bucket
         self._lock = threading.Lock()
         self._to_start: queue.SimpleQueue[list[_Bucket] | None] = queue.SimpleQueue()
         self._to_finish: queue.SimpleQueue[_Started | None] = queue.SimpleQueue()
@@ -128,6 +136,7 @@ class Engine:
             else:
                 self._pending.append(bucket)
             if is_last:
+                self._last_bucket_at = time.perf_counter()
                 self._flush()
         return future
 
@@ -221,11 +230,15 @@ class Engine:
                 except BaseException as exc:
                     started.error = exc
             with self._lock:
-                if self._error is None:
+                first = self._error is None
+                if first:
                     self._error = started.error
                 error = self._error
                 stranded, self._pending = self._pending, []  # submitted after the failure
             assert error is not None
+            if first:
+                for callback in self.on_failure:
+                    callback(error)
             for b in [*started.buckets, *stranded]:
                 _fail(b.future, error)
 
@@ -258,11 +271,18 @@ class Engine:
                     offset += n
             if buckets[-1].is_last:
                 self.iteration += 1
-                for callback in self.on_iteration_end:
-                    callback(self.iteration)
+                exposed = max(0.0, time.perf_counter() - self._last_bucket_at)
+                begin = time.perf_counter()
+                for at_end in self.on_iteration_end:
+                    at_end(self.iteration, exposed)
+                took = time.perf_counter() - begin
+                self.recorder.add_iteration(IterationRecord(self.iteration, exposed, took))
             # With the comm stream current, a CUDA future records its completion on that stream.
             for b in buckets:
                 b.future.set_result(b.buffer)
+            if buckets[-1].is_last:
+                for after in self.after_iteration:
+                    after(self.iteration)
 
     def _pieces(self, flat: torch.Tensor) -> list[torch.Tensor]:
         bounds = self._piece_bounds(flat.numel(), flat.element_size())

@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-__all__ = ["MessageRecord", "Recorder", "Summary", "summarize"]
+__all__ = ["IterationRecord", "MessageRecord", "Recorder", "Summary", "summarize"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +31,15 @@ class MessageRecord:
         if self.seconds <= 0 or self.world_size < 2:
             return 0.0
         return self.nbytes / self.seconds * 2 * (self.world_size - 1) / self.world_size / 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class IterationRecord:
+    """One training iteration, as the engine saw it end."""
+
+    iteration: int
+    exposed_s: float  # from backward's last bucket to its last message done: comm not hidden
+    tuner_s: float  # the iteration-end work (the tuner's bookkeeping and exchange)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +81,7 @@ class Recorder:
     def __init__(self, keep: int = 100_000) -> None:
         self._records: deque[MessageRecord] = deque(maxlen=keep)
         self._hook_calls: deque[tuple[float, float]] = deque(maxlen=keep)
+        self._iterations: deque[IterationRecord] = deque(maxlen=keep)
         self._listeners: list[Callable[[MessageRecord], None]] = []
         self._lock = threading.Lock()
 
@@ -85,6 +95,14 @@ class Recorder:
     def add_hook_call(self, started: float, seconds: float) -> None:
         with self._lock:
             self._hook_calls.append((started, seconds))
+
+    def add_iteration(self, record: IterationRecord) -> None:
+        with self._lock:
+            self._iterations.append(record)
+
+    def iterations(self) -> list[IterationRecord]:
+        with self._lock:
+            return list(self._iterations)
 
     def listen(self, listener: Callable[[MessageRecord], None]) -> None:
         with self._lock:

@@ -106,18 +106,22 @@ def test_every_message_is_recorded() -> None:
     assert engine.iteration == 1
 
 
-def test_iteration_end_runs_before_the_last_futures_complete() -> None:
-    engine, _, _ = make_engine(0)
-    seen: list[tuple[int, bool]] = []
+def test_iteration_end_runs_before_the_last_futures_complete_and_after_after() -> None:
+    engine, _, recorder = make_engine(0)
+    seen: list[tuple[str, int, bool]] = []
     futures: list[torch.futures.Future[torch.Tensor]] = []
-    engine.on_iteration_end.append(lambda it: seen.append((it, futures[-1].done())))
+    engine.on_iteration_end.append(lambda it, exposed: seen.append(("end", it, futures[-1].done())))
+    engine.after_iteration.append(lambda it: seen.append(("after", it, futures[-1].done())))
     for _ in range(3):
         futures.clear()
         for i in range(2):
             futures.append(engine.submit(torch.ones(8), is_last=i == 1))
         futures[-1].wait()
     engine.close()
-    assert seen == [(1, False), (2, False), (3, False)]
+    assert seen == [(kind, it, kind == "after") for it in (1, 2, 3) for kind in ("end", "after")]
+    iterations = recorder.iterations()
+    assert [r.iteration for r in iterations] == [1, 2, 3]
+    assert all(r.exposed_s >= 0 and r.tuner_s >= 0 for r in iterations)
 
 
 def test_a_failure_fails_every_pending_and_later_bucket() -> None:
