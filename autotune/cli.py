@@ -1,8 +1,9 @@
-"""The ``autotune`` command line: ``autotune algorithms``, ``autotune trees N``."""
+"""The ``autotune`` command line: ``algorithms``, ``trees N``, ``show``."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -35,6 +36,61 @@ def _trees(args: argparse.Namespace) -> int:
     return 0
 
 
+def _show(args: argparse.Namespace) -> int:
+    import json
+
+    from autotune.store import Store, default_storage_url
+    from autotune.units import format_bytes
+
+    url = args.storage or default_storage_url()
+    tables = Store(url).tables()
+    if args.key:
+        if args.key not in tables:
+            known = ", ".join(tables) or "none"
+            print(
+                f"autotune show: no plan {args.key!r} in {url} (stored: {known})", file=sys.stderr
+            )
+            return 2
+        tables = {args.key: tables[args.key]}
+    if (args.json or args.nccl_csv) and len(tables) != 1:
+        print(
+            f"autotune show: {len(tables)} plans in {url}; pick one with --key to export it",
+            file=sys.stderr,
+        )
+        return 2
+    if not tables:
+        print(f"no tuned plans in {url}")
+        return 0
+    for key, table in tables.items():
+        fp = table.fingerprint or {}
+        where = ", ".join(f"{k}={v}" for k, v in fp.items())
+        fusion = "DDP's buckets" if not table.fusion_bytes else format_bytes(table.fusion_bytes)
+        print(f"plan {key}: {where}; fusion: {fusion}")
+        head = f"{'size class':>10}  {'algorithm':<10} {'segment':>9} {'best':>10}"
+        print(f"  {head} {'trials':>6}  state")
+        for cls, e in sorted(table.classes.items()):
+            seg = format_bytes(e.choice.segment_bytes) if e.choice.segment_bytes else "default"
+            best = f"{e.best_s * 1e3:.2f}ms" if e.best_s is not None else "-"
+            print(
+                f"  {format_bytes(cls):>10}  {e.choice.algorithm:<10} {seg:>9} {best:>10} "
+                f"{e.trials:>6}  {e.state}"
+            )
+    if not (args.json or args.nccl_csv):
+        return 0
+    table = next(iter(tables.values()))  # exactly one, checked above
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(table.to_json(), f, indent=2)
+        print(f"wrote {args.json} (load it with Config(plan_file=...))")
+    if args.nccl_csv:
+        fp = table.fingerprint or {}
+        csv = table.nccl_csv(int(fp.get("nodes", -1)), int(fp.get("world_size", -1)))
+        with open(args.nccl_csv, "w") as f:
+            f.write(csv)
+        print(f"wrote {args.nccl_csv} (for NCCL_TUNER_CONFIG_FILE)")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="autotune", description="Profiling and autotuning of all-reduce for PyTorch DDP."
@@ -45,7 +101,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("trees", help="draw the double binary tree for N ranks")
     p.add_argument("size", type=int, metavar="N")
     p.set_defaults(func=_trees)
+    p = sub.add_parser("show", help="print the tuned plans in the storage; export one")
+    p.add_argument(
+        "--storage", help="Optuna storage URL (default: AUTOTUNE_STORAGE, else the cache)"
+    )
+    p.add_argument("--key", help="the plan to show or export (the fingerprint key printed)")
+    p.add_argument("--json", metavar="FILE", help="write the plan as JSON (for Config.plan_file)")
+    p.add_argument("--nccl-csv", metavar="FILE", help="write the plan as NCCL tuner plugin CSV")
+    p.set_defaults(func=_show)
     args = parser.parse_args(argv)
+    if getattr(args, "storage", "unset") is None:
+        args.storage = os.environ.get("AUTOTUNE_STORAGE")
     result: int = args.func(args)
     return result
 

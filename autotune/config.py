@@ -36,9 +36,10 @@ class Config:
     segment_bytes: int | None = None
     """Pipeline segment for a fixed algorithm; None: the algorithm's own default."""
 
-    fusion_bytes: int = 0
+    fusion_bytes: int | None = None
     """Message size the hook aims for: consecutive smaller buckets are fused up to it, larger ones
-    are sent in pieces of at most this size. 0 keeps DDP's buckets exactly as they are."""
+    are sent in pieces of at most this size. 0 keeps DDP's buckets exactly as they are; None lets
+    the tuner choose it with "auto" (and means 0 with a fixed algorithm)."""
 
     storage: str | None = None
     """Optuna storage URL for tuned plans (``sqlite:///...``, ``postgresql://...``); None: an
@@ -50,6 +51,21 @@ class Config:
 
     timeout_s: float = 600.0
     """How long any rank waits for a peer before the all-reduce raises, in seconds."""
+
+    tune_warmup: int = 2
+    """Occurrences of a newly chosen configuration the tuner discards before measuring it."""
+
+    tune_samples: int = 5
+    """Occurrences the tuner measures per trial; the trial's value is their median."""
+
+    tune_trials: int = 20
+    """Trials per size class (and for the fusion size) before the tuner locks to the best."""
+
+    drift_ratio: float = 1.5
+    """A locked choice whose latency stays beyond this multiple of its best is tuned again."""
+
+    plan_file: str | None = None
+    """A tuned table (``autotune show --json``) to run as a fixed plan, without tuning."""
 
     def __post_init__(self) -> None:
         names = available()
@@ -73,7 +89,21 @@ class Config:
                     f"; choose from {', '.join(names)}"
                 )
         _check_int("segment_bytes", self.segment_bytes, minimum=1, optional=True)
-        _check_int("fusion_bytes", self.fusion_bytes, minimum=0)
+        _check_int("fusion_bytes", self.fusion_bytes, minimum=0, optional=True)
+        _check_int("tune_warmup", self.tune_warmup, minimum=0)
+        _check_int("tune_samples", self.tune_samples, minimum=1)
+        _check_int("tune_trials", self.tune_trials, minimum=1)
+        if (
+            isinstance(self.drift_ratio, bool)
+            or not isinstance(self.drift_ratio, (int, float))
+            or not self.drift_ratio > 1
+        ):
+            raise ValueError(f"Config.drift_ratio: must be a number > 1, got {self.drift_ratio!r}")
+        if self.plan_file is not None and self.algorithm != "auto":
+            raise ValueError(
+                "Config.plan_file: a tuned table chooses per size class; it needs "
+                f"algorithm='auto', got algorithm={self.algorithm!r}"
+            )
         _check_int("metrics_port", self.metrics_port, minimum=0, maximum=65535, optional=True)
         if self.storage is not None and (
             not isinstance(self.storage, str) or "://" not in self.storage
@@ -138,9 +168,9 @@ def _parse(f: dataclasses.Field[Any], raw: str, key: str) -> Any:
     try:
         if f.name in ("segment_bytes", "fusion_bytes"):
             return parse_bytes(text)
-        if f.name == "metrics_port":
+        if f.name in ("metrics_port", "tune_warmup", "tune_samples", "tune_trials"):
             return int(text)
-        if f.name == "timeout_s":
+        if f.name in ("timeout_s", "drift_ratio"):
             return float(text)
         if f.name == "algorithms":
             return tuple(a.strip() for a in text.split(",") if a.strip())

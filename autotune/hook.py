@@ -17,8 +17,9 @@ from torch.nn.parallel import DistributedDataParallel
 from autotune.algorithms import AllReduceAlgorithm, backend_for, get_algorithm, p2p_group
 from autotune.config import Config
 from autotune.engine import Engine
-from autotune.plan import Choice, Plan, default_choice
+from autotune.plan import Choice, Entry, Plan, Table, default_choice, load_table
 from autotune.stats import Recorder, Summary, summarize
+from autotune.tuner import Tuner
 
 __all__ = ["AutotuneState", "default_state", "hook", "register", "reset_default_state"]
 
@@ -36,7 +37,17 @@ class AutotuneState:
     from the model for you.
     """
 
-    __slots__ = ("_algorithms", "config", "engine", "process_group", "recorder", "world_size")
+    __slots__ = (
+        "_algorithms",
+        "bucket_device",
+        "bucket_dtype",
+        "config",
+        "engine",
+        "process_group",
+        "recorder",
+        "tuner",
+        "world_size",
+    )
 
     def __init__(
         self, process_group: ProcessGroup | None = None, config: Config | None = None
@@ -55,6 +66,9 @@ class AutotuneState:
         self.world_size = dist.get_world_size(group)
         self.recorder = Recorder()
         self._algorithms: dict[str, AllReduceAlgorithm] = {}
+        #: Device and dtype of the gradients, known from the first bucket on.
+        self.bucket_device: torch.device | None = None
+        self.bucket_dtype: torch.dtype | None = None
         # Made now, collectively, rather than inside the first backward on the autograd thread.
         p2p_group(group, _timeout(self.config))
         self.engine = Engine(
@@ -63,24 +77,39 @@ class AutotuneState:
             plan=Plan(self._initial_plan()),
             algorithm_for=self._algorithm,
             recorder=self.recorder,
-            fusion_bytes=self.config.fusion_bytes,
+            fusion_bytes=self.config.fusion_bytes or 0,
         )
+        #: The live tuner ("auto" without a plan file), else None.
+        self.tuner: Tuner | None = None
+        if self.config.algorithm == "auto" and self.config.plan_file is None:
+            self.tuner = Tuner(self)
 
     def plan(self) -> dict[int, Choice]:
         """Size class (bytes, a power of two) -> the choice for it, for every class seen so far."""
         return self.engine.plan.table()
+
+    def table(self) -> Table:
+        """The plan with what tuning learned about each class (full on rank 0, which tunes)."""
+        if self.tuner is not None:
+            return self.tuner.table()
+        plan = self.plan()
+        return Table(
+            {cls: Entry(c, state="fixed") for cls, c in plan.items()}, self.engine.fusion_bytes
+        )
 
     def stats(self) -> dict[tuple[int, str], Summary]:
         """(size class, algorithm) -> count, bytes, median and p99 seconds, busbw."""
         return summarize(self.recorder.records())
 
     def close(self) -> None:
-        """Stop the engine's worker thread (after it runs what is queued)."""
+        """Stop the engine's workers (after they run what is queued) and the tuner's."""
         self.engine.close()
+        if self.tuner is not None:
+            self.tuner.close()
 
     def _initial_plan(self) -> Choice | None:
         if self.config.algorithm == "auto":
-            return None  # decided per device at the first bucket (see `_default_rule`)
+            return None  # decided per device at the first bucket (see `_prepare`)
         return Choice(self.config.algorithm, self.config.segment_bytes)
 
     def _algorithm(self, name: str) -> AllReduceAlgorithm:
@@ -90,10 +119,19 @@ class AutotuneState:
         return algo
 
     def _prepare(self, buffer: torch.Tensor) -> None:
-        """At the first bucket: "auto" learns which backend carries the model's gradients."""
+        """At the first bucket: learn the gradients' device and dtype, and so the default plan."""
+        if self.bucket_device is not None:
+            return
+        self.bucket_device, self.bucket_dtype = buffer.device, buffer.dtype
         if not self.engine.plan.has_default:
             backend = backend_for(self.process_group, buffer.device)
             self.engine.plan.set_default(default_choice(backend, self.config.candidates))
+        if self.config.plan_file is not None:
+            table = load_table(self.config.plan_file)
+            for cls, entry in table.classes.items():
+                self.engine.plan.set(cls, entry.choice)
+            if table.fusion_bytes is not None and self.config.fusion_bytes is None:
+                self.engine.fusion_bytes = table.fusion_bytes
 
     def __repr__(self) -> str:
         return (

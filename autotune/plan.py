@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Choice", "Plan", "default_choice", "size_class"]
+__all__ = ["Choice", "Entry", "Plan", "Table", "default_choice", "load_table", "size_class"]
 
 
 def size_class(nbytes: int) -> int:
@@ -101,3 +101,121 @@ class Plan:
             seen = sorted(self._seen)
             chosen = dict(self._chosen)
         return {cls: chosen.get(cls) or self._fallback(cls) for cls in seen}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One size class of a tuned table: its choice and what the tuner learned about it."""
+
+    choice: Choice
+    best_s: float | None = None  # median latency of the choice when it was locked
+    trials: int = 0
+    state: str = "default"  # "default", "exploring" or "locked"
+
+
+@dataclass(frozen=True)
+class Table:
+    """A tuned plan as stored and exported: per size class an entry, and the job's fusion size."""
+
+    classes: dict[int, Entry]
+    fusion_bytes: int | None = None
+    fingerprint: dict[str, str | int] | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "fingerprint": self.fingerprint,
+            "fusion_bytes": self.fusion_bytes,
+            "classes": {
+                str(cls): {
+                    "algorithm": e.choice.algorithm,
+                    "segment_bytes": e.choice.segment_bytes,
+                    "best_s": e.best_s,
+                    "trials": e.trials,
+                    "state": e.state,
+                }
+                for cls, e in sorted(self.classes.items())
+            },
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> Table:
+        """Read `to_json`'s form back; a ValueError says what is wrong with it."""
+        if not isinstance(data, dict) or not isinstance(data.get("classes"), dict):
+            raise ValueError("a plan table is a JSON object with a 'classes' object")
+        classes: dict[int, Entry] = {}
+        for key, raw in data["classes"].items():
+            try:
+                size = int(key)
+                choice = Choice(str(raw["algorithm"]), _optional_int(raw.get("segment_bytes")))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"plan table: bad entry for class {key!r}: {exc!r}") from None
+            if size != size_class(size):
+                raise ValueError(f"plan table: size classes are powers of two, got {key}")
+            best = raw.get("best_s")
+            classes[size] = Entry(
+                choice,
+                None if best is None else float(best),
+                int(raw.get("trials", 0)),
+                str(raw.get("state", "locked")),
+            )
+        fusion = data.get("fusion_bytes")
+        fingerprint = data.get("fingerprint")
+        return cls(
+            classes,
+            None if fusion is None else int(fusion),
+            fingerprint if isinstance(fingerprint, dict) else None,
+        )
+
+    def nccl_csv(self, n_nodes: int = -1, n_ranks: int = -1) -> str:
+        """The table as the NCCL example tuner plugin's CSV (``NCCL_TUNER_CONFIG_FILE``).
+
+        ring -> NCCL ring; tree and two_tree -> NCCL tree (NCCL's tree is the double binary
+        tree). Classes whose choice has no NCCL counterpart (native, direct, star, plugins) are
+        left to NCCL and listed in a comment. autotune does not tune NCCL's protocol: the column
+        says ``ll`` up to 64 KiB and ``simple`` above (NCCL's usual split for latency- and
+        bandwidth-bound sizes), and channels are left to NCCL (-1).
+        """
+        nccl_names = {"ring": "ring", "tree": "tree", "two_tree": "tree"}
+        lines = [
+            "# NCCL tuner configuration exported by autotune (autotune show --nccl-csv)",
+            "# collective_type,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks,"
+            "numPipeOps,regBuff",
+            "# protocol is not tuned by autotune: ll up to 64 KiB, simple above",
+        ]
+        skipped = []
+        for size, entry in sorted(self.classes.items()):
+            low = 0 if size == 1 else size // 2 + 1
+            algo = nccl_names.get(entry.choice.algorithm)
+            if algo is None:
+                skipped.append(f"{low}-{size}: {entry.choice.algorithm}")
+                continue
+            proto = "ll" if size <= 64 << 10 else "simple"
+            lines.append(f"allreduce,{low},{size},{algo},{proto},-1,{n_nodes},{n_ranks},-1,-1")
+        if skipped:
+            lines.append("# left to NCCL (no NCCL counterpart): " + "; ".join(skipped))
+        return "\n".join(lines) + "\n"
+
+
+def _optional_int(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an int or null, got {value!r}")
+    return value
+
+
+def load_table(path: str) -> Table:
+    """Read a table written by ``autotune show --json``; errors name the file and the problem."""
+    import json
+
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise ValueError(f"cannot read plan file {path!r}: {exc.strerror}") from exc
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"plan file {path!r} is not JSON: {exc}") from exc
+    try:
+        return Table.from_json(data)
+    except ValueError as exc:
+        raise ValueError(f"plan file {path!r}: {exc}") from exc

@@ -3,9 +3,11 @@
     python benchmarks/hook_overhead.py --world-size 4 --steps 60
 
 Each rank builds identical models from examples/train_ddp.py: plain DDP, DDP with the hook in
-fixed `native` mode, and DDP with the hook in `auto` mode. They take turns step by step on the same
-batches, so drift on a shared machine hits them alike. A step is forward, backward (which waits for
-the all-reduces) and the optimizer, timed on each rank; the slowest rank's time counts. Reported:
+fixed `native` mode, and DDP with the hook in `auto` mode (the tuner on, from an empty storage:
+it explores for the first hundred steps or so, then runs what it locked in). They take turns
+step by step on the same batches, so drift on a shared machine hits them alike. A step is
+forward, backward (which waits for the all-reduces) and the optimizer, timed on each rank; the
+slowest rank's time counts. Reported:
 the median and interquartile range of the per-step ratio hooked/plain, and the hook's own cost
 per bucket (its call to its return, on the autograd thread) in each mode.
 """
@@ -16,6 +18,7 @@ import argparse
 import copy
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -33,22 +36,24 @@ from train_ddp import Teacher, build_model
 MODES = ("plain", "native", "auto")
 
 
-def _rank(rank: int, world_size: int, args: argparse.Namespace) -> dict[str, Any]:
+def _rank(rank: int, world_size: int, args: argparse.Namespace, storage: str) -> dict[str, Any]:
+    modes = args.modes
     base = build_model(args.width, args.depth)
     models: dict[str, DDP] = {}
     states: dict[str, autotune.AutotuneState] = {}
-    for mode in MODES:
+    for mode in modes:
         models[mode] = DDP(copy.deepcopy(base), bucket_cap_mb=args.bucket_cap_mb)
         if mode != "plain":
-            states[mode] = autotune.register(models[mode], autotune.Config(algorithm=mode))
-    optimizers = {m: torch.optim.SGD(models[m].parameters(), lr=0.1) for m in MODES}
+            config = autotune.Config(algorithm=mode, storage=storage)
+            states[mode] = autotune.register(models[mode], config)
+    optimizers = {m: torch.optim.SGD(models[m].parameters(), lr=0.1) for m in modes}
     teacher = Teacher()
     g = torch.Generator().manual_seed(1000 + rank)
-    times = torch.zeros(args.steps, len(MODES), dtype=torch.float64)
+    times = torch.zeros(args.steps, len(modes), dtype=torch.float64)
     buckets = 0
     for step in range(args.warmup + args.steps):
         x, y = teacher.batch(g, args.batch)
-        for j, mode in enumerate(MODES):
+        for j, mode in enumerate(modes):
             dist.barrier()
             start = time.perf_counter()
             loss = torch.nn.functional.cross_entropy(models[mode](x), y)
@@ -81,14 +86,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=int, default=512)
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--bucket-cap-mb", type=float, default=1.0)
+    p.add_argument(
+        "--modes", default=",".join(MODES), help="which of plain,native,auto (plain is required)"
+    )
     args = p.parse_args(argv)
-    result = run_local(_rank, args.world_size, args, timeout_s=3600)[0]
+    args.modes = args.modes.split(",")
+    if args.modes[0] != "plain" or not set(args.modes) <= set(MODES):
+        p.error(f"--modes: plain first, then any of {', '.join(MODES[1:])}")
+    with tempfile.TemporaryDirectory() as tmp:  # auto tunes from scratch, not from the cache
+        storage = f"sqlite:///{Path(tmp) / 'tuning.db'}"
+        result = run_local(_rank, args.world_size, args, storage, timeout_s=3600)[0]
     times = result["times"]
     plain = [row[0] for row in times]
     per_step = result["buckets_per_step"]
     print(f"{args.world_size} ranks, {args.steps} steps, {per_step:.1f} buckets/step")
     print(f"plain DDP step: median {statistics.median(plain) * 1e3:.1f} ms")
-    for j, mode in enumerate(MODES[1:], start=1):
+    for j, mode in enumerate(args.modes[1:], start=1):
         ratios = [row[j] / row[0] for row in times]
         q1, q2, q3 = quartiles(ratios)
         med = statistics.median(row[j] for row in times) * 1e3

@@ -1,13 +1,14 @@
 """Train a small classifier with DDP, its gradients all-reduced by autotune's hook.
 
-    python examples/train_ddp.py --world-size 4 --steps 60            # spawns 4 CPU ranks (gloo)
-    torchrun --nproc-per-node 4 examples/train_ddp.py --steps 60      # or let torchrun start them
+    python examples/train_ddp.py --world-size 4                        # spawns 4 CPU ranks (gloo)
+    torchrun --nproc-per-node 4 examples/train_ddp.py                  # or let torchrun start them
     python examples/train_ddp.py --world-size 1 --device cuda          # CUDA/NCCL
     python examples/train_ddp.py --world-size 2 --device cuda --backend gloo   # CUDA on gloo
 
 The task is synthetic but real learning: labels come from a fixed random "teacher" network, so
 the loss falls as the student fits it. Rank 0 prints a summary at the end: steps per second, the
-loss, and per message-size class the algorithm, its median latency and bus bandwidth.
+loss, where the tuner stands, and per message-size class the algorithm chosen, its segment, whether
+it is locked (and after how many trials), its median and p99 latency and bus bandwidth.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import optuna
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -65,10 +67,15 @@ class Result:
     stats: dict[tuple[int, str], autotune.Summary] = field(default_factory=dict)
     hook_us_median: float | None = None
     parameters: list[torch.Tensor] = field(default_factory=list)
+    table: autotune.plan.Table | None = None  # what the tuner knows (rank 0), if it ran
+    settled_at: int | None = None  # the step from which everything was locked
+    fusion_bytes: int = 0
 
 
 def train(rank: int, world_size: int, args: argparse.Namespace) -> Result:
     """One rank's training loop; the process group is already initialised."""
+    # Optuna reports every trial at INFO; the summary at the end says what matters here.
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     device = torch.device("cpu")
     if args.device == "cuda":
         device = torch.device("cuda", rank % torch.cuda.device_count())
@@ -87,6 +94,7 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> Result:
     teacher = Teacher()
     g = torch.Generator().manual_seed(1000 + rank)  # every rank sees different data
     losses = []
+    settled_at = None
     start = time.perf_counter()
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
@@ -99,13 +107,19 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> Result:
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
+        if state is not None and state.tuner is not None:
+            # The step from which it stayed settled (a newly seen size class re-opens tuning).
+            settled_at = (settled_at or step) if state.tuner.settled else None
     if device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
-    result = Result(steps_per_s=args.steps / elapsed, losses=losses)
+    result = Result(steps_per_s=args.steps / elapsed, losses=losses, settled_at=settled_at)
     if state is not None:
         result.plan = state.plan()
         result.stats = state.stats()
+        result.fusion_bytes = state.engine.fusion_bytes
+        if state.tuner is not None and rank == 0:
+            result.table = state.table()
         hook_s = sorted(state.recorder.hook_times())
         result.hook_us_median = hook_s[len(hook_s) // 2] * 1e6 if hook_s else None
         state.close()
@@ -123,21 +137,34 @@ def summary(result: Result, world_size: int, args: argparse.Namespace) -> str:
     ]
     if result.hook_us_median is not None:
         lines.append(f"hook call to Future return: {result.hook_us_median:.0f} us (median)")
+    if result.table is not None:
+        fusion = format_bytes(result.fusion_bytes) if result.fusion_bytes else "DDP's buckets"
+        when = (
+            f"everything locked from step {result.settled_at}"
+            if result.settled_at is not None
+            else "still exploring (more steps, or run again: the plan is stored)"
+        )
+        lines.append(f"tuner: {when}; fusion: {fusion}")
     if result.stats:
         lines.append(
-            f"{'size class':>10}  {'algorithm':<10} {'segment':>9} {'messages':>8} "
-            f"{'median':>10} {'p99':>10} {'busbw':>10}"
+            f"{'size class':>10}  {'algorithm':<10} {'segment':>9} {'state':>10} "
+            f"{'messages':>8} {'median':>10} {'p99':>10} {'busbw':>10}"
         )
-        for (cls, algo), s in result.stats.items():
-            choice = result.plan.get(cls)
-            seg = (
-                format_bytes(choice.segment_bytes)
-                if choice is not None and choice.segment_bytes
-                else "default"
-            )
+        entries = result.table.classes if result.table is not None else {}
+        for cls, choice in result.plan.items():
+            s = result.stats.get((cls, choice.algorithm))
+            if s is None:
+                continue
+            entry = entries.get(cls)
+            if entry is not None:
+                status = f"{entry.state}/{entry.trials}"
+            else:
+                status = "default" if result.table is not None else "fixed"
+            seg = format_bytes(choice.segment_bytes) if choice.segment_bytes else "default"
             lines.append(
-                f"{format_bytes(cls):>10}  {algo:<10} {seg:>9} {s.count:>8} "
-                f"{s.median_s * 1e3:>8.2f}ms {s.p99_s * 1e3:>8.2f}ms {s.busbw_gbps:>6.3f}GB/s"
+                f"{format_bytes(cls):>10}  {choice.algorithm:<10} {seg:>9} {status:>10} "
+                f"{s.count:>8} {s.median_s * 1e3:>8.2f}ms {s.p99_s * 1e3:>8.2f}ms "
+                f"{s.busbw_gbps:>6.3f}GB/s"
             )
     return "\n".join(lines)
 
@@ -152,7 +179,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--backend", default=None, help="default: gloo on CPU, nccl on CUDA")
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--steps", type=int, default=200)
     p.add_argument("--warmup", type=int, default=5, help="steps before the clock starts")
     p.add_argument("--batch", type=int, default=64, help="per rank")
     p.add_argument("--width", type=int, default=512)

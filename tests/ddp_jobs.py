@@ -188,7 +188,7 @@ def train_steps(model: torch.nn.Module, steps: int) -> None:
         opt.zero_grad()
 
 
-def env_default_state(rank: int, world_size: int) -> tuple[set[str], int, str]:
+def env_default_state(rank: int, world_size: int) -> tuple[set[str], int | None, str]:
     """register_comm_hook(None, autotune.hook): the state comes from AUTOTUNE_* variables."""
     torch.manual_seed(0)
     model = DDP(Net(), bucket_cap_mb=0.002)

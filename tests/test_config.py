@@ -10,7 +10,8 @@ from autotune import Config
 def test_defaults() -> None:
     c = Config()
     assert c.algorithm == "auto"
-    assert c.fusion_bytes == 0
+    assert c.fusion_bytes is None  # tuned under "auto"; DDP's buckets with a fixed algorithm
+    assert (c.tune_warmup, c.tune_samples, c.tune_trials, c.drift_ratio) == (2, 5, 20, 1.5)
     assert c.metrics_port is None
     assert c.candidates == ("native", "ring", "tree", "two_tree")
 
@@ -30,6 +31,15 @@ def test_defaults() -> None:
         ({"timeout_s": 0}, ValueError, "Config.timeout_s: expected a positive number"),
         ({"timeout_s": float("nan")}, ValueError, "Config.timeout_s"),
         ({"storage": "autotune.db"}, ValueError, "Config.storage: expected an Optuna storage URL"),
+        ({"tune_samples": 0}, ValueError, "Config.tune_samples: must be >= 1"),
+        ({"tune_warmup": -1}, ValueError, "Config.tune_warmup: must be >= 0"),
+        ({"tune_trials": 0}, ValueError, "Config.tune_trials: must be >= 1"),
+        ({"drift_ratio": 1.0}, ValueError, "Config.drift_ratio: must be a number > 1"),
+        (
+            {"algorithm": "ring", "plan_file": "plan.json"},
+            ValueError,
+            "Config.plan_file: a tuned table chooses per size class",
+        ),
     ],
 )
 def test_bad_values_name_the_field(kwargs: dict[str, object], error: type, words: str) -> None:
@@ -51,6 +61,10 @@ def test_every_field_from_the_environment() -> None:
         "AUTOTUNE_STORAGE": "sqlite:////tmp/x.db",
         "AUTOTUNE_METRICS_PORT": "9400",
         "AUTOTUNE_TIMEOUT_S": "12.5",
+        "AUTOTUNE_TUNE_WARMUP": "1",
+        "AUTOTUNE_TUNE_SAMPLES": "7",
+        "AUTOTUNE_TUNE_TRIALS": "9",
+        "AUTOTUNE_DRIFT_RATIO": "2",
         "UNRELATED": "ignored",
     }
     c = Config.from_env(env)
@@ -62,6 +76,10 @@ def test_every_field_from_the_environment() -> None:
         storage="sqlite:////tmp/x.db",
         metrics_port=9400,
         timeout_s=12.5,
+        tune_warmup=1,
+        tune_samples=7,
+        tune_trials=9,
+        drift_ratio=2.0,
     )
 
 

@@ -1,0 +1,680 @@
+"""The live tuner: Optuna studies per message-size class (algorithm x segment) and for the job's
+fusion size, owned by rank 0; every rank follows the plan rank 0 sends at iteration ends.
+
+After an iteration, one MAX all-reduce starts on a group of the tuner's own, carrying each rank's
+latencies (the slowest rank sets DDP's pace) together with rank 0's plan codes (the other ranks
+send zeros). It travels during the next iteration's compute and is finished at that iteration's
+end, at the same point of the bucket sequence on every rank, where every rank applies the codes
+it received: all ranks always run the same algorithm for the same message. Optuna's ask, tell and
+storage writes run on a worker thread on rank 0, off the training's critical path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import statistics
+import threading
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from autotune.algorithms import ALGORITHMS, backend_for
+from autotune.plan import Choice, Entry, Table, size_class
+from autotune.stats import MessageRecord
+from autotune.store import Store, default_storage_url, device_model, fingerprint, fingerprint_key
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.config import Config
+    from autotune.hook import AutotuneState
+
+__all__ = ["FUSION_OPTIONS", "SEGMENT_OPTIONS", "Progress", "Tuner", "search_space"]
+
+_log = logging.getLogger("autotune")
+
+#: Segment sizes searched for a segmented algorithm, those below the message's size class.
+SEGMENT_OPTIONS = (256 << 10, 1 << 20, 4 << 20)
+#: Fusion sizes searched when ``Config.fusion_bytes`` is None (0: DDP's buckets as they are).
+FUSION_OPTIONS = (0, 1 << 20, 4 << 20, 16 << 20)
+#: Once everything is locked, exchange (and watch for drift) every this many iterations.
+WATCH_EVERY = 10
+#: Re-open a locked class after this many slow watches in a row.
+DRIFT_PATIENCE = 3
+#: A trial measured this many times slower than the best so far fails at once.
+SLOW_FACTOR = 10.0
+#: A size class not measured for this many exchanges is idle: it no longer keeps tuning on
+#: (the first iteration's buckets, before DDP rebuilds them, for one).
+IDLE_EXCHANGES = 10
+
+_CLASSES = 48  # size classes 2^0 .. 2^47 bytes
+_LAT, _EXPOSED = 0, _CLASSES
+_CODE = _CLASSES + 1
+_STATE = _CODE + _CLASSES
+_FUSION = _STATE + _CLASSES
+_CADENCE = _FUSION + 1
+_WIDTH = _CADENCE + 1
+_EXPLORING, _LOCKED = 1, 2
+
+T = TypeVar("T", bound=Hashable)
+#: What a window of measurements ran under: explicit choices, fusion size, exchange cadence.
+_Plan = tuple[dict[int, Choice], int, int]
+
+
+def search_space(cls: int, candidates: Sequence[str]) -> list[Choice]:
+    """What the tuner tries for a size class: each candidate, at each segment below the class."""
+    segments = [s for s in SEGMENT_OPTIONS if s < cls]
+    space = []
+    for name in candidates:
+        if ALGORITHMS[name].segmented and segments:
+            space += [Choice(name, s) for s in segments]
+        else:
+            space.append(Choice(name))
+    return space
+
+
+@dataclass
+class Progress:
+    """Where tuning stands for a size class (or the fusion size): what rank 0 knows."""
+
+    state: str  # "loading", "exploring" or "locked"
+    trials: int
+    best_s: float | None
+    choice: Choice | int | None
+
+
+@dataclass
+class _Trial(Generic[T]):
+    handle: optuna.Trial
+    option: T
+    warmup_left: int
+    values: list[float] = field(default_factory=list)
+
+
+class _Host(Protocol):
+    """What a search needs from the tuner that owns it (rank 0's)."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def frozen(self) -> bool: ...
+
+    @property
+    def worker(self) -> _Worker | None: ...
+
+    @property
+    def config(self) -> Config: ...
+
+    def post(self, job: Callable[[], None]) -> None: ...
+
+    def store(self) -> Store: ...
+
+    def table_changed(self) -> None: ...
+
+
+class _Search(Generic[T]):
+    """Rank 0's side of one study: ask an option, measure it for warmup + samples windows, tell
+    the median; lock to the best after the budget or when the space is exhausted; while locked,
+    re-open if the locked option's latency drifts beyond ``drift_ratio`` of its best."""
+
+    def __init__(self, tuner: _Host, what: str, space: list[T], default: T) -> None:
+        assert tuner.worker is not None, "only rank 0 searches"
+        self.tuner = tuner
+        self.worker = tuner.worker
+        self.what = what
+        self.space = space
+        self.desired: T = default
+        self.default = default
+        self.state = "exploring"
+        self.round = 0
+        self.trial: _Trial[T] | None = None
+        self.asking = False
+        self.finished = 0  # trials told, this round
+        self.tried: set[T] = set()
+        self.best: tuple[T, float] | None = None
+        self.strikes = 0
+        self.study: optuna.Study | None = None
+        self.last_seen = 0  # the tuner's exchange count when last measured
+
+    def lock(self, option: T, best_s: float | None) -> None:
+        self.state = "locked"
+        self.desired = option
+        self.best = None if best_s is None else (option, best_s)
+        self.trial = None
+        self.strikes = 0
+
+    def start(self) -> None:
+        """Ask for the first (or next) trial."""
+        if self.asking or self.trial is not None or self.state == "locked" or self.tuner.frozen:
+            return
+        self.asking = True
+        self.worker.submit(self._ask)
+
+    def measure(self, in_effect: T, value: float) -> None:
+        """A window's MAX-over-ranks latency, run with ``in_effect``."""
+        s = self.tuner.config
+        if self.state == "locked":
+            if self.best is None or in_effect != self.desired:
+                return
+            self.strikes = self.strikes + 1 if value > s.drift_ratio * self.best[1] else 0
+            if self.strikes >= DRIFT_PATIENCE:  # drifted: tune this one again, from scratch
+                self.state, self.round, self.finished = "exploring", self.round + 1, 0
+                self.tried.clear()
+                self.best = None
+                self.study = None
+                self.start()
+            return
+        trial = self.trial
+        if trial is None or in_effect != trial.option:
+            return
+        if trial.warmup_left > 0:
+            trial.warmup_left -= 1
+            return
+        if self.best is not None and value > SLOW_FACTOR * self.best[1]:
+            self._finish(trial, None, f"slower than {SLOW_FACTOR:g}x the best so far")
+            return
+        trial.values.append(value)
+        if len(trial.values) >= s.tune_samples:
+            self._finish(trial, statistics.median(trial.values), None)
+
+    def progress(self) -> Progress:
+        best = self.best[1] if self.best else None
+        choice = self.desired if isinstance(self.desired, (Choice, int)) else None
+        return Progress(self.state, self.finished, best, choice)
+
+    def _finish(self, trial: _Trial[T], value: float | None, failure: str | None) -> None:
+        self.trial = None
+        self.finished += 1
+        self.tried.add(trial.option)
+        if value is not None and (self.best is None or value < self.best[1]):
+            self.best = (trial.option, value)
+        study = self.study
+        assert study is not None
+        self.worker.submit(lambda: _tell(study, trial.handle, value, failure))
+        if self._spent():
+            self._lock_best()
+        else:
+            self.start()
+
+    def _ask(self) -> None:
+        """On the worker: open the study if needed, ask a trial, hand the option back."""
+        import optuna
+
+        resumed: list[tuple[T, float | None]] | None = None
+        if self.study is None:
+            # Exhaustive search: the space is small (a few algorithms x a few segment sizes),
+            # mixed (categorical, with segments only where an algorithm has them) and noisy.
+            # A model-based sampler would spend most of a small budget learning a model of a
+            # space it could simply enumerate; each trial's median over several occurrences
+            # does the denoising, and the sampler knows when the space is exhausted.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                sampler = optuna.samplers.BruteForceSampler()
+            name = f"{self.what}/r{self.round}"
+            self.study = self.tuner.store().study(self.tuner.key, name, sampler)
+            self.tuner.store().fail_stale_trials(self.study)
+            resumed = self._finished_trials(self.study)
+        trial = self.study.ask()
+        option = self.suggest(trial)
+        self.tuner.post(lambda: self._begin(trial, option, resumed))
+
+    def _finished_trials(self, study: optuna.Study) -> list[tuple[T, float | None]]:
+        """What earlier jobs measured in this study (a failure has no value)."""
+        from optuna.trial import TrialState
+
+        done = []
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+            option = self.option_of(t.params)
+            if option is not None:
+                done.append((option, t.value if t.state == TrialState.COMPLETE else None))
+        return done
+
+    def option_of(self, params: dict[str, Any]) -> T | None:
+        """The option a trial's parameters stand for (None: not in this job's space)."""
+        index = params.get("option")
+        return self.space[index] if isinstance(index, int) and index < len(self.space) else None
+
+    def suggest(self, trial: optuna.Trial) -> T:
+        index = trial.suggest_categorical("option", list(range(len(self.space))))
+        trial.set_user_attr("option", repr(self.space[index]))
+        return self.space[index]
+
+    def _begin(
+        self, trial: optuna.Trial, option: T, resumed: list[tuple[T, float | None]] | None
+    ) -> None:
+        self.asking = False
+        if self.state == "locked":
+            return
+        self.trial = _Trial(trial, option, self.tuner.config.tune_warmup)
+        self.desired = option
+        for done, value in resumed or ():  # a study an earlier job left unfinished
+            self.finished += 1
+            self.tried.add(done)
+            if value is not None and (self.best is None or value < self.best[1]):
+                self.best = (done, value)
+        if resumed and self._spent():
+            # Nothing left to try: the trial just asked for is not needed.
+            study, handle = self.study, self.trial.handle
+            assert study is not None
+            self.worker.submit(lambda: _tell(study, handle, None, "space already exhausted"))
+            self._lock_best()
+
+    def _spent(self) -> bool:
+        return self.finished >= self.tuner.config.tune_trials or len(self.tried) >= len(self.space)
+
+    def _lock_best(self) -> None:
+        best = self.best
+        self.lock(best[0] if best else self.default, best[1] if best else None)
+        self.tuner.table_changed()
+
+
+class _ClassSearch(_Search[Choice]):
+    """Algorithm x segment for one size class, as readable study parameters."""
+
+    def option_of(self, params: dict[str, Any]) -> Choice | None:
+        choice = Choice(str(params.get("algorithm")), params.get("segment_bytes") or None)
+        if choice not in self.space and choice.segment_bytes is None:
+            # An algorithm with one option in this space records no segment_bytes.
+            matches = [c for c in self.space if c.algorithm == choice.algorithm]
+            return matches[0] if len(matches) == 1 else None
+        return choice if choice in self.space else None
+
+    def suggest(self, trial: optuna.Trial) -> Choice:
+        names = sorted({c.algorithm for c in self.space})
+        algorithm = trial.suggest_categorical("algorithm", names)
+        segments = [c.segment_bytes for c in self.space if c.algorithm == algorithm]
+        if len(segments) > 1:
+            seg = trial.suggest_categorical("segment_bytes", [s or 0 for s in segments])
+            return Choice(algorithm, seg or None)
+        return Choice(algorithm, segments[0])
+
+
+def _tell(
+    study: optuna.Study, trial: optuna.Trial, value: float | None, failure: str | None
+) -> None:
+    """Record a trial's result; a failure (an error, or far too slow) is a failure, not a value."""
+    from optuna.trial import TrialState
+
+    try:
+        if failure is not None:
+            trial.set_user_attr("failure", failure)
+            study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+        else:
+            study.tell(trial, value, skip_if_finished=True)
+    except RuntimeError:
+        # BruteForceSampler calls study.stop() once the space is exhausted, which only works
+        # inside study.optimize; the result is stored before that. The search tracks exhaustion
+        # itself, so only a result that did not get stored is an error.
+        stored = study.get_trials(deepcopy=False)[trial.number]
+        if stored.state == TrialState.RUNNING:
+            raise
+
+
+class _Worker:
+    """Runs Optuna's calls on rank 0, one at a time, off the training's critical path."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="autotune-optuna", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self._jobs.put(job)
+
+    def close(self, timeout_s: float) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout_s)
+
+    def _loop(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            if self.error is not None:
+                continue
+            try:
+                job()
+            except BaseException as exc:  # reported on the finish thread, at the next exchange
+                self.error = exc
+
+
+class Tuner:
+    """Tunes an `AutotuneState`'s plan live; constructed by the state when algorithm is "auto"."""
+
+    def __init__(self, state: AutotuneState) -> None:
+        self.state = state
+        self.config = config = state.config
+        self.rank = dist.get_rank(state.process_group)
+        self.candidates = config.candidates
+        self.tune_fusion = config.fusion_bytes is None
+        self.cadence = _EXPLORING
+        self.key = ""
+        self.loaded = False
+        self.classes: dict[int, _ClassSearch] = {}
+        self._spaces: dict[int, list[Choice]] = {}
+        self.exchanges = 0
+        self.fusion: _Search[int] | None = None
+        self.in_effect: dict[int, Choice] = {}  # explicit choices all ranks run now
+        self._window: dict[int, list[float]] = {}
+        self._exposed: list[float] = []
+        self._inbox: deque[Callable[[], None]] = deque()
+        self._store: Store | None = None
+        self._exchange_device: torch.device | None = None
+        # The exchange in flight: started at one iteration end, finished at the next, with the
+        # plan its measurements ran under.
+        self._exchange: tuple[dist.Work, torch.Tensor, _Plan] | None = None
+        self._window_plan: _Plan = ({}, state.engine.fusion_bytes, self.cadence)
+        self.frozen = False  # rank 0 stops tuning if its storage fails mid-job
+        self.worker = _Worker() if self.rank == 0 else None
+        if self.worker is not None:
+            self._open_store()
+        # The exchange's own group: it runs alongside the next iteration's messages, and
+        # collectives on a shared group would have to be issued in the same order everywhere.
+        self._group = _exchange_group(state.process_group, config.timeout_s)
+        self._received: tuple[list[float], _Plan] | None = None
+        #: Seconds each iteration's off-path work took (learning, deciding, starting the exchange).
+        self.off_path_s: deque[float] = deque(maxlen=100_000)
+        state.recorder.listen(self._on_message)
+        state.engine.on_iteration_end.append(self._on_iteration_end)
+        state.engine.after_iteration.append(self._after_iteration)
+        state.engine.on_failure.append(self._on_failure)
+
+    # -- every rank -------------------------------------------------------------------------
+
+    def _on_message(self, record: MessageRecord) -> None:
+        self._window.setdefault(record.size_class, []).append(record.seconds)
+
+    def _on_iteration_end(self, iteration: int, exposed_s: float) -> None:
+        """Before this iteration's futures complete: take in the exchange started one iteration
+        ago, so the plan it carries is in effect for every rank's next iteration."""
+        self._exposed.append(exposed_s)
+        if self._exchange is not None:
+            work, result, measured_under = self._exchange
+            self._exchange = None
+            work.wait(timedelta(seconds=self.state.config.timeout_s))
+            self._received = (result.tolist(), measured_under)
+            self._apply(self._received[0])  # takes effect from the next iteration
+
+    def _after_iteration(self, iteration: int) -> None:
+        """After the futures (off the step's critical path): learn, decide, start the next
+        exchange, which travels during the next iteration's compute."""
+        begin = time.perf_counter()
+        if self._received is not None:
+            everyone, measured_under = self._received
+            self._received = None
+            if self.rank == 0:
+                self._learn(everyone, *measured_under)
+        now = (self.in_effect.copy(), self.state.engine.fusion_bytes, self.cadence)
+        if self.cadence == _LOCKED and iteration % WATCH_EVERY:
+            if now != self._window_plan:  # a window holds one plan's messages, or none
+                self._new_window(now)
+        else:
+            # Plain lists, one tensor: this thread competes with training for the GIL.
+            mine = [-1.0] * _EXPOSED + [0.0] * (_WIDTH - _EXPOSED)
+            for cls, seconds in self._window.items():
+                mine[_index(cls)] = statistics.median(seconds)
+            mine[_EXPOSED] = statistics.median(self._exposed) if self._exposed else -1.0
+            if self.rank == 0:
+                self._decide(mine)
+            tensor = torch.tensor(mine, dtype=torch.float64)
+            self._exchange = (*self._start_all_reduce_max(tensor), self._window_plan)
+            self._new_window(now)
+        self.off_path_s.append(time.perf_counter() - begin)
+
+    def _new_window(self, plan: _Plan) -> None:
+        self._window.clear()
+        self._exposed.clear()
+        self._window_plan = plan
+
+    def _start_all_reduce_max(self, mine: torch.Tensor) -> tuple[dist.Work, torch.Tensor]:
+        group = self._group
+        if self._exchange_device is None:
+            # Exchange on the CPU where the group can (gloo); else on the gradients' device.
+            try:
+                backend_for(group, torch.device("cpu"))
+                self._exchange_device = torch.device("cpu")
+            except ValueError:
+                self._exchange_device = self.state.bucket_device
+        t = mine.to(self._exchange_device)
+        work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group, async_op=True)
+        assert work is not None
+        return work, t
+
+    def _apply(self, everyone: list[float]) -> None:
+        engine = self.state.engine
+        for i, raw in enumerate(everyone[_CODE : _CODE + _CLASSES]):
+            code = int(raw)
+            if code:
+                cls = 1 << i
+                choice = self._space(cls)[code - 1]
+                if self.in_effect.get(cls) != choice:
+                    engine.plan.set(cls, choice)
+                    self.in_effect[cls] = choice
+        fusion = int(everyone[_FUSION])
+        if fusion:
+            engine.fusion_bytes = FUSION_OPTIONS[fusion - 1]
+        self.cadence = int(everyone[_CADENCE]) or _EXPLORING
+
+    def _on_failure(self, error: BaseException) -> None:
+        if self.worker is None:
+            return
+        # The job is going down: record the trials in flight as failed, not as fast.
+        for search in self._searches():
+            trial, study = search.trial, search.study
+            if trial is not None and study is not None:
+                self.worker.submit(_failing(study, trial.handle, repr(error)))
+        self.worker.close(timeout_s=10.0)
+
+    @property
+    def settled(self) -> bool:
+        """Whether every rank knows that everything is locked (exchanges are down to watching)."""
+        return self.cadence == _LOCKED
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close(timeout_s=30.0)
+
+    # -- rank 0 -----------------------------------------------------------------------------
+
+    def _open_store(self) -> None:
+        """Open the storage now, on the worker that will use it, so a bad URL fails here."""
+        assert self.worker is not None
+        opened = threading.Event()
+        failed: list[BaseException] = []
+
+        def open_store() -> None:
+            try:
+                self.store()
+            except BaseException as exc:
+                failed.append(exc)
+            finally:
+                opened.set()
+
+        self.worker.submit(open_store)
+        opened.wait(120)
+        if failed:
+            self.worker.close(timeout_s=1.0)
+            raise failed[0]
+
+    def post(self, job: Callable[[], None]) -> None:
+        """From the worker: run ``job`` on the finish thread at the next exchange."""
+        self._inbox.append(job)
+
+    def store(self) -> Store:
+        """The tuning storage (opened on the worker thread, the only one that uses it)."""
+        if self._store is None:
+            self._store = Store(self.state.config.storage or default_storage_url())
+        return self._store
+
+    def _space(self, cls: int) -> list[Choice]:
+        space = self._spaces.get(cls)
+        if space is None:
+            space = self._spaces[cls] = search_space(cls, self.candidates)
+        return space
+
+    def _decide(self, mine: list[float]) -> None:
+        """Rank 0, before the exchange: take in the worker's answers; write the plan codes."""
+        assert self.worker is not None
+        if self.worker.error is not None and not self.frozen:
+            # Training goes on with the plan as it stands; the error is not swallowed.
+            _log.error(
+                "autotune tuner stops tuning, keeping the current plan: its Optuna storage "
+                "failed: %r",
+                self.worker.error,
+            )
+            self.frozen = True
+            for search in self._searches():
+                search.lock(search.desired, search.best[1] if search.best else None)
+        if not self.key:
+            self._start()
+        while self._inbox:
+            self._inbox.popleft()()
+        for cls, search in self.classes.items():
+            mine[_CODE + _index(cls)] = self._space(cls).index(search.desired) + 1
+            mine[_STATE + _index(cls)] = _LOCKED if search.state == "locked" else _EXPLORING
+        if self.fusion is not None:
+            mine[_FUSION] = FUSION_OPTIONS.index(self.fusion.desired) + 1
+        active = [s for s in self.classes.values() if self.exchanges - s.last_seen < IDLE_EXCHANGES]
+        settled = (
+            self.loaded
+            and self.exchanges > 0  # the job's classes are known only from its messages
+            and (self.fusion is None or self.fusion.state == "locked")
+            and bool(active)
+            and all(s.state == "locked" for s in active)
+        )
+        mine[_CADENCE] = _LOCKED if settled else _EXPLORING
+
+    def _start(self) -> None:
+        """At the first exchange: fingerprint the job, load what a previous job locked in."""
+        state = self.state
+        device = state.bucket_device
+        assert device is not None and state.bucket_dtype is not None
+        nodes = int(os.environ.get("GROUP_WORLD_SIZE", "0")) or max(
+            1, state.world_size // int(os.environ.get("LOCAL_WORLD_SIZE", state.world_size))
+        )
+        self.fingerprint = fingerprint(
+            backend=backend_for(state.process_group, device),
+            world_size=state.world_size,
+            nodes=nodes,
+            device=device_model(device.type, device.index),
+            dtype=str(state.bucket_dtype).removeprefix("torch."),
+        )
+        self.key = fingerprint_key(self.fingerprint)
+        assert self.worker is not None
+        self.worker.submit(lambda: self._load(self.store().load_table(self.key)))
+
+    def _load(self, table: Table | None) -> None:
+        self.post(lambda: self._loaded(table))
+
+    def _loaded(self, table: Table | None) -> None:
+        self.loaded = True
+        if table is not None:
+            for cls, entry in table.classes.items():
+                if entry.state == "locked" and entry.choice in self._space(cls):
+                    search = self._class_search(cls)
+                    search.lock(entry.choice, entry.best_s)
+                    search.finished = entry.trials  # as the job that tuned it left it
+        if self.tune_fusion:
+            self.fusion = _Search(self, "fusion", list(FUSION_OPTIONS), 0)
+            if table is not None and table.fusion_bytes in FUSION_OPTIONS:
+                self.fusion.lock(table.fusion_bytes, None)
+            else:
+                self.fusion.start()
+
+    def _learn(
+        self, everyone: list[float], in_effect: dict[int, Choice], fusion_bytes: int, cadence: int
+    ) -> None:
+        """Rank 0, after the exchange: feed the window's latencies to the studies.
+
+        A locked choice is judged for drift only on steady windows (everything locked): while
+        something else explores, every latency is disturbed.
+        """
+        if not self.loaded:
+            return
+        self.exchanges += 1
+        if self.fusion is not None:
+            if self.fusion.state != "locked":
+                exposed = everyone[_EXPOSED]
+                if exposed >= 0:
+                    self.fusion.measure(fusion_bytes, exposed)
+                return  # message classes are settled only once the fusion size is
+            if fusion_bytes != self.fusion.desired:
+                return  # the window ran under a fusion trial: its classes are not this job's
+        default = self.state.engine.plan
+        for i, latency in enumerate(everyone[_LAT : _LAT + _CLASSES]):
+            if latency < 0:
+                continue
+            cls = 1 << i
+            search = self.classes.get(cls) or self._class_search(cls)
+            search.last_seen = self.exchanges
+            search.start()
+            if search.state == "locked" and cadence != _LOCKED:
+                continue
+            search.measure(in_effect.get(cls) or default.choice(cls), latency)
+
+    def _class_search(self, cls: int) -> _ClassSearch:
+        default = self.state.engine.plan.choice(cls)
+        space = self._space(cls)
+        search = _ClassSearch(
+            self, f"class={cls}", space, default if default in space else space[0]
+        )
+        self.classes[cls] = search
+        return search
+
+    def _searches(self) -> list[_Search[Any]]:
+        return [*self.classes.values(), *([self.fusion] if self.fusion else [])]
+
+    def table_changed(self) -> None:
+        """Rank 0: something locked; store the table for the next job."""
+        table = self.table()
+        assert self.worker is not None
+        self.worker.submit(lambda: self.store().save_table(self.key, table))
+
+    def table(self) -> Table:
+        """The plan as rank 0 knows it, with each class's progress."""
+        classes = {}
+        for cls, search in sorted(self.classes.items()):
+            p = search.progress()
+            classes[cls] = Entry(search.desired, p.best_s, p.trials, p.state)
+        fusion = None
+        if self.fusion is not None and self.fusion.state == "locked":
+            fusion = self.fusion.desired
+        elif not self.tune_fusion:
+            fusion = self.state.config.fusion_bytes
+        return Table(classes, fusion, getattr(self, "fingerprint", None))
+
+    def progress(self) -> dict[int | str, Progress]:
+        """Per size class (and "fusion"): state, trials, best latency, current choice."""
+        out: dict[int | str, Progress] = {cls: s.progress() for cls, s in self.classes.items()}
+        if self.fusion is not None:
+            out["fusion"] = self.fusion.progress()
+        return out
+
+
+def _exchange_group(group: dist.ProcessGroup, timeout_s: float) -> dist.ProcessGroup:
+    made = dist.new_group(
+        ranks=dist.get_process_group_ranks(group),
+        backend=dist.get_backend_config(group),
+        timeout=timedelta(seconds=timeout_s),
+        use_local_synchronization=True,
+        group_desc=f"autotune_tuner:{group.group_name}",
+    )
+    assert isinstance(made, dist.ProcessGroup)
+    return made
+
+
+def _failing(study: optuna.Study, trial: optuna.Trial, why: str) -> Callable[[], None]:
+    return lambda: _tell(study, trial, None, why)
+
+
+def _index(cls: int) -> int:
+    assert cls == size_class(cls)
+    return cls.bit_length() - 1

@@ -1,0 +1,101 @@
+"""The tuned table: stored, shown, exported as JSON and as NCCL tuner CSV, loaded back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+from autotune.plan import Choice, Entry, Table, load_table
+from autotune.store import Store, fingerprint, fingerprint_key
+
+FP = fingerprint(backend="nccl", world_size=16, nodes=2, device="NVIDIA H100", dtype="bfloat16")
+TABLE = Table(
+    {
+        64 << 10: Entry(Choice("tree"), 0.00021, 4, "locked"),
+        1 << 20: Entry(Choice("two_tree", 256 << 10), 0.0011, 10, "locked"),
+        16 << 20: Entry(Choice("ring", 4 << 20), 0.0098, 10, "locked"),
+        256 << 20: Entry(Choice("native"), 0.12, 10, "locked"),
+    },
+    fusion_bytes=4 << 20,
+    fingerprint=FP,
+)
+
+
+def test_json_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(TABLE.to_json()))
+    assert load_table(str(path)) == TABLE
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        ("{not json", "is not JSON"),
+        ('{"classes": {"1000": {"algorithm": "ring"}}}', "powers of two"),
+        ('{"classes": {"1024": {}}}', "bad entry for class '1024'"),
+        ('{"classes": {"1024": {"algorithm": "ring", "segment_bytes": "big"}}}', "bad entry"),
+        ("[]", "a JSON object with a 'classes' object"),
+    ],
+)
+def test_bad_plan_files_say_what_is_wrong(tmp_path: Path, content: str, words: str) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=words):
+        load_table(str(path))
+
+
+def test_missing_plan_file(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cannot read plan file"):
+        load_table(str(tmp_path / "nope.json"))
+
+
+def test_nccl_csv() -> None:
+    lines = TABLE.nccl_csv(n_nodes=2, n_ranks=16).splitlines()
+    rows = [line for line in lines if not line.startswith("#")]
+    assert rows == [
+        "allreduce,32769,65536,tree,ll,-1,2,16,-1,-1",
+        "allreduce,524289,1048576,tree,simple,-1,2,16,-1,-1",  # two_tree is NCCL's tree
+        "allreduce,8388609,16777216,ring,simple,-1,2,16,-1,-1",
+    ]
+    # Every row has the plugin's ten columns; native has no NCCL counterpart and is said so.
+    assert all(len(r.split(",")) == 10 for r in rows)
+    assert any("left to NCCL" in line and "native" in line for line in lines)
+
+
+def test_show_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'tuning.db'}"
+    key = fingerprint_key(FP)
+    Store(url).save_table(key, TABLE)
+    assert main(["show", "--storage", url]) == 0
+    out = capsys.readouterr().out
+    assert f"plan {key}: backend=nccl, world_size=16, nodes=2" in out
+    assert "fusion: 4 MiB" in out
+    assert "two_tree" in out and "256 KiB" in out and "1.10ms" in out
+    json_path, csv_path = tmp_path / "p.json", tmp_path / "p.csv"
+    assert (
+        main(["show", "--storage", url, "--json", str(json_path), "--nccl-csv", str(csv_path)]) == 0
+    )
+    assert load_table(str(json_path)) == TABLE
+    assert csv_path.read_text() == TABLE.nccl_csv(2, 16)
+
+
+def test_show_wants_a_key_when_exporting_one_of_several(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'tuning.db'}"
+    store = Store(url)
+    store.save_table("aaa", TABLE)
+    store.save_table("bbb", TABLE)
+    assert main(["show", "--storage", url, "--json", str(tmp_path / "p.json")]) == 2
+    assert "pick one with --key" in capsys.readouterr().err
+    assert main(["show", "--storage", url, "--key", "ccc"]) == 2
+    assert "no plan 'ccc'" in capsys.readouterr().err
+    assert main(["show", "--storage", url, "--key", "bbb", "--json", str(tmp_path / "p.json")]) == 0
+
+
+def test_show_empty(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["show", "--storage", f"sqlite:///{tmp_path / 'empty.db'}"]) == 0
+    assert "no tuned plans" in capsys.readouterr().out

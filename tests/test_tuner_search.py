@@ -1,0 +1,182 @@
+"""The tuner's search for one size class, driven directly: what it measures, tells and locks.
+
+A stand-in for the tuner runs the real Optuna worker against a real SQLite storage and hands the
+worker's answers back in order, as the finish thread does at each exchange.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune import Config
+from autotune.plan import Choice
+from autotune.store import Store
+from autotune.tuner import SLOW_FACTOR, _Search, _Worker, search_space
+
+
+class StandIn:
+    """What a `_Search` uses of its tuner."""
+
+    def __init__(self, url: str, **config: Any) -> None:
+        self.url = url
+        self.worker = _Worker()
+        self.key = "test"
+        self.frozen = False
+        self.config = Config(**config)
+        self.saved = 0
+        self._inbox: deque[Callable[[], None]] = deque()
+        self._store: Store | None = None
+
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = Store(self.url)
+        return self._store
+
+    def post(self, job: Callable[[], None]) -> None:
+        self._inbox.append(job)
+
+    def table_changed(self) -> None:
+        self.saved += 1
+
+    def pump(self) -> None:
+        """Let the worker finish what it was given, then run its answers (an exchange)."""
+        done = threading.Event()
+        self.worker.submit(done.set)
+        while not done.wait(0.05):
+            assert self.worker.error is None, self.worker.error  # it skips jobs after an error
+        assert self.worker.error is None, self.worker.error
+        while self._inbox:
+            self._inbox.popleft()()
+
+
+pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+
+
+@pytest.fixture
+def tuner(tmp_path: Path) -> StandIn:
+    return StandIn(f"sqlite:///{tmp_path / 'tuning.db'}", tune_warmup=1, tune_samples=3)
+
+
+def latency_of(option: str) -> float:
+    return {"a": 1.0, "b": 2.0, "c": 3.0}[option]
+
+
+def run(
+    search: _Search[str], tuner: StandIn, latency: Callable[[str], float], windows: int
+) -> None:
+    """``windows`` exchanges, each measuring the option in effect at ``latency(option)``."""
+    for _ in range(windows):
+        tuner.pump()
+        search.start()
+        in_effect = search.desired
+        search.measure(in_effect, latency(in_effect))
+
+
+def trials(tuner: StandIn, what: str = "x/r0") -> list[optuna.trial.FrozenTrial]:
+    study = optuna.load_study(study_name=f"autotune/test/{what}", storage=tuner.url)
+    return study.get_trials()
+
+
+def test_warmup_samples_median_then_lock_to_the_best(tuner: StandIn) -> None:
+    search = _Search(tuner, "x", ["a", "b", "c"], "c")
+    tuner.pump()
+    search.start()
+    tuner.pump()
+    assert search.trial is not None
+    first = search.trial.option
+    for value in (50.0, 3.0, 2.0, 2.5):  # a warm-up occurrence (dropped), then three samples
+        search.measure(first, value)
+    tuner.pump()
+    told = trials(tuner)
+    assert told[0].state == TrialState.COMPLETE and told[0].value == 2.5  # their median
+    run(search, tuner, latency_of, 20)  # the others at their latency: a 1.0, b 2.0, c 3.0
+    assert search.state == "locked"
+    assert search.desired == ("b" if first == "a" else "a")
+    assert tuner.saved == 1
+    tuner.pump()
+    assert len(trials(tuner)) == 3  # the space is exhausted: no more than its 3 options
+
+
+def test_a_measurement_under_another_option_is_not_counted(tuner: StandIn) -> None:
+    search = _Search(tuner, "x", ["a", "b"], "a")
+    tuner.pump()
+    search.start()
+    tuner.pump()
+    assert search.trial is not None
+    other = "b" if search.trial.option == "a" else "a"
+    for _ in range(10):
+        search.measure(other, 1.0)  # e.g. the window before the plan change took effect
+    assert search.trial is not None and search.trial.values == []
+
+
+def test_far_slower_trial_fails_instead_of_counting_as_fast(tuner: StandIn) -> None:
+    search = _Search(tuner, "x", ["a", "slow"], "a")
+    search.best = ("a", 1.0)
+    search.tried.add("a")
+    search.finished = 1
+    tuner.pump()
+    search.start()
+    tuner.pump()
+    assert search.trial is not None
+    option = search.trial.option
+    search.measure(option, 0.0)  # warm-up
+    search.measure(option, SLOW_FACTOR * 1.0 + 1)
+    tuner.pump()
+    failed = [t for t in trials(tuner) if t.state == TrialState.FAIL]
+    assert len(failed) == 1 and "slower than" in failed[0].user_attrs["failure"]
+    assert search.best == ("a", 1.0)
+
+
+def test_budget_locks_before_the_space_is_exhausted(tmp_path: Path) -> None:
+    tuner = StandIn(f"sqlite:///{tmp_path / 't.db'}", tune_warmup=0, tune_samples=1, tune_trials=2)
+    search = _Search(tuner, "x", ["a", "b", "c"], "c")
+    run(search, tuner, latency_of, 12)
+    assert search.state == "locked" and search.finished == 2
+    tuner.pump()
+    assert len(trials(tuner)) == 2
+
+
+def test_drift_reopens_a_locked_search(tuner: StandIn) -> None:
+    search = _Search(tuner, "x", ["a", "b"], "a")
+    search.lock("a", 1.0)
+    search.measure("a", 1.6)
+    search.measure("a", 1.2)  # back within drift_ratio (1.5): the strikes start over
+    assert search.state == "locked"
+    for _ in range(3):
+        search.measure("a", 1.6)
+    assert search.state == "exploring" and search.round == 1
+    run(search, tuner, latency_of, 12)
+    assert search.state == "locked"
+    tuner.pump()
+    assert len(trials(tuner, "x/r1")) == 2  # a fresh study for the new round
+
+
+def test_trials_left_running_by_a_crash_count_as_failed(tuner: StandIn) -> None:
+    # A job died with a trial running (asked and given its option, as a search does; on the
+    # worker's connection, since a dead job holds none).
+    def crashed_job() -> None:
+        trial = tuner.store().study("test", "x/r0", optuna.samplers.BruteForceSampler()).ask()
+        trial.suggest_categorical("option", [0, 1])
+
+    tuner.worker.submit(crashed_job)
+    search = _Search(tuner, "x", ["a", "b"], "a")
+    tuner.pump()
+    search.start()
+    tuner.pump()
+    states = [t.state for t in trials(tuner)]
+    assert states[0] == TrialState.FAIL and states[1] == TrialState.RUNNING
+
+
+def test_search_space() -> None:
+    small = search_space(64 << 10, ("native", "ring", "tree"))
+    assert small == [Choice("native"), Choice("ring"), Choice("tree")]  # no segment below 64 KiB
+    large = search_space(4 << 20, ("native", "ring"))
+    assert large == [Choice("native")] + [Choice("ring", s) for s in (256 << 10, 1 << 20)]
