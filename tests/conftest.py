@@ -1,12 +1,29 @@
-"""Shared fixtures: a registry that each test may change and gets back untouched."""
+"""Shared fixtures: a cache directory of the suite's own, and a registry each test may change."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 
 from autotune.algorithms import _registry
+
+
+@pytest.fixture(autouse=True, scope="session")
+def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Keep the user's cache (the default tuning storage lives there) out of the tests' reach.
+
+    Set before the first test, so before the launcher's forkserver starts: ranks inherit the
+    forkserver's environment, not the test process's later changes.
+    """
+    saved = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if saved is None:
+        del os.environ["XDG_CACHE_HOME"]
+    else:
+        os.environ["XDG_CACHE_HOME"] = saved
 
 
 @pytest.fixture

@@ -205,9 +205,10 @@ def env_default_state(rank: int, world_size: int) -> tuple[set[str], int | None,
 
 def register_twice(rank: int, world_size: int) -> str:
     model = DDP(Net())
-    autotune.register(model)
+    config = autotune.Config(algorithm="ring")
+    autotune.register(model, config)
     try:
-        autotune.register(model)
+        autotune.register(model, config)
     except RuntimeError as exc:
         return str(exc)
     return "no error"
