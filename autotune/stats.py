@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-__all__ = ["IterationRecord", "MessageRecord", "Recorder", "Summary", "summarize"]
+__all__ = ["IterationRecord", "MessageRecord", "Recorder", "Summary", "quartiles", "summarize"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +51,12 @@ class Summary:
     median_s: float
     p99_s: float
     busbw_gbps: float  # at the median time, for the class's median message size
+
+
+def quartiles(values: Iterable[float]) -> tuple[float, float, float]:
+    """First quartile, median and third quartile (inclusive method: defined for 2+ values)."""
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
 
 
 def summarize(records: Iterable[MessageRecord]) -> dict[tuple[int, str], Summary]:

@@ -28,6 +28,8 @@ import torch.distributed as dist
 
 from autotune.algorithms import available, get_algorithm
 from autotune.launch import run_local
+from autotune.stats import quartiles
+from autotune.store import device_model
 from autotune.units import format_bytes, parse_bytes
 
 
@@ -84,21 +86,10 @@ def _rank(
     return out
 
 
-def quartiles(values: list[float]) -> tuple[float, float, float]:
-    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return q1, q2, q3
-
-
 def machine() -> str:
     """What the figures were measured on, for the record."""
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
-    except (OSError, StopIteration):
-        pass  # not Linux: keep platform's answer
     return (
-        f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, "
+        f"{device_model('cpu')}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, "
         f"Python {platform.python_version()}, torch {torch.__version__}, gloo over 127.0.0.1"
     )
 

@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
 from autotune.launch import run_local
+from autotune.stats import quartiles
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from train_ddp import Teacher, build_model
@@ -70,11 +71,6 @@ def _rank(rank: int, world_size: int, args: argparse.Namespace, storage: str) ->
     for state in states.values():
         state.close()
     return {"times": times.tolist(), "hook_us": hook_us, "buckets_per_step": per_step}
-
-
-def quartiles(values: list[float]) -> tuple[float, float, float]:
-    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return q1, q2, q3
 
 
 def main(argv: list[str] | None = None) -> int:
