@@ -1,4 +1,4 @@
-"""The ``autotune`` command line: ``algorithms``, ``trees N``, ``show``."""
+"""The ``autotune`` command line: ``algorithms``, ``trees N``, ``show``, ``daemon``."""
 
 from __future__ import annotations
 
@@ -91,6 +91,12 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _daemon(args: argparse.Namespace) -> int:
+    from autotune.metrics import run_daemon
+
+    return run_daemon(args.host, args.port)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="autotune", description="Profiling and autotuning of all-reduce for PyTorch DDP."
@@ -109,6 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", metavar="FILE", help="write the plan as JSON (for Config.plan_file)")
     p.add_argument("--nccl-csv", metavar="FILE", help="write the plan as NCCL tuner plugin CSV")
     p.set_defaults(func=_show)
+    p = sub.add_parser("daemon", help="serve this node's GPU (NVML) and host metrics")
+    p.add_argument("--port", type=int, default=9401, help="port to serve /metrics on (9401)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
+    p.set_defaults(func=_daemon)
     args = parser.parse_args(argv)
     if getattr(args, "storage", "unset") is None:
         args.storage = os.environ.get("AUTOTUNE_STORAGE")

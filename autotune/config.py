@@ -46,8 +46,14 @@ class Config:
     SQLite file under the user cache directory."""
 
     metrics_port: int | None = None
-    """First port of the per-rank Prometheus exporter (rank i serves port + local rank i);
-    None: no exporter."""
+    """First port of the per-rank Prometheus exporter (a rank serves port + its local rank);
+    0: any free port (``state.exporter.port`` says which); None: no exporter."""
+
+    metrics_host: str = "127.0.0.1"
+    """Address the exporter binds; "0.0.0.0" to let a Prometheus on another host scrape it."""
+
+    job: str | None = None
+    """A ``job`` label on every series, if set (Prometheus adds its own from the scrape config)."""
 
     timeout_s: float = 600.0
     """How long any rank waits for a peer before the all-reduce raises, in seconds."""
@@ -105,6 +111,10 @@ class Config:
                 f"algorithm='auto', got algorithm={self.algorithm!r}"
             )
         _check_int("metrics_port", self.metrics_port, minimum=0, maximum=65535, optional=True)
+        if not isinstance(self.metrics_host, str) or not self.metrics_host:
+            raise ValueError(f"Config.metrics_host: expected an address, got {self.metrics_host!r}")
+        if self.job is not None and (not isinstance(self.job, str) or not self.job):
+            raise ValueError(f"Config.job: expected a non-empty label value, got {self.job!r}")
         if self.storage is not None and (
             not isinstance(self.storage, str) or "://" not in self.storage
         ):

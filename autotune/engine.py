@@ -46,6 +46,7 @@ class _Piece:
     started: float
     finished: float | None  # set when the algorithm finished while starting (Python-driven)
     first_wait_s: float | None
+    sent_bytes: int | None
 
 
 @dataclass(slots=True)
@@ -216,10 +217,13 @@ class Engine:
                 pending = algo.start(piece, self.group, segment_bytes=choice.segment_bytes)
                 traffic = algo.last_traffic
                 first_wait = traffic.first_wait_s if traffic is not None else None
+                sent = traffic.bytes_sent if traffic is not None and not algo.asynchronous else None
                 # A Python-driven algorithm on CPU has finished here: its time is its own, not
                 # the wait behind earlier messages. (On CUDA only the stream knows.)
                 done = time.perf_counter() if pending.done and stream is None else None
-                started.pieces.append(_Piece(nbytes, choice, pending, begin, done, first_wait))
+                started.pieces.append(
+                    _Piece(nbytes, choice, pending, begin, done, first_wait, sent)
+                )
 
     def _finish_loop(self) -> None:
         while (started := self._to_finish.get()) is not None:
@@ -260,6 +264,7 @@ class Engine:
                         first_wait_s=piece.first_wait_s,
                         world_size=self.world_size,
                         started=piece.started,
+                        sent_bytes=piece.sent_bytes,
                     )
                 )
             buckets = started.buckets

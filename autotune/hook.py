@@ -8,6 +8,7 @@ and string annotations would fail that check.
 import threading
 import time
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -20,6 +21,9 @@ from autotune.engine import Engine
 from autotune.plan import Choice, Entry, Plan, Table, default_choice, load_table
 from autotune.stats import Recorder, Summary, summarize
 from autotune.tuner import Tuner
+
+if TYPE_CHECKING:
+    from autotune.metrics import Exporter
 
 __all__ = ["AutotuneState", "default_state", "hook", "register", "reset_default_state"]
 
@@ -43,6 +47,7 @@ class AutotuneState:
         "bucket_dtype",
         "config",
         "engine",
+        "exporter",
         "process_group",
         "recorder",
         "tuner",
@@ -83,6 +88,12 @@ class AutotuneState:
         self.tuner: Tuner | None = None
         if self.config.algorithm == "auto" and self.config.plan_file is None:
             self.tuner = Tuner(self)
+        #: The Prometheus exporter (``Config.metrics_port``), else None.
+        self.exporter: Exporter | None = None
+        if self.config.metrics_port is not None:
+            from autotune import metrics  # prometheus_client only where wanted
+
+            self.exporter = metrics.Exporter(self)
 
     def plan(self) -> dict[int, Choice]:
         """Size class (bytes, a power of two) -> the choice for it, for every class seen so far."""
@@ -106,6 +117,8 @@ class AutotuneState:
         self.engine.close()
         if self.tuner is not None:
             self.tuner.close()
+        if self.exporter is not None:
+            self.exporter.close()
 
     def _initial_plan(self) -> Choice | None:
         if self.config.algorithm == "auto":

@@ -24,6 +24,7 @@ class MessageRecord:
     first_wait_s: float | None  # blocked waiting for the first peer's data (None: not observable)
     world_size: int
     started: float  # time.perf_counter() at its start, for timelines
+    sent_bytes: int | None = None  # what this rank put on the wire (None: the backend's business)
 
     @property
     def busbw_gbps(self) -> float:
@@ -89,6 +90,7 @@ class Recorder:
         self._hook_calls: deque[tuple[float, float]] = deque(maxlen=keep)
         self._iterations: deque[IterationRecord] = deque(maxlen=keep)
         self._listeners: list[Callable[[MessageRecord], None]] = []
+        self._iteration_listeners: list[Callable[[IterationRecord], None]] = []
         self._lock = threading.Lock()
 
     def add(self, record: MessageRecord) -> None:
@@ -105,6 +107,13 @@ class Recorder:
     def add_iteration(self, record: IterationRecord) -> None:
         with self._lock:
             self._iterations.append(record)
+            listeners = list(self._iteration_listeners)
+        for listener in listeners:
+            listener(record)
+
+    def listen_iterations(self, listener: Callable[[IterationRecord], None]) -> None:
+        with self._lock:
+            self._iteration_listeners.append(listener)
 
     def iterations(self) -> list[IterationRecord]:
         with self._lock:

@@ -87,9 +87,10 @@ class Progress:
     """Where tuning stands for a size class (or the fusion size): what rank 0 knows."""
 
     state: str  # "loading", "exploring" or "locked"
-    trials: int
+    trials: int  # this round's (a drift re-opens a class in a new round)
     best_s: float | None
     choice: Choice | int | None
+    trials_total: int = 0  # every round's, in this job
 
 
 @dataclass
@@ -140,6 +141,7 @@ class _Search(Generic[T]):
         self.trial: _Trial[T] | None = None
         self.asking = False
         self.finished = 0  # trials told, this round
+        self.trials_total = 0  # trials told by this job, every round (for a counter)
         self.tried: set[T] = set()
         self.best: tuple[T, float] | None = None
         self.strikes = 0
@@ -190,11 +192,12 @@ class _Search(Generic[T]):
     def progress(self) -> Progress:
         best = self.best[1] if self.best else None
         choice = self.desired if isinstance(self.desired, (Choice, int)) else None
-        return Progress(self.state, self.finished, best, choice)
+        return Progress(self.state, self.finished, best, choice, self.trials_total)
 
     def _finish(self, trial: _Trial[T], value: float | None, failure: str | None) -> None:
         self.trial = None
         self.finished += 1
+        self.trials_total += 1
         self.tried.add(trial.option)
         if value is not None and (self.best is None or value < self.best[1]):
             self.best = (trial.option, value)
@@ -363,6 +366,8 @@ class Tuner:
         self.exchanges = 0
         self.fusion: _Search[int] | None = None
         self.in_effect: dict[int, Choice] = {}  # explicit choices all ranks run now
+        #: Per size class, whether rank 0 is exploring or has locked it, as every rank hears it.
+        self.states: dict[int, str] = {}
         self._window: dict[int, list[float]] = {}
         self._exposed: list[float] = []
         self._inbox: deque[Callable[[], None]] = deque()
@@ -450,6 +455,9 @@ class Tuner:
 
     def _apply(self, everyone: list[float]) -> None:
         engine = self.state.engine
+        for i, raw in enumerate(everyone[_STATE : _STATE + _CLASSES]):
+            if raw:
+                self.states[1 << i] = "locked" if int(raw) == _LOCKED else "exploring"
         for i, raw in enumerate(everyone[_CODE : _CODE + _CLASSES]):
             code = int(raw)
             if code:

@@ -35,6 +35,8 @@ def test_defaults() -> None:
         ({"tune_warmup": -1}, ValueError, "Config.tune_warmup: must be >= 0"),
         ({"tune_trials": 0}, ValueError, "Config.tune_trials: must be >= 1"),
         ({"drift_ratio": 1.0}, ValueError, "Config.drift_ratio: must be a number > 1"),
+        ({"metrics_host": ""}, ValueError, "Config.metrics_host: expected an address"),
+        ({"job": ""}, ValueError, "Config.job: expected a non-empty label value"),
         (
             {"algorithm": "ring", "plan_file": "plan.json"},
             ValueError,
@@ -65,6 +67,8 @@ def test_every_field_from_the_environment() -> None:
         "AUTOTUNE_TUNE_SAMPLES": "7",
         "AUTOTUNE_TUNE_TRIALS": "9",
         "AUTOTUNE_DRIFT_RATIO": "2",
+        "AUTOTUNE_METRICS_HOST": "0.0.0.0",
+        "AUTOTUNE_JOB": "llm-pretrain",
         "UNRELATED": "ignored",
     }
     c = Config.from_env(env)
@@ -80,6 +84,8 @@ def test_every_field_from_the_environment() -> None:
         tune_samples=7,
         tune_trials=9,
         drift_ratio=2.0,
+        metrics_host="0.0.0.0",
+        job="llm-pretrain",
     )
 
 

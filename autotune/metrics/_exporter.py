@@ -1,0 +1,67 @@
+"""The per-rank exporter a training job runs: the hook's, the host's and its GPU's series."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from prometheus_client import CollectorRegistry
+
+from autotune.metrics._hook import HookMetrics
+from autotune.metrics._host import HostMetrics
+from autotune.metrics._nvml import GpuReading, NvmlMetrics, NvmlQuery
+from autotune.metrics._server import Server
+
+if TYPE_CHECKING:
+    from autotune.hook import AutotuneState
+
+__all__ = ["Exporter"]
+
+
+class Exporter:
+    """Serves one rank's series on ``Config.metrics_port`` + local rank (0: any free port).
+
+    Every series carries ``rank`` and ``local_rank`` (and ``job``, if ``Config.job`` is set).
+    The GPU series are this rank's own GPU only, so ranks sharing a node do not report a GPU
+    twice; ``autotune daemon`` serves a node's GPUs for jobs that should not.
+    """
+
+    def __init__(self, state: AutotuneState, nvml: NvmlQuery | None = None) -> None:
+        config = state.config
+        assert config.metrics_port is not None
+        rank = dist.get_rank()
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        labels = {"rank": str(rank), "local_rank": str(local_rank)}
+        if config.job is not None:
+            labels["job"] = config.job
+        self.state = state
+        self.registry = CollectorRegistry()
+        self.hook = HookMetrics(state, labels)
+        self.registry.register(self.hook)
+        self.registry.register(HostMetrics(labels))
+        self.registry.register(NvmlMetrics(nvml, labels, select=self._own_gpu))
+        port = config.metrics_port + local_rank if config.metrics_port else 0
+        setting = (
+            f"Config.metrics_port / AUTOTUNE_METRICS_PORT (now {config.metrics_port}; this rank "
+            f"serves it + local rank {local_rank})"
+        )
+        self.server = Server(self.registry, port, config.metrics_host, setting)
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def close(self) -> None:
+        self.server.close()
+
+    def _own_gpu(self, reading: GpuReading) -> bool:
+        device = self.state.bucket_device
+        if device is None or device.type != "cuda":
+            return False  # a CPU rank, or no gradients yet: no GPU of its own
+        props = torch.cuda.get_device_properties(device)
+        # NVML says "GPU-<uuid>", torch the bare UUID; NVML's indices ignore CUDA_VISIBLE_DEVICES.
+        return reading.uuid.lower().removeprefix("gpu-") == str(props.uuid).lower().removeprefix(
+            "gpu-"
+        )

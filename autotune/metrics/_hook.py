@@ -1,0 +1,204 @@
+"""The hook's series: per message, per iteration, the plan and the tuner, for one rank.
+
+`HookMetrics` listens to a state's recorder and keeps running totals in plain dicts (a message costs
+a few dictionary updates); `collect` turns them into fresh metric families at each scrape.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+import threading
+from collections import deque
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from autotune.stats import IterationRecord, MessageRecord
+
+if TYPE_CHECKING:
+    from autotune.hook import AutotuneState
+
+__all__ = ["LATENCY_BUCKETS_S", "HookMetrics"]
+
+#: Histogram buckets for latencies, in seconds: 50 us to 10 s.
+LATENCY_BUCKETS_S = (
+    5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+)  # fmt: skip
+#: Recent messages a bus-bandwidth gauge takes the median of.
+BUSBW_WINDOW = 16
+
+
+@dataclass
+class _Histogram:
+    counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
+    total: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+        self.total += seconds
+
+    def buckets(self) -> list[tuple[str, float]]:
+        out: list[tuple[str, float]] = []
+        running = 0
+        for bound, count in zip((*LATENCY_BUCKETS_S, float("inf")), self.counts, strict=True):
+            running += count
+            out.append(("+Inf" if bound == float("inf") else repr(bound), running))
+        return out
+
+
+@dataclass
+class _Messages:
+    latency: _Histogram = field(default_factory=_Histogram)
+    bytes: int = 0
+    sent_bytes: int = 0
+    busbw: deque[float] = field(default_factory=lambda: deque(maxlen=BUSBW_WINDOW))
+
+
+class HookMetrics(Collector):
+    """Series for one `AutotuneState`, labelled with the rank (and ``job``, if configured)."""
+
+    def __init__(self, state: AutotuneState, labels: Mapping[str, str]) -> None:
+        self.state = state
+        self.labels = dict(labels)
+        self._messages: dict[tuple[int, str], _Messages] = {}
+        self._first_wait = _Histogram()
+        self._exposed = _Histogram()
+        self._lock = threading.Lock()
+        state.recorder.listen(self.record)
+        state.recorder.listen_iterations(self.record_iteration)
+
+    def record(self, r: MessageRecord) -> None:
+        """One message: the engine's finish thread calls this; it must stay cheap."""
+        with self._lock:
+            m = self._messages.get((r.size_class, r.algorithm))
+            if m is None:
+                m = self._messages[(r.size_class, r.algorithm)] = _Messages()
+            m.latency.observe(r.seconds)
+            m.bytes += r.nbytes
+            m.sent_bytes += r.sent_bytes or 0
+            m.busbw.append(r.busbw_gbps * 1e9)
+            if r.first_wait_s is not None:
+                self._first_wait.observe(r.first_wait_s)
+
+    def record_iteration(self, r: IterationRecord) -> None:
+        with self._lock:
+            self._exposed.observe(r.exposed_s)
+
+    def collect(self) -> Iterator[Metric]:
+        names, values = list(self.labels), list(self.labels.values())
+        per = [*names, "size_class", "algorithm"]
+        latency = HistogramMetricFamily(
+            "autotune_allreduce_latency_seconds",
+            "All-reduce time per message, by message-size class (bytes) and algorithm.",
+            labels=per,
+        )
+        nbytes = CounterMetricFamily(
+            "autotune_allreduce_bytes",
+            "Bytes all-reduced (message sizes), by size class and algorithm.",
+            labels=per,
+        )
+        sent = CounterMetricFamily(
+            "autotune_p2p_sent_bytes",
+            "Bytes this rank sent for point-to-point algorithms (not counted for native).",
+            labels=per,
+        )
+        busbw = GaugeMetricFamily(
+            "autotune_allreduce_busbw_bytes_per_second",
+            f"Bus bandwidth (algbw * 2(n-1)/n), median of the last {BUSBW_WINDOW} messages.",
+            labels=per,
+        )
+        with self._lock:
+            for (cls, algo), m in sorted(self._messages.items()):
+                key = [*values, str(cls), algo]
+                latency.add_metric(key, m.latency.buckets(), m.latency.total)
+                nbytes.add_metric(key, m.bytes)
+                sent.add_metric(key, m.sent_bytes)
+                busbw.add_metric(key, statistics.median(m.busbw))
+            first_wait = (self._first_wait.buckets(), self._first_wait.total)
+            exposed = (self._exposed.buckets(), self._exposed.total)
+        yield from (latency, nbytes, sent, busbw)
+        wait = HistogramMetricFamily(
+            "autotune_first_peer_wait_seconds",
+            "Time a message waited for the first peer's data: long when a peer is late.",
+            labels=names,
+        )
+        wait.add_metric(values, *first_wait)
+        yield wait
+        hidden = HistogramMetricFamily(
+            "autotune_exposed_communication_seconds",
+            "Per iteration, communication not hidden by backward: from its last bucket to its "
+            "last message done.",
+            labels=names,
+        )
+        hidden.add_metric(values, *exposed)
+        yield hidden
+        yield from self._plan(names, values)
+        if self.state.tuner is not None:
+            yield from self._tuner(names, values)
+
+    def _plan(self, names: list[str], values: list[str]) -> Iterator[Metric]:
+        plan = GaugeMetricFamily(
+            "autotune_plan_info",
+            "The choice for each message-size class seen: 1 for the algorithm and segment in use.",
+            labels=[*names, "size_class", "algorithm", "segment_bytes"],
+        )
+        for cls, choice in self.state.plan().items():
+            seg = "default" if choice.segment_bytes is None else str(choice.segment_bytes)
+            plan.add_metric([*values, str(cls), choice.algorithm, seg], 1)
+        yield plan
+        fusion = GaugeMetricFamily(
+            "autotune_fusion_bytes",
+            "The message size buckets are fused or split to (0: DDP's buckets as they are).",
+            labels=names,
+        )
+        fusion.add_metric(values, self.state.engine.fusion_bytes)
+        yield fusion
+
+    def _tuner(self, names: list[str], values: list[str]) -> Iterator[Metric]:
+        tuner = self.state.tuner
+        assert tuner is not None
+        state = GaugeMetricFamily(
+            "autotune_tuner_state",
+            "Per size class, 1 for the tuner's state (exploring or locked), 0 for the other.",
+            labels=[*names, "size_class", "state"],
+        )
+        for cls, now in sorted(tuner.states.items()):
+            for s in ("exploring", "locked"):
+                state.add_metric([*values, str(cls), s], 1 if now == s else 0)
+        yield state
+        settled = GaugeMetricFamily(
+            "autotune_tuner_settled",
+            "1 once every size class (and the fusion size) is locked, else 0.",
+            labels=names,
+        )
+        settled.add_metric(values, 1 if tuner.settled else 0)
+        yield settled
+        progress = tuner.progress()  # rank 0's knowledge; empty elsewhere
+        if not progress:
+            return
+        trials = CounterMetricFamily(
+            "autotune_tuner_trials",
+            "Trials the tuner ran in this job, by size class (or 'fusion').",
+            labels=[*names, "size_class"],
+        )
+        best = GaugeMetricFamily(
+            "autotune_tuner_best_latency_seconds",
+            "Latency of the best trial so far (for 'fusion': exposed communication).",
+            labels=[*names, "size_class"],
+        )
+        for key, p in progress.items():
+            trials.add_metric([*values, str(key)], p.trials_total)
+            if p.best_s is not None:
+                best.add_metric([*values, str(key)], p.best_s)
+        yield trials
+        yield best

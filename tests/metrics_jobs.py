@@ -1,0 +1,71 @@
+"""Jobs the metrics tests run on spawned ranks."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tuner_jobs import BUCKET_CAP_MB, model
+
+import autotune
+
+
+def train_step(ddp: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    x, y = torch.randn(8, 256), torch.randint(0, 8, (8,))
+    torch.nn.functional.cross_entropy(ddp(x), y).backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def exposition(rank: int, world_size: int, storage: str) -> str:
+    """Train a little with the tuner and the exporter on; return what /metrics served."""
+    ddp = DDP(model(), bucket_cap_mb=BUCKET_CAP_MB)
+    config = autotune.Config(
+        metrics_port=0, storage=storage, job="test-job", tune_warmup=0, tune_samples=1
+    )
+    state = autotune.register(ddp, config)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for _ in range(30):
+        train_step(ddp, opt)
+    assert state.exporter is not None
+    with urllib.request.urlopen(f"http://127.0.0.1:{state.exporter.port}/metrics") as r:
+        body: str = r.read().decode()
+    state.close()
+    return body
+
+
+def serve_while_training(
+    rank: int, world_size: int, base_port: int, storage: str, stop_file: str
+) -> int:
+    """Train with the exporter on ``base_port`` + rank until ``stop_file`` appears."""
+    ddp = DDP(model(), bucket_cap_mb=BUCKET_CAP_MB)
+    config = autotune.Config(metrics_port=base_port, storage=storage, tune_warmup=0, tune_samples=1)
+    state = autotune.register(ddp, config)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    steps = 0
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        # Every rank stops at the same step: rank 0 reads the file, all agree through a collective.
+        done = torch.tensor([float(rank == 0 and Path(stop_file).exists())])
+        torch.distributed.all_reduce(done)
+        if done.item():
+            break
+        train_step(ddp, opt)
+        steps += 1
+        time.sleep(0.02)
+    state.close()
+    return steps
+
+
+def port_taken(rank: int, world_size: int, port: int) -> str:
+    try:
+        autotune.register(DDP(model()), autotune.Config(algorithm="ring", metrics_port=port))
+    except OSError as exc:
+        return str(exc)
+    return "no error"
+
+
+__all__ = ["exposition", "port_taken", "serve_while_training"]

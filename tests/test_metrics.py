@@ -1,0 +1,328 @@
+"""The Prometheus series: what the collectors report, lint-clean, scraped by a real Prometheus."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from metrics_jobs import exposition, port_taken, serve_while_training
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_server import Prometheus, free_port, promtool_check_metrics
+
+from autotune.launch import launch, run_local
+from autotune.metrics import (
+    GpuReading,
+    HookMetrics,
+    HostMetrics,
+    NvmlMetrics,
+    NvmlUnavailable,
+    PynvmlQuery,
+)
+from autotune.plan import Choice, Plan
+from autotune.stats import IterationRecord, MessageRecord, Recorder
+
+
+class FakeNvml:
+    """An NVML device query that returns what the test says."""
+
+    def __init__(self, readings: list[GpuReading] | None) -> None:
+        self._readings = readings
+
+    def readings(self) -> list[GpuReading]:
+        if self._readings is None:
+            raise NvmlUnavailable("no driver")
+        return self._readings
+
+
+H100 = GpuReading(
+    index=0,
+    uuid="GPU-1111",
+    name="NVIDIA H100",
+    utilization_ratio=0.87,
+    memory_used_bytes=40 << 30,
+    memory_total_bytes=80 << 30,
+    power_watts=512.5,
+    energy_joules=123456.0,
+    temperature_celsius=61.0,
+    sm_clock_hertz=1.98e9,
+    pcie_tx_bytes_per_second=2.5e9,
+    pcie_rx_bytes_per_second=3.5e9,
+    nvlink_tx_bytes=10 << 30,
+    nvlink_rx_bytes=11 << 30,
+)
+# An older GPU: no NVLink, no energy counter, no PCIe throughput.
+T4 = GpuReading(index=1, uuid="GPU-2222", name="Tesla T4", utilization_ratio=0.1, power_watts=35.0)
+
+
+def value(r: CollectorRegistry, name: str, labels: dict[str, str] | None = None) -> float:
+    """A sample that must be there."""
+    got = r.get_sample_value(name, labels or {})
+    assert got is not None, f"{name}{labels or ''} missing"
+    return got
+
+
+def registry_with(*collectors: object) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    for c in collectors:
+        registry.register(c)  # type: ignore[arg-type]
+    return registry
+
+
+def test_nvml_series_with_dcgm_labels() -> None:
+    r = registry_with(NvmlMetrics(FakeNvml([H100, T4]), labels={"rank": "3"}))
+    h100 = {"rank": "3", "gpu": "0", "UUID": "GPU-1111", "modelName": "NVIDIA H100"}
+    t4 = {"rank": "3", "gpu": "1", "UUID": "GPU-2222", "modelName": "Tesla T4"}
+    assert r.get_sample_value("autotune_nvml_up", {"rank": "3"}) == 1
+    assert r.get_sample_value("autotune_gpu_utilization_ratio", h100) == 0.87
+    assert r.get_sample_value("autotune_gpu_memory_used_bytes", h100) == 40 << 30
+    assert r.get_sample_value("autotune_gpu_power_watts", h100) == 512.5
+    assert r.get_sample_value("autotune_gpu_energy_joules_total", h100) == 123456.0
+    assert r.get_sample_value("autotune_gpu_sm_clock_hertz", h100) == 1.98e9
+    assert r.get_sample_value("autotune_gpu_nvlink_transmit_bytes_total", h100) == 10 << 30
+    assert r.get_sample_value("autotune_gpu_power_watts", t4) == 35.0
+    # What the T4 does not support is left out, not faked as zero.
+    for name in (
+        "autotune_gpu_energy_joules_total",
+        "autotune_gpu_nvlink_transmit_bytes_total",
+        "autotune_gpu_pcie_receive_bytes_per_second",
+        "autotune_gpu_memory_used_bytes",
+    ):
+        assert r.get_sample_value(name, t4) is None, name
+
+
+def test_nvml_select_keeps_a_ranks_own_gpu() -> None:
+    r = registry_with(NvmlMetrics(FakeNvml([H100, T4]), select=lambda g: g.uuid == "GPU-2222"))
+    assert (
+        r.get_sample_value(
+            "autotune_gpu_power_watts", {"gpu": "1", "UUID": "GPU-2222", "modelName": "Tesla T4"}
+        )
+        == 35.0
+    )
+    text = generate_latest(r).decode()
+    assert "GPU-1111" not in text
+
+
+def test_no_nvml_is_reported_and_nothing_else_breaks() -> None:
+    r = registry_with(NvmlMetrics(FakeNvml(None)), HostMetrics())
+    assert r.get_sample_value("autotune_nvml_up") == 0
+    assert "autotune_gpu_" not in generate_latest(r).decode()
+    assert value(r, "autotune_host_memory_total_bytes") > 0
+
+
+def test_real_nvml_here() -> None:
+    # On this machine (the CI kind: no GPU) NVML is absent; with a GPU it must read something.
+    query = PynvmlQuery()
+    if torch.cuda.is_available():
+        readings = query.readings()
+        assert readings and all(g.memory_total_bytes for g in readings)
+    else:
+        with pytest.raises(NvmlUnavailable):
+            query.readings()
+
+
+def test_host_series_are_plausible() -> None:
+    r = registry_with(HostMetrics({"rank": "0"}))
+    lab = {"rank": "0"}
+    import psutil
+
+    total = psutil.virtual_memory().total
+    assert value(r, "autotune_host_memory_total_bytes", lab) == total
+    assert 0 < value(r, "autotune_host_memory_available_bytes", lab) <= total
+    assert r.get_sample_value("autotune_host_cpus", lab) == psutil.cpu_count()
+    assert value(r, "autotune_host_cpu_seconds_total", {**lab, "mode": "user"}) > 0
+    assert value(r, "autotune_process_cpu_seconds_total", {**lab, "mode": "user"}) > 0
+    assert value(r, "autotune_process_resident_memory_bytes", lab) > 10 << 20
+    assert value(r, "autotune_process_threads", lab) >= 1
+    assert value(r, "autotune_host_network_receive_bytes_total", {**lab, "interface": "lo"}) >= 0
+
+
+def hook_state(recorder: Recorder) -> SimpleNamespace:
+    plan = Plan(Choice("ring", 1 << 20))
+    plan.choice(3000)  # the class 4096 has been seen
+    return SimpleNamespace(
+        recorder=recorder,
+        plan=plan.table,
+        engine=SimpleNamespace(fusion_bytes=4 << 20),
+        tuner=None,
+    )
+
+
+def record(seconds: float, nbytes: int = 3000, algorithm: str = "ring") -> MessageRecord:
+    return MessageRecord(0, 4096, nbytes, algorithm, None, seconds, 0.002, 4, 0.0, 4500)
+
+
+def test_hook_series() -> None:
+    recorder = Recorder()
+    metrics = HookMetrics(hook_state(recorder), {"rank": "1", "local_rank": "1"})  # type: ignore[arg-type]
+    for seconds in (0.0007, 0.003, 0.004, 0.2):
+        recorder.add(record(seconds))
+    recorder.add_iteration(IterationRecord(1, 0.012, 0.0001))
+    r = registry_with(metrics)
+    lab = {"rank": "1", "local_rank": "1", "size_class": "4096", "algorithm": "ring"}
+    name = "autotune_allreduce_latency_seconds"
+    assert r.get_sample_value(f"{name}_count", lab) == 4
+    assert r.get_sample_value(f"{name}_sum", lab) == pytest.approx(0.2077)
+    assert r.get_sample_value(f"{name}_bucket", {**lab, "le": "0.001"}) == 1
+    assert r.get_sample_value(f"{name}_bucket", {**lab, "le": "0.005"}) == 3
+    assert r.get_sample_value(f"{name}_bucket", {**lab, "le": "+Inf"}) == 4
+    assert r.get_sample_value("autotune_allreduce_bytes_total", lab) == 4 * 3000
+    assert r.get_sample_value("autotune_p2p_sent_bytes_total", lab) == 4 * 4500
+    # busbw: the median of the messages' own, 3000 B / t * 2(4-1)/4 each
+    per_message = sorted(3000 * 1.5 / t for t in (0.0007, 0.003, 0.004, 0.2))
+    assert r.get_sample_value("autotune_allreduce_busbw_bytes_per_second", lab) == pytest.approx(
+        (per_message[1] + per_message[2]) / 2
+    )
+    rank = {"rank": "1", "local_rank": "1"}
+    assert r.get_sample_value("autotune_first_peer_wait_seconds_count", rank) == 4
+    assert r.get_sample_value("autotune_exposed_communication_seconds_sum", rank) == 0.012
+    plan = {**rank, "size_class": "4096", "algorithm": "ring", "segment_bytes": "1048576"}
+    assert r.get_sample_value("autotune_plan_info", plan) == 1
+    assert r.get_sample_value("autotune_fusion_bytes", rank) == 4 << 20
+
+
+def test_recording_a_message_is_cheap() -> None:
+    # Not a timing assertion on the machine's speed: a bound with orders of margin, guarding
+    # against the recorder becoming, say, a metrics lookup per label per message.
+    recorder = Recorder()
+    HookMetrics(hook_state(recorder), {"rank": "0"})  # type: ignore[arg-type]
+    r = record(0.003)
+    start = time.perf_counter()
+    for _ in range(20_000):
+        recorder.add(r)
+    per_message = (time.perf_counter() - start) / 20_000
+    assert per_message < 200e-6, per_message
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'tuning.db'}"
+
+
+def test_a_real_runs_exposition_passes_promtool(storage: str) -> None:
+    bodies = run_local(exposition, 2, storage)
+    for rank, body in enumerate(bodies):
+        result = promtool_check_metrics(body)
+        assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+        # What a real run exposes: every family the hook, tuner and host collectors produce.
+        for name in (
+            "autotune_allreduce_latency_seconds_bucket",
+            "autotune_allreduce_busbw_bytes_per_second",
+            "autotune_first_peer_wait_seconds_bucket",
+            "autotune_exposed_communication_seconds_bucket",
+            "autotune_plan_info",
+            "autotune_tuner_state",
+            "autotune_tuner_settled",
+            "autotune_host_cpu_seconds_total",
+            "autotune_nvml_up",
+        ):
+            assert f"{name}{{" in body or f"{name} " in body, name
+        assert f'rank="{rank}"' in body and 'job="test-job"' in body
+    assert "autotune_tuner_trials_total" in bodies[0]  # rank 0 owns the studies
+
+
+def test_a_taken_port_is_named_with_the_setting_to_change() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        (message,) = run_local(port_taken, 1, port)
+    assert f"port {port} on 127.0.0.1 is in use" in message
+    assert "AUTOTUNE_METRICS_PORT" in message
+
+
+def test_prometheus_scrapes_a_real_two_rank_run(tmp_path: Path, storage: str) -> None:
+    base = free_port(consecutive=2)
+    prometheus = Prometheus(tmp_path, [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"])
+    stop = tmp_path / "stop"
+    results: list[object] = []
+    job = threading.Thread(
+        target=lambda: results.extend(
+            launch(serve_while_training, 2, base, storage, str(stop), timeout_s=300)
+        )
+    )
+    job.start()
+    try:
+        both = {"0", "1"}
+        latency = prometheus.wait_for("autotune_allreduce_latency_seconds_bucket", both)
+        assert {r["metric"]["size_class"] for r in latency} >= {"131072", "2097152"}
+        assert all(r["metric"]["job"] == "autotune" for r in latency)
+        for promql in (
+            "autotune_allreduce_busbw_bytes_per_second > 0",
+            "autotune_plan_info == 1",
+            "autotune_host_memory_total_bytes > 0",
+            "rate(autotune_host_cpu_seconds_total[5s]) >= 0",
+        ):
+            prometheus.wait_for(promql, both)
+        # Prometheus computes over the histogram: a median latency per rank, finite and positive.
+        median = prometheus.wait_for(
+            "histogram_quantile(0.5, sum by (le, rank) "
+            "(rate(autotune_allreduce_latency_seconds_bucket[10s])))",
+            both,
+        )
+        assert all(0 < float(r["value"][1]) < 10 for r in median)
+    finally:
+        stop.touch()
+        job.join(120)
+        prometheus.close()
+    assert len(results) == 2 and all(r.ok for r in results), results  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def daemon() -> Iterator[tuple[subprocess.Popen[str], int]]:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "autotune.cli", "daemon", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    yield process, port
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def test_daemon_serves_and_stops_cleanly_on_sigterm(
+    daemon: tuple[subprocess.Popen[str], int],
+) -> None:
+    process, port = daemon
+    deadline = time.monotonic() + 60
+    body = ""
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                body = r.read().decode()
+            break
+        except OSError:
+            time.sleep(0.2)
+    assert "autotune_host_memory_total_bytes" in body
+    up = 1 if torch.cuda.is_available() else 0  # this machine's kind has no GPU
+    assert f"autotune_nvml_up {up}.0" in body
+    result = promtool_check_metrics(body)
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout
+    process.terminate()  # SIGTERM
+    assert process.wait(15) == 0
+    assert process.stdout is not None
+    assert "autotune daemon: stopped" in process.stdout.read()
+
+
+def test_a_missing_server_skips_outside_ci_and_fails_under_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from prometheus_server import require
+
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="apt-get install -y prometheus"):
+        require("no-such-server-binary")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match=r"\.ci/run installs it"):
+        require("no-such-server-binary")
