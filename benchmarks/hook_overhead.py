@@ -32,7 +32,7 @@ from autotune.launch import run_local
 from autotune.stats import quartiles
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from train_ddp import Teacher, build_model
+from train_ddp import Teacher, add_model_arguments, build_model
 
 MODES = ("plain", "native", "auto")
 
@@ -78,10 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world-size", type=int, default=4)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--width", type=int, default=512)
-    p.add_argument("--depth", type=int, default=4)
-    p.add_argument("--bucket-cap-mb", type=float, default=1.0)
+    add_model_arguments(p)
     p.add_argument(
         "--modes", default=",".join(MODES), help="which of plain,native,auto (plain is required)"
     )

@@ -29,7 +29,7 @@ from autotune.launch import run_local
 from autotune.units import format_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from train_ddp import Teacher, build_model
+from train_ddp import Teacher, add_model_arguments, build_model
 
 
 def _rank(rank: int, world_size: int, args: argparse.Namespace, storage: str) -> dict[str, Any]:
@@ -67,10 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--world-size", type=int, default=4)
     p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--width", type=int, default=512)
-    p.add_argument("--depth", type=int, default=4)
-    p.add_argument("--bucket-cap-mb", type=float, default=1.0)
+    add_model_arguments(p)
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         storage = f"sqlite:///{Path(tmp) / 'tuning.db'}"

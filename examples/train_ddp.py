@@ -169,6 +169,14 @@ def summary(result: Result, world_size: int, args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The job's shape: the benchmarks that run this model take the same arguments."""
+    p.add_argument("--batch", type=int, default=64, help="per rank")
+    p.add_argument("--width", type=int, default=512)
+    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--bucket-cap-mb", type=float, default=1.0, help="DDP's bucket size")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument(
@@ -181,14 +189,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--backend", default=None, help="default: gloo on CPU, nccl on CUDA")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--warmup", type=int, default=5, help="steps before the clock starts")
-    p.add_argument("--batch", type=int, default=64, help="per rank")
-    p.add_argument("--width", type=int, default=512)
-    p.add_argument("--depth", type=int, default=4)
+    add_model_arguments(p)
     p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--bucket-cap-mb", type=float, default=1.0, help="DDP's bucket size")
     p.add_argument("--algorithm", default="auto", help="'auto' or a registered algorithm")
     p.add_argument("--segment-bytes", type=parse_bytes, default=None)
-    p.add_argument("--fusion-bytes", type=parse_bytes, default=0)
+    p.add_argument(
+        "--fusion-bytes", type=parse_bytes, default=None, help="default: tuned with auto, else 0"
+    )
     p.add_argument("--no-hook", action="store_true", help="plain DDP, for comparison")
     args = p.parse_args(argv)
     if args.backend is None:
