@@ -320,5 +320,9 @@ class Engine:
 
 
 def _fail(future: torch.futures.Future[torch.Tensor], error: BaseException) -> None:
+    # A callback after the last bucket's result (after_iteration) can fail once its futures
+    # are complete; those keep their result, and the failure goes to the buckets after them.
+    if future.done():
+        return
     # torch annotates set_exception as taking the result type; it takes the exception.
     future.set_exception(error)  # type: ignore[arg-type]

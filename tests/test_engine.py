@@ -109,19 +109,46 @@ def test_every_message_is_recorded() -> None:
 def test_iteration_end_runs_before_the_last_futures_complete_and_after_after() -> None:
     engine, _, recorder = make_engine(0)
     seen: list[tuple[str, int, bool]] = []
-    futures: list[torch.futures.Future[torch.Tensor]] = []
-    engine.on_iteration_end.append(lambda it, exposed: seen.append(("end", it, futures[-1].done())))
-    engine.after_iteration.append(lambda it: seen.append(("after", it, futures[-1].done())))
+    # The callbacks run on the finishing thread: the lock makes them see each submitted future
+    # in its iteration's list, and the lists are never cleared under them.
+    lock = threading.Lock()
+    batches: list[list[torch.futures.Future[torch.Tensor]]] = []
+
+    def note(kind: str, it: int) -> None:
+        with lock:
+            seen.append((kind, it, batches[it - 1][-1].done()))
+
+    engine.on_iteration_end.append(lambda it, exposed: note("end", it))
+    engine.after_iteration.append(lambda it: note("after", it))
     for _ in range(3):
-        futures.clear()
+        futures: list[torch.futures.Future[torch.Tensor]] = []
+        batches.append(futures)
         for i in range(2):
-            futures.append(engine.submit(torch.ones(8), is_last=i == 1))
+            with lock:
+                futures.append(engine.submit(torch.ones(8), is_last=i == 1))
         futures[-1].wait()
     engine.close()
     assert seen == [(kind, it, kind == "after") for it in (1, 2, 3) for kind in ("end", "after")]
     iterations = recorder.iterations()
     assert [r.iteration for r in iterations] == [1, 2, 3]
     assert all(r.exposed_s >= 0 and r.tuner_s >= 0 for r in iterations)
+
+
+def test_a_failing_after_iteration_callback_fails_later_buckets_not_finished_ones() -> None:
+    engine, _, _ = make_engine(0)
+
+    def broken(it: int) -> None:
+        raise ValueError(f"callback broke after iteration {it}")
+
+    engine.after_iteration.append(broken)
+    finished = engine.submit(torch.ones(8), is_last=True)
+    assert finished.wait().eq(1).all()  # completed before the callback ran; keeps its result
+    later = engine.submit(torch.ones(8), is_last=True)
+    with pytest.raises(ValueError, match="after iteration 1"):
+        later.wait()
+    assert finished.wait().eq(1).all()
+    assert isinstance(engine.error, ValueError)
+    engine.close()
 
 
 def test_a_failure_fails_every_pending_and_later_bucket() -> None:
