@@ -1,4 +1,5 @@
-"""The ``autotune`` command line: ``algorithms``, ``trees N``, ``show``, ``daemon``."""
+"""The ``autotune`` command line: ``sweep``, ``report``, ``show``, ``daemon``, ``dashboards``,
+``algorithms``, ``trees N``."""
 
 from __future__ import annotations
 
@@ -91,6 +92,123 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    from autotune.sweep._cli import main as sweep_main
+
+    return sweep_main(args)
+
+
+def _report(args: argparse.Namespace) -> int:
+    if args.prometheus:
+        return _report_prometheus(args)
+    from autotune.report import plan_markdown, plot_sweeps
+    from autotune.sweep import SweepResult
+
+    if not args.results:
+        print(
+            "autotune report: give sweep results (autotune sweep --json), or --prometheus URL",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        results = [SweepResult.load(path) for path in args.results]
+    except ValueError as exc:
+        print(f"autotune report: {exc}", file=sys.stderr)
+        return 2
+    output = args.output or "busbw.png"
+    plot_sweeps(results, output)
+    print(f"wrote {output}")
+    for result in results:
+        table = plan_markdown(result)
+        if table:
+            print(f"\n{table}")
+    return 0
+
+
+def _report_prometheus(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from autotune.dashboards import load
+    from autotune.report import PrometheusClient, render_dashboard
+
+    if args.results:
+        print("autotune report: sweep results or --prometheus, not both", file=sys.stderr)
+        return 2
+    out = Path(args.output or ".")
+    if out.suffix:
+        print(
+            f"autotune report: with --prometheus, -o is a directory (one picture per "
+            f"dashboard), got {out}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        dashboards = load(Path(args.dashboards))
+    except ValueError as exc:
+        print(f"autotune report: {exc}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    client = PrometheusClient(args.prometheus)
+    try:
+        for uid, dashboard in dashboards.items():
+            path = out / f"{uid}.png"
+            counts = render_dashboard(client, dashboard, str(path), minutes=args.minutes)
+            empty = [title for title, n in counts.items() if n == 0]
+            note = f"; no data: {', '.join(empty)}" if empty else ""
+            print(f"wrote {path} ({len(counts) - len(empty)}/{len(counts)} panels with data{note})")
+    except (RuntimeError, ValueError) as exc:
+        print(f"autotune report: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _dashboards(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from autotune.dashboards import differences, load, write
+
+    directory = Path(args.dir)
+    if args.action == "build":
+        if args.check:
+            problems = differences(directory)
+            for p in problems:
+                print(p, file=sys.stderr)
+            if problems:
+                print("the dashboards differ from the code: run `autotune dashboards build`")
+                return 1
+            print(f"{directory}: up to date")
+            return 0
+        for path in write(directory):
+            print(f"wrote {path}")
+        return 0
+    from autotune.dashboards._push import PushError, push, redact_url
+
+    token = os.environ.get("GRAFANA_TOKEN") or None
+    if token is None and "@" not in args.url:
+        print(
+            "autotune dashboards push: set GRAFANA_TOKEN to a Grafana service account token "
+            "(Editor role), or put user:password in the URL for a local Grafana",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        dashboards = load(directory)
+    except ValueError as exc:
+        print(
+            f"autotune dashboards push: {exc} (run from a clone of autotune, or pass --dir)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        pushed = push(args.url, token, dashboards, args.folder)
+    except PushError as exc:
+        print(f"autotune dashboards push: {exc}", file=sys.stderr)
+        return 1
+    changed = sum(p.status != "unchanged" for p in pushed)
+    print(f"{len(pushed)} dashboards at {redact_url(args.url)}, {changed} changed")
+    return 0
+
+
 def _daemon(args: argparse.Namespace) -> int:
     from autotune.metrics import run_daemon
 
@@ -102,6 +220,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="autotune", description="Profiling and autotuning of all-reduce for PyTorch DDP."
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    from autotune.sweep._cli import add_arguments as sweep_arguments
+
+    p = sub.add_parser(
+        "sweep",
+        help="benchmark all-reduce algorithms nccl-tests style; tune and store a plan",
+        description="Time every algorithm at every size on local ranks (or torchrun's), "
+        "nccl-tests style: -b/-e/-f/-n/-w/-c/-d as there.",
+    )
+    sweep_arguments(p)
+    p.set_defaults(func=_sweep)
+    p = sub.add_parser(
+        "report",
+        help="plot sweep results (busbw, latency, the tuned plan), or the dashboards from a "
+        "Prometheus",
+    )
+    p.add_argument("results", nargs="*", metavar="RESULTS.json", help="from autotune sweep --json")
+    p.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        help="the image (busbw.png); with --prometheus a directory for one per dashboard (.)",
+    )
+    p.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="draw each dashboard's panels from this Prometheus instead (no Grafana needed)",
+    )
+    p.add_argument("--dashboards", default="dashboards", help="the dashboards' JSON (dashboards)")
+    p.add_argument("--minutes", type=float, default=30.0, help="time range to draw (30)")
+    p.set_defaults(func=_report)
+    p = sub.add_parser("dashboards", help="build the Grafana dashboards; push them to a Grafana")
+    actions = p.add_subparsers(dest="action", required=True)
+    b = actions.add_parser("build", help="generate dashboards/*.json from code")
+    b.add_argument("--dir", default="dashboards", help="where the JSON goes (dashboards)")
+    b.add_argument("--check", action="store_true", help="only say whether the files are current")
+    b.set_defaults(func=_dashboards)
+    b = actions.add_parser(
+        "push", help="create or update the dashboards in a Grafana (token: GRAFANA_TOKEN)"
+    )
+    b.add_argument("--url", required=True, help="Grafana's URL, e.g. http://localhost:3000")
+    b.add_argument("--dir", default="dashboards", help="the dashboards' JSON (dashboards)")
+    b.add_argument("--folder", default="autotune", help="Grafana folder, made if missing")
+    b.set_defaults(func=_dashboards)
     p = sub.add_parser("algorithms", help="list the registered all-reduce algorithms")
     p.set_defaults(func=_algorithms)
     p = sub.add_parser("trees", help="draw the double binary tree for N ranks")
@@ -116,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--nccl-csv", metavar="FILE", help="write the plan as NCCL tuner plugin CSV")
     p.set_defaults(func=_show)
     p = sub.add_parser("daemon", help="serve this node's GPU (NVML) and host metrics")
-    p.add_argument("--port", type=int, default=9401, help="port to serve /metrics on (9401)")
+    p.add_argument("--port", type=int, default=9409, help="port to serve /metrics on (9409)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     p.set_defaults(func=_daemon)
     args = parser.parse_args(argv)

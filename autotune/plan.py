@@ -206,16 +206,6 @@ def _optional_int(value: object) -> int | None:
 
 def load_table(path: str) -> Table:
     """Read a table written by ``autotune show --json``; errors name the file and the problem."""
-    import json
+    from autotune.jsonfile import read_json
 
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except OSError as exc:
-        raise ValueError(f"cannot read plan file {path!r}: {exc.strerror}") from exc
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"plan file {path!r} is not JSON: {exc}") from exc
-    try:
-        return Table.from_json(data)
-    except ValueError as exc:
-        raise ValueError(f"plan file {path!r}: {exc}") from exc
+    return read_json(path, Table.from_json, "plan file")

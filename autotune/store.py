@@ -18,8 +18,18 @@ from autotune.plan import Table
 
 if TYPE_CHECKING:
     import optuna
+    import torch
+    from torch.distributed import ProcessGroup
 
-__all__ = ["Store", "default_storage_url", "device_model", "fingerprint", "fingerprint_key"]
+__all__ = [
+    "Store",
+    "default_storage_url",
+    "device_model",
+    "fingerprint",
+    "fingerprint_key",
+    "job_fingerprint",
+    "tell",
+]
 
 
 def default_storage_url() -> str:
@@ -54,6 +64,31 @@ def fingerprint(
         "device": device,
         "dtype": dtype,
     }
+
+
+def job_fingerprint(
+    group: ProcessGroup, device: torch.device, dtype: torch.dtype
+) -> dict[str, str | int]:
+    """The fingerprint of all-reduces of ``dtype`` tensors on ``device`` over ``group``.
+
+    Nodes come from the launcher: torchrun's ``GROUP_WORLD_SIZE``, else world size over
+    ``LOCAL_WORLD_SIZE`` (one node when neither is set).
+    """
+    import torch.distributed as dist
+
+    from autotune.algorithms import backend_for
+
+    world_size = dist.get_world_size(group)
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "0")) or max(
+        1, world_size // int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    )
+    return fingerprint(
+        backend=backend_for(group, device),
+        world_size=world_size,
+        nodes=nodes,
+        device=device_model(device.type, device.index),
+        dtype=str(dtype).removeprefix("torch."),
+    )
 
 
 def fingerprint_key(fp: dict[str, str | int]) -> str:
@@ -145,3 +180,24 @@ class Store:
                 study = optuna.load_study(study_name=name, storage=self.storage)
                 total += len(study.get_trials(deepcopy=False))
         return total
+
+
+def tell(
+    study: optuna.Study, trial: optuna.Trial, value: float | None, failure: str | None
+) -> None:
+    """Record a trial's result; a failure (an error, or far too slow) is a failure, not a value."""
+    from optuna.trial import TrialState
+
+    try:
+        if failure is not None:
+            trial.set_user_attr("failure", failure)
+            study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+        else:
+            study.tell(trial, value, skip_if_finished=True)
+    except RuntimeError:
+        # BruteForceSampler calls study.stop() once the space is exhausted, which only works
+        # inside study.optimize; the result is stored before that. The search tracks exhaustion
+        # itself, so only a result that did not get stored is an error.
+        stored = study.get_trials(deepcopy=False)[trial.number]
+        if stored.state == TrialState.RUNNING:
+            raise

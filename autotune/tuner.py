@@ -12,14 +12,13 @@ storage writes run on a worker thread on rank 0, off the training's critical pat
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import statistics
 import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -27,10 +26,11 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 import torch
 import torch.distributed as dist
 
-from autotune.algorithms import ALGORITHMS, backend_for
+from autotune.algorithms import backend_for
 from autotune.plan import Choice, Entry, Table, size_class
+from autotune.space import choice_of, search_space, suggest_choice
 from autotune.stats import MessageRecord
-from autotune.store import Store, default_storage_url, device_model, fingerprint, fingerprint_key
+from autotune.store import Store, default_storage_url, fingerprint_key, job_fingerprint, tell
 
 if TYPE_CHECKING:
     import optuna
@@ -38,12 +38,10 @@ if TYPE_CHECKING:
     from autotune.config import Config
     from autotune.hook import AutotuneState
 
-__all__ = ["FUSION_OPTIONS", "SEGMENT_OPTIONS", "Progress", "Tuner", "search_space"]
+__all__ = ["FUSION_OPTIONS", "Progress", "Tuner"]
 
 _log = logging.getLogger("autotune")
 
-#: Segment sizes searched for a segmented algorithm, those below the message's size class.
-SEGMENT_OPTIONS = (256 << 10, 1 << 20, 4 << 20)
 #: Fusion sizes searched when ``Config.fusion_bytes`` is None (0: DDP's buckets as they are).
 FUSION_OPTIONS = (0, 1 << 20, 4 << 20, 16 << 20)
 #: Once everything is locked, exchange (and watch for drift) every this many iterations.
@@ -68,18 +66,6 @@ _EXPLORING, _LOCKED = 1, 2
 T = TypeVar("T", bound=Hashable)
 #: What a window of measurements ran under: explicit choices, fusion size, exchange cadence.
 _Plan = tuple[dict[int, Choice], int, int]
-
-
-def search_space(cls: int, candidates: Sequence[str]) -> list[Choice]:
-    """What the tuner tries for a size class: each candidate, at each segment below the class."""
-    segments = [s for s in SEGMENT_OPTIONS if s < cls]
-    space = []
-    for name in candidates:
-        if ALGORITHMS[name].segmented and segments:
-            space += [Choice(name, s) for s in segments]
-        else:
-            space.append(Choice(name))
-    return space
 
 
 @dataclass
@@ -145,13 +131,20 @@ class _Search(Generic[T]):
         self.tried: set[T] = set()
         self.best: tuple[T, float] | None = None
         self.strikes = 0
+        self.baseline_s: float | None = None  # what drift is judged against, once locked
+        self._baseline_values: list[float] = []
         self.study: optuna.Study | None = None
         self.last_seen = 0  # the tuner's exchange count when last measured
 
-    def lock(self, option: T, best_s: float | None) -> None:
+    def lock(self, option: T, best_s: float | None, *, measured_here: bool = True) -> None:
+        """Run ``option`` from now on. Its drift is judged against ``best_s`` if this job measured
+        it; a plan from elsewhere (an earlier job, `autotune sweep --tune`) ran under other
+        conditions, so its baseline is the median of this job's first steady windows."""
         self.state = "locked"
         self.desired = option
         self.best = None if best_s is None else (option, best_s)
+        self.baseline_s = best_s if measured_here else None
+        self._baseline_values = []
         self.trial = None
         self.strikes = 0
 
@@ -166,9 +159,14 @@ class _Search(Generic[T]):
         """A window's MAX-over-ranks latency, run with ``in_effect``."""
         s = self.tuner.config
         if self.state == "locked":
-            if self.best is None or in_effect != self.desired:
+            if in_effect != self.desired:
                 return
-            self.strikes = self.strikes + 1 if value > s.drift_ratio * self.best[1] else 0
+            if self.baseline_s is None:
+                self._baseline_values.append(value)
+                if len(self._baseline_values) >= s.tune_samples:
+                    self.baseline_s = statistics.median(self._baseline_values)
+                return
+            self.strikes = self.strikes + 1 if value > s.drift_ratio * self.baseline_s else 0
             if self.strikes >= DRIFT_PATIENCE:  # drifted: tune this one again, from scratch
                 self.state, self.round, self.finished = "exploring", self.round + 1, 0
                 self.tried.clear()
@@ -203,7 +201,7 @@ class _Search(Generic[T]):
             self.best = (trial.option, value)
         study = self.study
         assert study is not None
-        self.worker.submit(lambda: _tell(study, trial.handle, value, failure))
+        self.worker.submit(lambda: tell(study, trial.handle, value, failure))
         if self._spent():
             self._lock_best()
         else:
@@ -269,7 +267,7 @@ class _Search(Generic[T]):
             # Nothing left to try: the trial just asked for is not needed.
             study, handle = self.study, self.trial.handle
             assert study is not None
-            self.worker.submit(lambda: _tell(study, handle, None, "space already exhausted"))
+            self.worker.submit(lambda: tell(study, handle, None, "space already exhausted"))
             self._lock_best()
 
     def _spent(self) -> bool:
@@ -285,42 +283,10 @@ class _ClassSearch(_Search[Choice]):
     """Algorithm x segment for one size class, as readable study parameters."""
 
     def option_of(self, params: dict[str, Any]) -> Choice | None:
-        choice = Choice(str(params.get("algorithm")), params.get("segment_bytes") or None)
-        if choice not in self.space and choice.segment_bytes is None:
-            # An algorithm with one option in this space records no segment_bytes.
-            matches = [c for c in self.space if c.algorithm == choice.algorithm]
-            return matches[0] if len(matches) == 1 else None
-        return choice if choice in self.space else None
+        return choice_of(params, self.space)
 
     def suggest(self, trial: optuna.Trial) -> Choice:
-        names = sorted({c.algorithm for c in self.space})
-        algorithm = trial.suggest_categorical("algorithm", names)
-        segments = [c.segment_bytes for c in self.space if c.algorithm == algorithm]
-        if len(segments) > 1:
-            seg = trial.suggest_categorical("segment_bytes", [s or 0 for s in segments])
-            return Choice(algorithm, seg or None)
-        return Choice(algorithm, segments[0])
-
-
-def _tell(
-    study: optuna.Study, trial: optuna.Trial, value: float | None, failure: str | None
-) -> None:
-    """Record a trial's result; a failure (an error, or far too slow) is a failure, not a value."""
-    from optuna.trial import TrialState
-
-    try:
-        if failure is not None:
-            trial.set_user_attr("failure", failure)
-            study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
-        else:
-            study.tell(trial, value, skip_if_finished=True)
-    except RuntimeError:
-        # BruteForceSampler calls study.stop() once the space is exhausted, which only works
-        # inside study.optimize; the result is stored before that. The search tracks exhaustion
-        # itself, so only a result that did not get stored is an error.
-        stored = study.get_trials(deepcopy=False)[trial.number]
-        if stored.state == TrialState.RUNNING:
-            raise
+        return suggest_choice(trial, self.space)
 
 
 class _Worker:
@@ -563,17 +529,9 @@ class Tuner:
     def _start(self) -> None:
         """At the first exchange: fingerprint the job, load what a previous job locked in."""
         state = self.state
-        device = state.bucket_device
-        assert device is not None and state.bucket_dtype is not None
-        nodes = int(os.environ.get("GROUP_WORLD_SIZE", "0")) or max(
-            1, state.world_size // int(os.environ.get("LOCAL_WORLD_SIZE", state.world_size))
-        )
-        self.fingerprint = fingerprint(
-            backend=backend_for(state.process_group, device),
-            world_size=state.world_size,
-            nodes=nodes,
-            device=device_model(device.type, device.index),
-            dtype=str(state.bucket_dtype).removeprefix("torch."),
+        assert state.bucket_device is not None and state.bucket_dtype is not None
+        self.fingerprint = job_fingerprint(
+            state.process_group, state.bucket_device, state.bucket_dtype
         )
         self.key = fingerprint_key(self.fingerprint)
         assert self.worker is not None
@@ -588,12 +546,12 @@ class Tuner:
             for cls, entry in table.classes.items():
                 if entry.state == "locked" and entry.choice in self._space(cls):
                     search = self._class_search(cls)
-                    search.lock(entry.choice, entry.best_s)
+                    search.lock(entry.choice, entry.best_s, measured_here=False)
                     search.finished = entry.trials  # as the job that tuned it left it
         if self.tune_fusion:
             self.fusion = _Search(self, "fusion", list(FUSION_OPTIONS), 0)
             if table is not None and table.fusion_bytes in FUSION_OPTIONS:
-                self.fusion.lock(table.fusion_bytes, None)
+                self.fusion.lock(table.fusion_bytes, None, measured_here=False)
             else:
                 self.fusion.start()
 
@@ -680,7 +638,7 @@ def _exchange_group(group: dist.ProcessGroup, timeout_s: float) -> dist.ProcessG
 
 
 def _failing(study: optuna.Study, trial: optuna.Trial, why: str) -> Callable[[], None]:
-    return lambda: _tell(study, trial, None, why)
+    return lambda: tell(study, trial, None, why)
 
 
 def _index(cls: int) -> int:

@@ -2,25 +2,22 @@
 
     python benchmarks/allreduce_busbw.py --world-sizes 2,4 --sizes 64K,1M,16M --markdown
 
-Spawns local gloo ranks over 127.0.0.1 (CPU tensors). Each iteration is timed on every rank after
-a barrier; the iteration's time is the slowest rank's, and the figure is the median over
-iterations. Algorithms take turns inside each iteration, so drift on a shared machine hits all of
-them alike. busbw = algbw * 2(n-1)/n, as nccl-tests reports it; ratios are against `native` at the
-same size in the same run, taken per iteration (native and the algorithm ran back to back) and
-reported as the median and interquartile range of those paired ratios. CPU is the process's user
-plus system time per call (gloo's threads included), median over iterations, slowest rank.
+Spawns local gloo ranks over 127.0.0.1 (CPU tensors) and times them with `autotune sweep`'s
+loop (autotune.sweep.Bench): each iteration is timed on every rank after a barrier; the
+iteration's time is the slowest rank's, and the figure is the median over iterations. Algorithms
+take turns inside each iteration, so drift on a shared machine hits all of them alike.
+busbw = algbw * 2(n-1)/n, as nccl-tests reports it; ratios are against `native` at the same size
+in the same run, taken per iteration (native and the algorithm ran back to back) and reported as
+the median and interquartile range of those paired ratios. CPU is the process's user plus system
+time per call (gloo's threads included), median over iterations, slowest rank.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import resource
 import statistics
 import sys
-import time
 from typing import Any
 
 import torch
@@ -29,7 +26,7 @@ import torch.distributed as dist
 from autotune.algorithms import available, get_algorithm
 from autotune.launch import run_local
 from autotune.stats import quartiles
-from autotune.store import device_model
+from autotune.sweep import Bench, Variant, machine
 from autotune.units import format_bytes, parse_bytes
 
 
@@ -38,15 +35,6 @@ def parse_size(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
     return value
-
-
-Variant = tuple[str, int | None]  # (algorithm, segment_bytes or None for its default)
-
-
-def _cpu_seconds() -> float:
-    # Process-wide: gloo's own threads do much of the copying.
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _rank(
@@ -58,40 +46,25 @@ def _rank(
     warmup: int,
 ) -> dict[str, list[list[list[float]]]]:
     """Per size, [iteration][variant] = [wall seconds, CPU seconds], the slowest rank's."""
-    algos = {name: get_algorithm(name) for name, _ in variants}
+    group = dist.group.WORLD
+    assert group is not None
+
+    def progress(n: int) -> None:
+        if rank == 0:
+            print(".", end="", file=sys.stderr, flush=True)
+
+    bench = Bench(group, torch.device("cpu"), torch.float32, 600.0, progress)
     out: dict[str, list[list[list[float]]]] = {}
     for size in sizes:
-        x = torch.randn(size // 4)
-        times = torch.zeros(iters, len(variants), 2, dtype=torch.float64)
-        for it in range(warmup + iters):
-            for j, (name, seg) in enumerate(variants):
-                dist.barrier()
-                cpu = _cpu_seconds()
-                start = time.perf_counter()
-                algos[name].all_reduce(x, segment_bytes=seg)
-                if it >= warmup:
-                    times[it - warmup, j, 0] = time.perf_counter() - start
-                    times[it - warmup, j, 1] = _cpu_seconds() - cpu
-            if rank == 0:
-                print(
-                    f"\r  n={world_size} {format_bytes(size):>8}: {it + 1}/{warmup + iters}",
-                    end="",
-                    file=sys.stderr,
-                    flush=True,
-                )
-        dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-        out[str(size)] = times.tolist()
+        m = bench.measure(size // 4, variants, iters=iters, warmup=warmup, check=1)
+        assert m.wrong is not None and not any(m.wrong), f"wrong sums at {size} B: {m.wrong}"
+        out[str(size)] = [
+            [[wall, cpu] for wall, cpu in zip(walls, cpus, strict=True)]
+            for walls, cpus in zip(m.seconds, m.cpu_seconds, strict=True)
+        ]
     if rank == 0:
         print(file=sys.stderr)
     return out
-
-
-def machine() -> str:
-    """What the figures were measured on, for the record."""
-    return (
-        f"{device_model('cpu')}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, "
-        f"Python {platform.python_version()}, torch {torch.__version__}, gloo over 127.0.0.1"
-    )
 
 
 def busbw_gbps(size: int, seconds: float, world_size: int) -> float:
@@ -126,19 +99,20 @@ def main(argv: list[str] | None = None) -> int:
         else [parse_size(s) for s in args.segment_bytes.split(",")]
     )
     segmented = {name: type(get_algorithm(name)).segmented for name in names}
-    variants: list[Variant] = []
+    variants: list[tuple[str, int | None]] = []  # (algorithm, segment_bytes or its default)
     for name in names:
         variants += [(name, s) for s in segs] if segmented[name] else [(name, None)]
 
     record: dict[str, Any] = {
         "command": " ".join(["python", "benchmarks/allreduce_busbw.py", *(argv or sys.argv[1:])]),
-        "machine": machine(),
+        "machine": f"{machine()}, gloo over 127.0.0.1",
         "results": [],
         "variants": [],
     }
     rows: list[dict[str, Any]] = []
     for n in world_sizes:
-        per_size = run_local(_rank, n, sizes, variants, args.iters, args.warmup, timeout_s=3600)[0]
+        timed = [Variant(f"{name}/{seg}", name, seg) for name, seg in variants]
+        per_size = run_local(_rank, n, sizes, timed, args.iters, args.warmup, timeout_s=3600)[0]
         for size in sizes:
             table = [[wall for wall, _ in row] for row in per_size[str(size)]]
             cpu = {

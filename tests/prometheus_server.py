@@ -12,7 +12,7 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,16 +56,28 @@ def free_port(consecutive: int = 1) -> int:
 class Prometheus:
     """A Prometheus server scraping ``targets`` (host:port) every second."""
 
-    def __init__(self, workdir: Path, targets: Sequence[str], job: str = "autotune") -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        targets: Sequence[str],
+        job: str = "autotune",
+        more: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
+        """Scrape ``targets`` as ``job`` (honouring their own job labels, as
+        dashboards/prometheus.yml does), and ``more``: other jobs' targets."""
         binary = require("prometheus")
         self.port = free_port()
         config = workdir / "prometheus.yml"
-        listed = ", ".join(f'"{t}"' for t in targets)
-        config.write_text(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-            f"scrape_configs:\n  - job_name: {job}\n    static_configs:\n"
-            f"      - targets: [{listed}]\n"
-        )
+        text = "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n"
+        for name, listed, honor in [(job, targets, True)] + [
+            (n, t, False) for n, t in (more or {}).items()
+        ]:
+            quoted = ", ".join(f'"{t}"' for t in listed)
+            text += (
+                f"  - job_name: {name}\n    honor_labels: {str(honor).lower()}\n"
+                f"    static_configs:\n      - targets: [{quoted}]\n"
+            )
+        config.write_text(text)
         self.log = (workdir / "prometheus.log").open("w")
         self.process = subprocess.Popen(
             [

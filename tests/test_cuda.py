@@ -90,3 +90,36 @@ def test_hook_on_cuda_nccl_world_of_one() -> None:
 @needs_cuda
 def test_hook_on_cuda_tensors_over_gloo() -> None:
     _ddp_matches(2, "gloo")
+
+
+def _sweep_cuda(world_size: int, backend: str) -> None:
+    from sweep_jobs import sweep
+
+    from autotune.sweep import SweepResult
+
+    options: dict[str, object] = {"min_bytes": 4, "max_bytes": 1 << 20, "step_factor": 16}
+    options |= {"iters": 3, "warmup": 1}
+    options |= {"backend": backend, "device": "cuda", "p2p": world_size > 1}
+    init = "cpu:gloo,cuda:nccl" if backend == "nccl" else "gloo"
+    raw = run_local(
+        sweep,
+        world_size,
+        options,
+        None,
+        backend=init,
+        env={"NCCL_MULTI_RANK_GPU_ENABLE": "1"},
+        timeout_s=600,
+    )[0]
+    result = SweepResult.from_json(raw)
+    assert result.rows and result.wrong == 0
+    assert {r.wrong for r in [*result.rows, *result.p2p]} == {0}
+
+
+@needs_cuda
+def test_sweep_cuda_tensors_over_gloo() -> None:
+    _sweep_cuda(2, "gloo")
+
+
+@needs_cuda
+def test_sweep_nccl_world_of_one() -> None:
+    _sweep_cuda(1, "nccl")

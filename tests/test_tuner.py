@@ -23,7 +23,7 @@ def storage(tmp_path: Path) -> str:
 
 def test_a_deliberately_slow_algorithm_stops_being_chosen(tmp_path: Path) -> None:
     config = {**QUICK, "algorithms": ("ring", "slow_ring"), "storage": storage(tmp_path)}
-    runs = run_local(tune, 2, 40, config, False, timeout_s=600)
+    runs = run_local(tune, 2, 60, config, False, timeout_s=600)
     result = runs[0]
     assert result.settled, result.progress
     assert result.plan and all(c.algorithm == "ring" for c in result.plan.values()), result.plan
@@ -33,7 +33,7 @@ def test_a_deliberately_slow_algorithm_stops_being_chosen(tmp_path: Path) -> Non
 
 def test_the_best_algorithm_differs_between_size_classes(tmp_path: Path) -> None:
     config = {**QUICK, "algorithms": ("fast_small", "fast_large"), "storage": storage(tmp_path)}
-    result = run_local(tune, 2, 40, config, False, timeout_s=600)[0]
+    result = run_local(tune, 2, 60, config, False, timeout_s=600)[0]
     assert result.settled, result.progress
     sizes: dict[int, set[int]] = {}
     for _, nbytes, _, _ in result.messages:

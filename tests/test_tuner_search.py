@@ -18,8 +18,9 @@ from optuna.trial import TrialState
 
 from autotune import Config
 from autotune.plan import Choice
+from autotune.space import choice_of, search_space, suggest_choice
 from autotune.store import Store
-from autotune.tuner import SLOW_FACTOR, _Search, _Worker, search_space
+from autotune.tuner import SLOW_FACTOR, _Search, _Worker
 
 
 class StandIn:
@@ -175,8 +176,45 @@ def test_trials_left_running_by_a_crash_count_as_failed(tuner: StandIn) -> None:
     assert states[0] == TrialState.FAIL and states[1] == TrialState.RUNNING
 
 
+def test_a_plan_from_elsewhere_judges_drift_against_this_jobs_own_latency(
+    tuner: StandIn,
+) -> None:
+    # A sweep measured 1.0 in isolation; in this job the choice runs at 3.0, steadily: no drift.
+    search = _Search(tuner, "x", ["a", "b"], "a")
+    search.lock("a", 1.0, measured_here=False)
+    for value in (3.0, 2.9, 3.1):  # tune_samples (3) windows set the baseline: their median
+        search.measure("a", value)
+    assert search.baseline_s == 3.0
+    for _ in range(5):
+        search.measure("a", 3.2)
+    assert search.state == "locked"
+    for _ in range(3):
+        search.measure("a", 4.6)  # beyond 1.5 x 3.0
+    assert search.state == "exploring"
+
+
 def test_search_space() -> None:
     small = search_space(64 << 10, ("native", "ring", "tree"))
     assert small == [Choice("native"), Choice("ring"), Choice("tree")]  # no segment below 64 KiB
-    large = search_space(4 << 20, ("native", "ring"))
-    assert large == [Choice("native")] + [Choice("ring", s) for s in (256 << 10, 1 << 20)]
+    mid = search_space(4 << 20, ("native", "ring"))
+    # Up to the default segment (4 MiB) the algorithm also runs unsegmented.
+    segs = (256 << 10, 1 << 20, None)
+    assert mid == [Choice("native")] + [Choice("ring", s) for s in segs]
+    large = search_space(16 << 20, ("ring",))
+    assert large == [Choice("ring", s) for s in (256 << 10, 1 << 20, 4 << 20)]
+
+
+def test_a_choice_reads_back_from_its_trial_parameters() -> None:
+    space = search_space(1 << 20, ("native", "ring", "tree"))
+    study = optuna.create_study(sampler=optuna.samplers.BruteForceSampler(seed=0))
+    seen = []
+
+    def objective(trial: optuna.Trial) -> float:
+        choice = suggest_choice(trial, space)
+        assert choice_of(trial.params, space) == choice
+        seen.append(choice)
+        return 1.0
+
+    study.optimize(objective)  # the sampler stops the study once the space is exhausted
+    assert sorted(seen, key=repr) == sorted(space, key=repr)
+    assert choice_of({"algorithm": "star"}, space) is None

@@ -12,14 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from autotune.algorithms._transport import (
-    Comm,
-    PeerError,
-    Traffic,
-    backend_for,
-    ensure_ready,
-    p2p_group,
-)
+from autotune.algorithms._transport import Comm, Traffic, connect, ensure_ready
 
 __all__ = ["SUPPORTED_DTYPES", "AllReduceAlgorithm", "Pending"]
 
@@ -120,14 +113,8 @@ class AllReduceAlgorithm(abc.ABC):
         if group is not None and dist.get_rank(group) < 0:
             raise ValueError("this rank is not a member of the process group passed to all_reduce")
         timeout = None if self.timeout_s is None else timedelta(seconds=self.timeout_s)
-        try:
-            dedicated = p2p_group(group, timeout)
-        except PeerError as exc:
-            raise PeerError(f"{self.name} all-reduce: {exc}") from exc.__cause__
-        rank = dist.get_rank(dedicated)
-        size = dist.get_world_size(dedicated)
-        backend = backend_for(dedicated, tensor.device)
-        comm = Comm(dedicated, rank, size, backend, self.name, timeout)
+        comm = connect(group, tensor.device, self.name, timeout)
+        size, backend = comm.size, comm.backend
         self.last_traffic = comm.traffic
         if dist.get_debug_level() == dist.DebugLevel.DETAIL:
             _check_same_call(tensor, segment_bytes, self.name, comm)

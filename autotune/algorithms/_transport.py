@@ -27,6 +27,7 @@ __all__ = [
     "Traffic",
     "Transport",
     "backend_for",
+    "connect",
     "ensure_ready",
     "group_timeout",
     "p2p_group",
@@ -84,6 +85,7 @@ class Comm:
     algorithm: str
     timeout: timedelta | None
     traffic: Traffic = field(default_factory=Traffic)
+    collective: str = "all-reduce"  # what the algorithm does, for errors
 
     def global_rank(self, peer: int) -> int:
         return dist.get_global_rank(self.group, peer)
@@ -98,7 +100,8 @@ class Comm:
         except RuntimeError as exc:
             limit = "the process group's timeout" if self.timeout is None else f"{self.timeout}"
             raise PeerError(
-                f"{self.algorithm} all-reduce: {what} failed or did not finish within {limit}: "
+                f"{self.algorithm} {self.collective}: {what} failed or did not finish within "
+                f"{limit}: "
                 f"{exc}"
             ) from exc
 
@@ -182,6 +185,29 @@ def p2p_group(group: ProcessGroup | None = None, timeout: timedelta | None = Non
             assert isinstance(made, ProcessGroup)
             dedicated = _p2p_groups[base.group_name] = made
         return dedicated
+
+
+def connect(
+    group: ProcessGroup | None,
+    device: torch.device,
+    algorithm: str,
+    timeout: timedelta | None,
+    collective: str = "all-reduce",
+) -> Comm:
+    """Where ``algorithm`` talks for ``group``: its dedicated group, this rank, the backend."""
+    try:
+        dedicated = p2p_group(group, timeout)
+    except PeerError as exc:
+        raise PeerError(f"{algorithm} {collective}: {exc}") from exc.__cause__
+    return Comm(
+        dedicated,
+        dist.get_rank(dedicated),
+        dist.get_world_size(dedicated),
+        backend_for(dedicated, device),
+        algorithm,
+        timeout,
+        collective=collective,
+    )
 
 
 _ready: set[tuple[str, str]] = set()

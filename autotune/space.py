@@ -1,0 +1,64 @@
+"""What is tuned for a message-size class, and how a choice is written in an Optuna trial.
+
+One definition for the live tuner and for ``autotune sweep --tune``: both write studies with the
+same parameters ("algorithm", and "segment_bytes" where an algorithm has several), so a plan from
+one reads like a plan from the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from autotune.algorithms import ALGORITHMS
+from autotune.plan import Choice
+
+if TYPE_CHECKING:
+    import optuna
+
+__all__ = ["SEGMENT_OPTIONS", "choice_of", "search_space", "suggest_choice"]
+
+#: Segment sizes searched for a segmented algorithm, those below the message's size class.
+SEGMENT_OPTIONS = (256 << 10, 1 << 20, 4 << 20)
+
+
+def search_space(cls: int, candidates: Sequence[str]) -> list[Choice]:
+    """What is tried for a size class: each candidate, at each segment size below the class.
+
+    A segmented algorithm is also tried unsegmented (its default) where its default segment
+    holds the whole class, so pipelining has to earn its place.
+    """
+    space = []
+    for name in candidates:
+        algo = ALGORITHMS[name]
+        segments: list[int | None] = [s for s in SEGMENT_OPTIONS if s < cls]
+        if not algo.segmented:
+            segments = [None]
+        elif cls <= algo.default_segment_bytes:
+            segments.append(None)
+        space += [Choice(name, s) for s in segments]
+    return space
+
+
+def suggest_choice(trial: optuna.Trial, space: Sequence[Choice]) -> Choice:
+    """Ask ``trial`` for a choice in ``space``: an algorithm, then its segment if it has several."""
+    names = sorted({c.algorithm for c in space})
+    algorithm = trial.suggest_categorical("algorithm", names)
+    segments = [c.segment_bytes for c in space if c.algorithm == algorithm]
+    if len(segments) > 1:
+        # 0 stands for None (the algorithm's default): Optuna's choices are plain values.
+        seg = trial.suggest_categorical("segment_bytes", [s or 0 for s in segments])
+        return Choice(algorithm, seg or None)
+    return Choice(algorithm, segments[0])
+
+
+def choice_of(params: Mapping[str, Any], space: Sequence[Choice]) -> Choice | None:
+    """The choice a trial's parameters stand for (None: not in ``space``)."""
+    choice = Choice(str(params.get("algorithm")), params.get("segment_bytes") or None)
+    if choice in space:
+        return choice
+    if "segment_bytes" not in params:
+        # An algorithm with one option in this space records no segment_bytes.
+        matches = [c for c in space if c.algorithm == choice.algorithm]
+        return matches[0] if len(matches) == 1 else None
+    return None

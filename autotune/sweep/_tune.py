@@ -1,0 +1,111 @@
+"""Offline tuning: per size class, an Optuna search over algorithm x segment, measured as the sweep
+measures, and stored where and as the live tuner stores plans, so a job starts from it.
+
+All of a class's trials are asked at once and measured interleaved, iteration by iteration, so a
+slow spell on a shared machine hits every candidate alike instead of sinking whichever ran then.
+"""
+
+from __future__ import annotations
+
+import statistics
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from autotune.plan import Choice, Entry, Table
+from autotune.space import search_space, suggest_choice
+from autotune.store import Store, fingerprint_key, job_fingerprint, tell
+from autotune.sweep._measure import Bench, Variant
+
+__all__ = ["Tuned", "class_trials", "tune"]
+
+
+@dataclass
+class Tuned:
+    """What tuning chose per size class (every rank), and, on rank 0, the stored table."""
+
+    choices: dict[int, Choice]
+    table: Table | None = None
+    key: str | None = None
+
+
+def class_trials(cls: int, candidates: Sequence[str], budget: int) -> int:
+    """How many trials a class gets: its whole space, or the budget if smaller."""
+    return min(budget, len(search_space(cls, candidates)))
+
+
+def tune(
+    bench: Bench,
+    classes: Sequence[int],
+    candidates: Sequence[str],
+    *,
+    budget: int,
+    iters: int,
+    warmup: int,
+    storage: str,
+    on_class: Callable[[int, Entry | None], None] | None = None,
+) -> Tuned:
+    """Tune each size class in ``classes`` (collective over the bench's group)."""
+    import optuna
+
+    rank = dist.get_rank(bench.group)
+    store: Store | None = None
+    fp = job_fingerprint(bench.group, bench.device, bench.dtype)
+    key = fingerprint_key(fp)
+    if rank == 0:
+        store = Store(storage)
+    choices: dict[int, Choice] = {}
+    entries: dict[int, Entry] = {}
+    elem = bench.dtype.itemsize
+    for cls in classes:
+        space = search_space(cls, candidates)
+        k = class_trials(cls, candidates, budget)
+        codes = torch.zeros(k, dtype=torch.int64, device=bench.book_device)
+        trials: list[optuna.Trial] = []
+        study: optuna.Study | None = None
+        if store is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                sampler = optuna.samplers.BruteForceSampler()
+            study = store.study(key, f"sweep/class={cls}", sampler)
+            store.fail_stale_trials(study)
+            trials = [study.ask() for _ in range(k)]
+            codes = torch.tensor(
+                [space.index(suggest_choice(t, space)) for t in trials],
+                dtype=torch.int64,
+                device=bench.book_device,
+            )
+        bench.broadcast(codes)
+        picked = list(dict.fromkeys(int(c) for c in codes.tolist()))  # distinct, in order
+        variants = [Variant(f"#{i}", space[i].algorithm, space[i].segment_bytes) for i in picked]
+        # Always checked: a choice that sums wrong must never reach a job's plan.
+        measured = bench.measure(max(cls // elem, 1), variants, iters=iters, warmup=warmup, check=1)
+        assert measured.wrong is not None
+        medians = {
+            i: statistics.median(row[j] for row in measured.seconds) for j, i in enumerate(picked)
+        }
+        # Every rank holds the same MAX-reduced times, so every rank picks the same best.
+        good = {i: t for i, t in medians.items() if measured.wrong[picked.index(i)] == 0}
+        if study is not None:
+            for trial, code in zip(trials, codes.tolist(), strict=True):
+                wrong = measured.wrong[picked.index(code)]
+                failure = f"{wrong} wrong elements over ranks" if wrong else None
+                tell(study, trial, None if wrong else medians[code], failure)
+        entry = None
+        if good:
+            best = min(good, key=lambda i: good[i])
+            choices[cls] = space[best]
+            entry = entries[cls] = Entry(space[best], good[best], k, "locked")
+        if on_class is not None:
+            on_class(cls, entry)
+    if store is None:
+        return Tuned(choices)
+    # The sweep's classes replace those stored; the others, and a job's fusion size, stay.
+    old = store.load_table(key)
+    merged = {**(old.classes if old else {}), **entries}
+    table = Table(merged, old.fusion_bytes if old else None, fp)
+    store.save_table(key, table)
+    return Tuned(choices, table, key)

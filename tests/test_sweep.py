@@ -1,0 +1,245 @@
+"""`autotune sweep` on spawned gloo ranks: nccl-tests' table, the check, files, and --tune."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sweep_jobs import sweep
+
+from autotune.algorithms import available
+from autotune.launch import run_local
+from autotune.plan import size_class
+from autotune.store import Store
+from autotune.sweep import SweepOptions, SweepResult, dtype_name, exact_limit
+
+ROOT = Path(__file__).resolve().parent.parent
+COLUMNS = ["size", "count", "type", "algorithm", "segment", "time", "algbw", "busbw", "#wrong"]
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
+    return subprocess.run(
+        [sys.executable, "-m", "autotune.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def table_rows(stdout: str) -> list[list[str]]:
+    return [line.split() for line in stdout.splitlines() if line and not line.startswith("#")]
+
+
+def test_the_table_reads_like_nccl_tests(tmp_path: Path) -> None:
+    out = run_cli(
+        "sweep",
+        "--world-size",
+        "3",
+        "-b",
+        "4",
+        "-e",
+        "64K",
+        "-f",
+        "16",
+        "-n",
+        "3",
+        "-w",
+        "1",
+        "--p2p",
+        "--json",
+        "r.json",
+        "--csv",
+        "r.csv",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""  # no progress bar when stderr is not a terminal
+    head = [line for line in out.stdout.splitlines() if line.startswith("#") and "count" in line]
+    assert head[0].lstrip("#").split() == COLUMNS
+    rows = table_rows(out.stdout)
+    names = list(available())
+    sizes = [4, 64, 1024, 16384]  # -b 4 -e 64K -f 16
+    assert [(int(r[0]), r[3]) for r in rows] == [
+        (s, a) for s in sizes for a in SweepOptions().swept
+    ]
+    assert set(SweepOptions().swept) == set(names)  # plugins (direct, star) included
+    for r in rows:
+        assert len(r) == len(COLUMNS)
+        size, count, time_us, algbw, busbw = int(r[0]), int(r[1]), *map(float, (r[5], r[6], r[7]))
+        assert (count, r[2], r[8]) == (size // 4, "float", "0")  # every algorithm sums right
+        assert time_us > 0 and busbw == pytest.approx(algbw * 4 / 3, abs=0.011)
+    avg = re.findall(r"^# Avg bus bandwidth\s+: (\S+) (\S+)$", out.stdout, re.M)
+    assert [name for _, name in avg] == list(SweepOptions().swept)
+    assert "# Wrong elements       : 0 OK" in out.stdout
+    assert "# Point-to-point ceiling" in out.stdout
+
+    result = SweepResult.load(str(tmp_path / "r.json"))
+    assert result.world_size == 3 and result.wrong == 0
+    for row in result.rows:
+        assert row.algbw_gbps == pytest.approx(row.bytes / row.time_us / 1e3)
+        assert row.busbw_gbps == pytest.approx(row.algbw_gbps * 2 * 2 / 3)
+        assert len(row.times_us) == 3 and row.time_us == sorted(row.times_us)[1]
+    assert [(r.bytes, r.wrong) for r in result.p2p] == [(s, 0) for s in sizes]
+    assert all(r.busbw_gbps == r.algbw_gbps for r in result.p2p)  # sendrecv: no bus factor
+    with open(tmp_path / "r.csv") as f:
+        lines = list(csv.DictReader(f))
+    assert len(lines) == len(sizes) * (len(names) + 1)
+    assert {line["algorithm"] for line in lines} == {*names, "p2p"}
+    assert {line["wrong"] for line in lines} == {"0"}
+
+
+def test_the_check_catches_a_broken_algorithm(tmp_path: Path) -> None:
+    options = {
+        "min_bytes": 8,
+        "max_bytes": 4096,
+        "step_factor": 8,
+        "iters": 1,
+        "warmup": 0,
+        "check": 2,
+        "algorithms": ("ring", "loses_last_element"),
+    }
+    result = SweepResult.from_json(run_local(sweep, 4, options, None)[0])
+    wrong = {(r.algorithm, r.bytes): r.wrong for r in result.rows}
+    assert {w for (a, _), w in wrong.items() if a == "ring"} == {0}
+    broken = [w for (a, _), w in wrong.items() if a == "loses_last_element"]
+    assert all(w is not None and w % 2 == 0 for w in broken)  # per checked iteration alike
+    assert sum(w or 0 for w in broken) > 0 and result.wrong == sum(w or 0 for w in broken)
+
+
+def test_the_json_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    options = {"min_bytes": 4, "max_bytes": 256, "iters": 2, "warmup": 0, "p2p": True}
+    raw = run_local(sweep, 2, options, str(path))[0]
+    result = SweepResult.from_json(raw)
+    assert SweepResult.load(str(path)) == result
+    assert SweepResult.from_json(result.to_json()) == result
+    assert result.command == "test" and result.options["max_bytes"] == 256
+    (tmp_path / "bad.json").write_text('{"format": "something else"}')
+    with pytest.raises(ValueError, match="not an autotune sweep result"):
+        SweepResult.load(str(tmp_path / "bad.json"))
+
+
+def test_tune_writes_a_plan_the_hook_starts_from(tmp_path: Path) -> None:
+    from tuner_jobs import tune as train
+
+    url = f"sqlite:///{tmp_path / 'tuning.db'}"
+    options: dict[str, Any] = {
+        "min_bytes": 512,
+        "max_bytes": 4 << 20,
+        "iters": 3,
+        "warmup": 1,
+        "tune": True,
+        "tune_algorithms": ("native", "tree"),
+        "algorithms": ("native", "tree"),
+        "storage": url,
+    }
+    result = SweepResult.from_json(run_local(sweep, 2, options, None)[0])
+    assert result.plan is not None and result.plan_key is not None
+    classes = {size_class(s) for s in (512 << i for i in range(14))}
+    assert set(result.plan.classes) == classes
+    assert {e.state for e in result.plan.classes.values()} == {"locked"}
+    assert result.wrong == 0
+    tuned = [r for r in result.rows if r.algorithm == "tuned"]
+    assert [r.chosen for r in tuned] == [
+        result.plan.classes[size_class(r.bytes)].choice.algorithm for r in tuned
+    ]
+    store = Store(url)
+    assert store.tables()[result.plan_key].classes == result.plan.classes
+    trials = store.trial_count()
+
+    # A job with the same setting (2 gloo ranks, CPU, float32) locks every class it sees to the
+    # sweep's choice and explores nothing.
+    config = {"tune_warmup": 0, "tune_samples": 2, "fusion_bytes": 0, "storage": url}
+    config["algorithms"] = ("native", "tree")
+    job = run_local(train, 2, 12, config, False, timeout_s=600)[0]
+    assert job.settled, job.progress
+    assert store.trial_count() == trials
+    assert job.plan and all(c == result.plan.classes[cls].choice for cls, c in job.plan.items())
+
+
+def test_options_follow_nccl_tests() -> None:
+    assert SweepOptions(min_bytes=4, max_bytes=64, dtype="double").counts() == [0, 1, 2, 4, 8]
+    assert SweepOptions(min_bytes=1 << 20, max_bytes=3 << 20, step_factor=None).counts() == [
+        (1 << 20) // 4,
+        (2 << 20) // 4,
+        (3 << 20) // 4,
+    ]
+    assert dtype_name("bf16") == "bfloat16" and dtype_name("torch.float16") == "half"
+    with pytest.raises(ValueError, match="choose one of float, double, half, bfloat16"):
+        SweepOptions(dtype="int32")
+    with pytest.raises(ValueError, match="-e < -b"):
+        SweepOptions(min_bytes=1024, max_bytes=8)
+    with pytest.raises(ValueError, match="unknown nope"):
+        SweepOptions(algorithms=("ring", "nope"))
+    with pytest.raises(ValueError, match="NCCL reduces CUDA tensors"):
+        SweepOptions(backend="nccl", device="cpu")
+    assert exact_limit(SweepOptions(dtype="bf16").torch_dtype) == 256
+
+
+def test_bad_flags_get_a_clear_error(tmp_path: Path) -> None:
+    out = run_cli("sweep", "-f", "2", "-i", "1M", cwd=tmp_path)
+    assert out.returncode == 2 and "not both" in out.stderr
+    out = run_cli("sweep", "-d", "int8", cwd=tmp_path)
+    assert out.returncode == 2 and "unsupported dtype 'int8'" in out.stderr
+    out = run_cli("sweep", "-b", "64Q", cwd=tmp_path)
+    assert out.returncode == 2 and "not a byte count" in out.stderr
+
+
+def test_report_plots_sweeps_and_prints_the_plan(tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    options: dict[str, Any] = {"min_bytes": 4, "max_bytes": 4096, "iters": 2, "warmup": 0}
+    options |= {"p2p": True, "tune": True, "storage": f"sqlite:///{tmp_path / 't.db'}"}
+    options["step_factor"] = 16
+    run_local(sweep, 2, options, str(path))
+    out = run_cli("report", str(path), str(path), "-o", "busbw.png", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    png = (tmp_path / "busbw.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+    assert "| size class | algorithm |" in out.stdout
+    assert out.stdout.count("| 1 KiB |") == 2  # one plan per file: classes 4 B, 64 B, 1 KiB
+
+
+def test_torchrun_ranks_are_used(tmp_path: Path) -> None:
+    torchrun = Path(sys.executable).parent / "torchrun"
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
+    out = subprocess.run(
+        [
+            str(torchrun),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "autotune.cli",
+            "sweep",
+            "-b",
+            "1K",
+            "-e",
+            "1K",
+            "-n",
+            "2",
+            "--algorithms",
+            "ring,native",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "# autotune sweep: all-reduce (sum, in place), 2 ranks" in out.stdout
+    assert [(r[0], r[3], r[8]) for r in table_rows(out.stdout)] == [
+        ("1024", "ring", "0"),
+        ("1024", "native", "0"),
+    ]
+    assert io.StringIO(out.stdout).read().count("# autotune sweep") == 1  # rank 0 prints alone
