@@ -17,6 +17,7 @@ import argparse
 import os
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,7 @@ class Result:
     table: autotune.plan.Table | None = None  # what the tuner knows (rank 0), if it ran
     settled_at: int | None = None  # the step from which everything was locked
     fusion_bytes: int = 0
+    metrics: str | None = None  # what rank 0's exporter served at the end, if it was on
 
 
 def train(rank: int, world_size: int, args: argparse.Namespace) -> Result:
@@ -88,6 +90,7 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> Result:
             algorithm=args.algorithm,
             fusion_bytes=args.fusion_bytes,
             **({"segment_bytes": args.segment_bytes} if args.segment_bytes else {}),
+            **({"metrics_port": args.metrics_port} if args.metrics_port is not None else {}),
         )
         state = autotune.register(ddp, config)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
@@ -120,11 +123,23 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> Result:
         result.fusion_bytes = state.engine.fusion_bytes
         if state.tuner is not None and rank == 0:
             result.table = state.table()
+        if state.exporter is not None and rank == 0:
+            result.metrics = scrape_once(state.exporter.port, state.config.metrics_host)
         hook_s = sorted(state.recorder.hook_times())
         result.hook_us_median = hook_s[len(hook_s) // 2] * 1e6 if hook_s else None
         state.close()
     result.parameters = [p.detach().cpu().clone() for p in ddp.parameters()]
     return result
+
+
+def scrape_once(port: int, host: str) -> str:
+    """Read rank 0's endpoint as Prometheus would; say where it is and what it served."""
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    samples = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+    families = sum(1 for line in text.splitlines() if line.startswith("# TYPE "))
+    return f"metrics: rank 0 served {samples} samples in {families} metric families at {url}"
 
 
 def summary(result: Result, world_size: int, args: argparse.Namespace) -> str:
@@ -145,6 +160,8 @@ def summary(result: Result, world_size: int, args: argparse.Namespace) -> str:
             else "still exploring (more steps, or run again: the plan is stored)"
         )
         lines.append(f"tuner: {when}; fusion: {fusion}")
+    if result.metrics is not None:
+        lines.append(result.metrics)
     if result.stats:
         lines.append(
             f"{'size class':>10}  {'algorithm':<10} {'segment':>9} {'state':>10} "
@@ -195,6 +212,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--segment-bytes", type=parse_bytes, default=None)
     p.add_argument(
         "--fusion-bytes", type=parse_bytes, default=None, help="default: tuned with auto, else 0"
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve each rank's Prometheus metrics on this port + local rank (0: any free port)",
     )
     p.add_argument("--no-hook", action="store_true", help="plain DDP, for comparison")
     args = p.parse_args(argv)
