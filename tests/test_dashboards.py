@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -30,7 +31,7 @@ from prometheus_server import Prometheus, free_port, require
 from autotune.dashboards import VARIABLES, differences, load, panel_queries, substitute
 from autotune.launch import launch
 from autotune.metrics import run_daemon
-from autotune.report import PrometheusClient, render_dashboard
+from autotune.report import PrometheusClient, Series, render_dashboard
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = ROOT / "dashboards"
@@ -188,6 +189,26 @@ def test_every_panel_query_returns_series_from_a_real_run(
         inner = v["query"].removeprefix("label_values(").removesuffix(")")
         match, _, label = inner.rpartition(",")
         assert scraped.label_values(label.strip(), substitute(match, values)), v["name"]
+
+
+def test_host_panels_show_one_line_per_machine_however_many_exporters_report_it(
+    scraped: PrometheusClient,
+) -> None:
+    # Both ranks and the daemon report this machine's readings: three exporters, one machine.
+    raw = scraped.query("autotune_host_cpus")
+    assert len({r.labels["instance"] for r in raw}) == 3
+    assert {r.labels["Hostname"] for r in raw} == {socket.gethostname()}
+    board = load(DASHBOARDS)["autotune-gpus-host"]
+    values = {**VARIABLES, "__rate_interval": "10s"}
+    by_panel: dict[str, list[Series]] = {}
+    for q in panel_queries(board):
+        if q.panel in ("Host CPU busy", "Host memory used", "Host network"):
+            by_panel.setdefault(q.panel, []).extend(scraped.query(substitute(q.expr, values)))
+    assert len(by_panel["Host CPU busy"]) == 1
+    assert 0 <= by_panel["Host CPU busy"][0].points[0][1] <= 1
+    assert len(by_panel["Host memory used"]) == 1
+    interfaces = [r.labels["interface"] for r in by_panel["Host network"]]
+    assert len(interfaces) == 2 * len(set(interfaces))  # RX and TX, once per interface
 
 
 def test_report_draws_each_dashboard_from_prometheus(

@@ -30,6 +30,8 @@ from autotune.metrics import (
 from autotune.plan import Choice, Plan
 from autotune.stats import IterationRecord, MessageRecord, Recorder
 
+HOST = socket.gethostname()
+
 
 def value(r: CollectorRegistry, name: str, labels: dict[str, str] | None = None) -> float:
     """A sample that must be there."""
@@ -47,8 +49,10 @@ def registry_with(*collectors: object) -> CollectorRegistry:
 
 def test_nvml_series_with_dcgm_labels() -> None:
     r = registry_with(NvmlMetrics(FakeNvml([H100, T4]), labels={"rank": "3"}))
-    h100 = {"rank": "3", "gpu": "0", "UUID": "GPU-1111", "modelName": "NVIDIA H100"}
-    t4 = {"rank": "3", "gpu": "1", "UUID": "GPU-2222", "modelName": "Tesla T4"}
+    # As dcgm-exporter does, every GPU series names its machine.
+    on = {"rank": "3", "Hostname": HOST}
+    h100 = {**on, "gpu": "0", "UUID": "GPU-1111", "modelName": "NVIDIA H100"}
+    t4 = {**on, "gpu": "1", "UUID": "GPU-2222", "modelName": "Tesla T4"}
     assert r.get_sample_value("autotune_nvml_up", {"rank": "3"}) == 1
     assert r.get_sample_value("autotune_gpu_utilization_ratio", h100) == 0.87
     assert r.get_sample_value("autotune_gpu_memory_used_bytes", h100) == 40 << 30
@@ -71,7 +75,8 @@ def test_nvml_select_keeps_a_ranks_own_gpu() -> None:
     r = registry_with(NvmlMetrics(FakeNvml([H100, T4]), select=lambda g: g.uuid == "GPU-2222"))
     assert (
         r.get_sample_value(
-            "autotune_gpu_power_watts", {"gpu": "1", "UUID": "GPU-2222", "modelName": "Tesla T4"}
+            "autotune_gpu_power_watts",
+            {"gpu": "1", "UUID": "GPU-2222", "modelName": "Tesla T4", "Hostname": HOST},
         )
         == 35.0
     )
@@ -83,7 +88,7 @@ def test_no_nvml_is_reported_and_nothing_else_breaks() -> None:
     r = registry_with(NvmlMetrics(FakeNvml(None)), HostMetrics())
     assert r.get_sample_value("autotune_nvml_up") == 0
     assert "autotune_gpu_" not in generate_latest(r).decode()
-    assert value(r, "autotune_host_memory_total_bytes") > 0
+    assert value(r, "autotune_host_memory_total_bytes", {"Hostname": HOST}) > 0
 
 
 def test_real_nvml_here() -> None:
@@ -99,7 +104,8 @@ def test_real_nvml_here() -> None:
 
 def test_host_series_are_plausible() -> None:
     r = registry_with(HostMetrics({"rank": "0"}))
-    lab = {"rank": "0"}
+    # The machine's series carry its name; the process's carry only the rank.
+    lab = {"rank": "0", "Hostname": HOST}
     import psutil
 
     total = psutil.virtual_memory().total
@@ -107,9 +113,10 @@ def test_host_series_are_plausible() -> None:
     assert 0 < value(r, "autotune_host_memory_available_bytes", lab) <= total
     assert r.get_sample_value("autotune_host_cpus", lab) == psutil.cpu_count()
     assert value(r, "autotune_host_cpu_seconds_total", {**lab, "mode": "user"}) > 0
-    assert value(r, "autotune_process_cpu_seconds_total", {**lab, "mode": "user"}) > 0
-    assert value(r, "autotune_process_resident_memory_bytes", lab) > 10 << 20
-    assert value(r, "autotune_process_threads", lab) >= 1
+    rank = {"rank": "0"}
+    assert value(r, "autotune_process_cpu_seconds_total", {**rank, "mode": "user"}) > 0
+    assert value(r, "autotune_process_resident_memory_bytes", rank) > 10 << 20
+    assert value(r, "autotune_process_threads", rank) >= 1
     assert value(r, "autotune_host_network_receive_bytes_total", {**lab, "interface": "lo"}) >= 0
 
 

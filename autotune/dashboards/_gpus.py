@@ -13,7 +13,11 @@ UID = "autotune-gpus-host"
 _HOST = 'job=~"$job", instance=~"$instance"'
 _GPU = 'job=~"$job", instance=~"$instance", gpu=~"$gpu"'
 _RATE = "[$__rate_interval]"
-_LEGEND = "GPU {{gpu}} {{instance}}"
+_LEGEND = "GPU {{gpu}} {{Hostname}}"
+# A GPU or a machine can be reported by several exporters (its ranks and the daemon); these keep
+# one series per GPU and per machine.
+_PER_GPU = "max by (Hostname, gpu, UUID, modelName)"
+_PER_HOST = "max by (Hostname)"
 
 
 def gpus_and_host(s: Sdk) -> Any:
@@ -39,8 +43,11 @@ def gpus_and_host(s: Sdk) -> Any:
     )
     d = d.with_row(s.row("GPUs"))
 
-    def gpu(metric: str) -> str:
+    def sel(metric: str) -> str:
         return f"{metric}{{{_GPU}}}"
+
+    def gpu(metric: str) -> str:
+        return f"{_PER_GPU} ({sel(metric)})"
 
     panels = [
         s.timeseries_panel(
@@ -97,7 +104,12 @@ def gpus_and_host(s: Sdk) -> Any:
             "GPU energy over the time range",
             "Energy used in the dashboard's time range, per GPU (from NVML's counter).",
             "joule",
-            [s.query(f"increase({gpu('autotune_gpu_energy_joules_total')}[$__range])", _LEGEND)],
+            [
+                s.query(
+                    f"{_PER_GPU} (increase({sel('autotune_gpu_energy_joules_total')}[$__range]))",
+                    _LEGEND,
+                )
+            ],
             width=12,
             height=8,
         ),
@@ -116,11 +128,11 @@ def gpus_and_host(s: Sdk) -> Any:
             "Bps",
             [
                 s.query(
-                    f"rate({gpu('autotune_gpu_nvlink_transmit_bytes_total')}{_RATE})",
+                    f"{_PER_GPU} (rate({sel('autotune_gpu_nvlink_transmit_bytes_total')}{_RATE}))",
                     f"TX {_LEGEND}",
                 ),
                 s.query(
-                    f"rate({gpu('autotune_gpu_nvlink_receive_bytes_total')}{_RATE})",
+                    f"{_PER_GPU} (rate({sel('autotune_gpu_nvlink_receive_bytes_total')}{_RATE}))",
                     f"RX {_LEGEND}",
                     "B",
                 ),
@@ -140,14 +152,14 @@ def gpus_and_host(s: Sdk) -> Any:
     host = [
         s.timeseries_panel(
             "Host CPU busy",
-            "Fraction of the machine's CPU time not idle (every exporter on a machine reports it).",
+            "Fraction of the machine's CPU time not idle, one line per machine.",
             "percentunit",
             [
                 s.query(
-                    "1 - sum by (instance) (rate(autotune_host_cpu_seconds_total"
-                    f'{{{_HOST}, mode="idle"}}{_RATE})) / max by (instance) '
+                    f"1 - {_PER_HOST} (rate(autotune_host_cpu_seconds_total"
+                    f'{{{_HOST}, mode="idle"}}{_RATE})) / {_PER_HOST} '
                     f"(autotune_host_cpus{{{_HOST}}})",
-                    "{{instance}}",
+                    "{{Hostname}}",
                 )
             ],
             width=8,
@@ -158,9 +170,9 @@ def gpus_and_host(s: Sdk) -> Any:
             "bytes",
             [
                 s.query(
-                    f"max by (instance) (autotune_host_memory_total_bytes{{{_HOST}}} - "
+                    f"{_PER_HOST} (autotune_host_memory_total_bytes{{{_HOST}}} - "
                     f"autotune_host_memory_available_bytes{{{_HOST}}})",
-                    "{{instance}}",
+                    "{{Hostname}}",
                 )
             ],
             width=8,
@@ -171,14 +183,14 @@ def gpus_and_host(s: Sdk) -> Any:
             "Bps",
             [
                 s.query(
-                    "max by (instance, interface) (rate(autotune_host_network_receive_bytes_total"
+                    "max by (Hostname, interface) (rate(autotune_host_network_receive_bytes_total"
                     f"{{{_HOST}}}{_RATE}))",
-                    "RX {{interface}} {{instance}}",
+                    "RX {{interface}} {{Hostname}}",
                 ),
                 s.query(
-                    "max by (instance, interface) (rate(autotune_host_network_transmit_bytes_total"
+                    "max by (Hostname, interface) (rate(autotune_host_network_transmit_bytes_total"
                     f"{{{_HOST}}}{_RATE}))",
-                    "TX {{interface}} {{instance}}",
+                    "TX {{interface}} {{Hostname}}",
                     "B",
                 ),
             ],

@@ -8,6 +8,7 @@ GPU does not support is None and its series is left out. Without NVML at all, th
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields
@@ -77,7 +78,7 @@ assert {s[0] for s in _SERIES} == {f.name for f in fields(GpuReading)} - {"index
 
 
 class NvmlMetrics(Collector):
-    """GPU series with dcgm-exporter's ``gpu``, ``UUID`` and ``modelName`` labels.
+    """GPU series with dcgm-exporter's ``gpu``, ``UUID``, ``modelName`` and ``Hostname`` labels.
 
     ``select`` keeps some GPUs only (a training rank reports its own); ``labels`` go on every
     series (the rank, in a training job).
@@ -92,6 +93,7 @@ class NvmlMetrics(Collector):
         self.query = query if query is not None else PynvmlQuery()
         self.labels = dict(labels or {})
         self.select = select
+        self.hostname = socket.gethostname()
 
     def collect(self) -> Iterator[Metric]:
         names, values = list(self.labels), list(self.labels.values())
@@ -108,7 +110,7 @@ class NvmlMetrics(Collector):
         yield up
         if self.select is not None:
             readings = [r for r in readings if self.select(r)]
-        per_gpu = [*names, "gpu", "UUID", "modelName"]
+        per_gpu = [*names, "gpu", "UUID", "modelName", "Hostname"]
         for attr, name, help_text, kind in _SERIES:
             family: GaugeMetricFamily | CounterMetricFamily
             if kind == "counter":
@@ -118,7 +120,7 @@ class NvmlMetrics(Collector):
             for r in readings:
                 value = getattr(r, attr)
                 if value is not None:  # not supported by this GPU: left out, not faked
-                    family.add_metric([*values, str(r.index), r.uuid, r.name], value)
+                    family.add_metric([*values, str(r.index), r.uuid, r.name, self.hostname], value)
             if family.samples:
                 yield family
 
