@@ -85,6 +85,13 @@ def test_dashboards_have_the_variables_and_panels_asked_for() -> None:
         assert title in gpus
 
 
+def test_panel_queries_carry_each_panels_unit() -> None:
+    units = {q.panel: q.unit for q in panel_queries(load(DASHBOARDS)["autotune-communication"])}
+    assert units["Latency p50 by size class"] == "s"
+    assert units["Latency heatmap"] == "s"  # a heatmap keeps it on its y axis
+    assert units["Bus bandwidth by algorithm"] == "Bps"
+
+
 def test_promtool_checks_the_config_and_rules_and_their_unit_tests() -> None:
     promtool = require("promtool")
     for args in (

@@ -61,7 +61,9 @@ def panel_queries(dashboard: Mapping[str, Any]) -> Iterator[PanelQuery]:
         if p.get("type") == "row":
             continue
         g = p.get("gridPos", {})
-        unit = p.get("fieldConfig", {}).get("defaults", {}).get("unit")
+        # A heatmap keeps its unit on the y axis, every other panel in its field defaults.
+        axis = p.get("options", {}).get("yAxis", {})
+        unit = p.get("fieldConfig", {}).get("defaults", {}).get("unit") or axis.get("unit")
         for t in p.get("targets", []):
             yield PanelQuery(
                 dashboard=str(dashboard.get("uid")),
