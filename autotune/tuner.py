@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 import torch
 import torch.distributed as dist
 
-from autotune.algorithms import backend_for
+from autotune.algorithms import bookkeeping_device
 from autotune.plan import Choice, Entry, Table, size_class
 from autotune.space import choice_of, search_space, suggest_choice
 from autotune.stats import MessageRecord
@@ -408,12 +408,8 @@ class Tuner:
     def _start_all_reduce_max(self, mine: torch.Tensor) -> tuple[dist.Work, torch.Tensor]:
         group = self._group
         if self._exchange_device is None:
-            # Exchange on the CPU where the group can (gloo); else on the gradients' device.
-            try:
-                backend_for(group, torch.device("cpu"))
-                self._exchange_device = torch.device("cpu")
-            except ValueError:
-                self._exchange_device = self.state.bucket_device
+            assert self.state.bucket_device is not None
+            self._exchange_device = bookkeeping_device(group, self.state.bucket_device)
         t = mine.to(self._exchange_device)
         work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group, async_op=True)
         assert work is not None

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+import torch
 from broken_algorithms import LosesLastElement
 
-from autotune.algorithms import register
+from autotune.algorithms import AllReduceAlgorithm, Comm, PeerError, register
 from autotune.sweep import SweepOptions, run_sweep
 
 
@@ -14,3 +16,24 @@ def sweep(rank: int, world_size: int, options: dict[str, Any], json_path: str | 
     """`run_sweep` as `autotune sweep` runs it, with a broken algorithm registered."""
     register(LosesLastElement.name, LosesLastElement, replace=True)
     return run_sweep(SweepOptions(**options), command="test", json_path=json_path).to_json()
+
+
+class DiesOnRankOne(AllReduceAlgorithm):
+    """Rank 1 exits in its first call; the others return at once and go on to the barrier."""
+
+    name = "dies_on_rank_one"
+    segmented = False
+
+    def _run(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> None:
+        if comm.rank == 1:
+            os._exit(17)
+
+
+def sweep_with_a_dying_rank(rank: int, world_size: int, options: dict[str, Any]) -> str:
+    """The survivors' error when rank 1 dies mid-sweep."""
+    register(DiesOnRankOne.name, DiesOnRankOne, replace=True)
+    try:
+        run_sweep(SweepOptions(**options), command="test")
+    except PeerError as exc:
+        return str(exc)
+    raise AssertionError("the sweep went on without rank 1")

@@ -8,14 +8,15 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sweep_jobs import sweep
+from sweep_jobs import sweep, sweep_with_a_dying_rank
 
 from autotune.algorithms import available
-from autotune.launch import run_local
+from autotune.launch import launch, run_local
 from autotune.plan import size_class
 from autotune.store import Store
 from autotune.sweep import SweepOptions, SweepResult, dtype_name, exact_limit
@@ -114,6 +115,25 @@ def test_the_check_catches_a_broken_algorithm(tmp_path: Path) -> None:
     broken = [w for (a, _), w in wrong.items() if a == "loses_last_element"]
     assert all(w is not None and w % 2 == 0 for w in broken)  # per checked iteration alike
     assert sum(w or 0 for w in broken) > 0 and result.wrong == sum(w or 0 for w in broken)
+
+
+def test_a_dead_rank_is_a_peer_error_on_the_others_not_a_hang() -> None:
+    options = {
+        "min_bytes": 8,
+        "max_bytes": 8,
+        "iters": 2,
+        "warmup": 0,
+        "check": 0,
+        "timeout_s": 10.0,
+        "algorithms": ("dies_on_rank_one",),
+    }
+    start = time.monotonic()
+    results = launch(sweep_with_a_dying_rank, 3, options, timeout_s=120, grace_s=60)
+    assert results[1].exitcode == 17
+    for r in (results[0], results[2]):
+        assert r.ok, r.error
+        assert "autotune sweep bookkeeping: the barrier failed or did not finish" in r.value
+    assert time.monotonic() - start < 60
 
 
 def test_the_json_round_trips(tmp_path: Path) -> None:

@@ -133,6 +133,16 @@ def backend_for(group: ProcessGroup, device: torch.device) -> str:
     )
 
 
+def bookkeeping_device(group: ProcessGroup, device: torch.device) -> torch.device:
+    """Where small control tensors (timings, codes, barriers) travel over ``group``: the CPU
+    where the group has a CPU backend (gloo), else ``device``, the data's own."""
+    try:
+        backend_for(group, torch.device("cpu"))
+    except ValueError:
+        return device
+    return torch.device("cpu")
+
+
 _p2p_lock = threading.Lock()
 _p2p_groups: dict[str, ProcessGroup] = {}
 _p2p_world: list[ProcessGroup | None] = [None]

@@ -18,10 +18,12 @@ from torch.distributed import ProcessGroup
 
 from autotune.algorithms import (
     AllReduceAlgorithm,
+    Comm,
     Recv,
     Send,
     Transport,
     backend_for,
+    bookkeeping_device,
     connect,
     ensure_ready,
     get_algorithm,
@@ -85,11 +87,18 @@ class Bench:
         self.progress = progress or (lambda n: None)
         self._algos: dict[str, AllReduceAlgorithm] = {}
         # Bookkeeping (barrier, the MAX of timings) on the CPU where the group can, else on device.
-        try:
-            backend_for(group, torch.device("cpu"))
-            self._book = torch.device("cpu")
-        except ValueError:
-            self._book = device
+        self._book = bookkeeping_device(group, device)
+        # The sweep's own collectives wait as the algorithms do: a dead or stalled peer is a
+        # PeerError naming what was pending, after timeout_s.
+        self._comm = Comm(
+            group,
+            self.rank,
+            self.world_size,
+            backend_for(group, self._book),
+            "autotune sweep",
+            timedelta(seconds=timeout_s),
+            collective="bookkeeping",
+        )
         self._token = torch.zeros(1, device=self._book)
         self._cache: tuple[int, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._cuda = device.type == "cuda"
@@ -102,9 +111,11 @@ class Bench:
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Rank 0's ``tensor`` to every rank (on `book_device`)."""
         root = dist.get_global_rank(self.group, 0)
-        work = dist.broadcast(tensor, root, group=self.group, async_op=True)
+        self._wait(dist.broadcast(tensor, root, group=self.group, async_op=True), "a broadcast")
+
+    def _wait(self, work: dist.Work | None, what: str) -> None:
         assert work is not None
-        work.wait(timedelta(seconds=self.timeout_s))
+        self._comm.wait(work, what)
 
     def _algorithm(self, name: str) -> AllReduceAlgorithm:
         algo = self._algos.get(name)
@@ -132,9 +143,7 @@ class Bench:
     def _barrier(self) -> None:
         if self._cuda:
             torch.cuda.synchronize(self.device)
-        work = dist.all_reduce(self._token, group=self.group, async_op=True)
-        assert work is not None
-        work.wait(timedelta(seconds=self.timeout_s))
+        self._wait(dist.all_reduce(self._token, group=self.group, async_op=True), "the barrier")
 
     def _runner(self, variant: Variant, count: int) -> _Runner:
         """How to restore the input, run ``variant`` on it, and count wrong elements after."""
@@ -212,15 +221,14 @@ class Bench:
                     times[it - warmup, j, 1] = time.process_time() - cpu
                 self.progress(1)
         times = times.to(self._book)
-        work = dist.all_reduce(times, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
-        assert work is not None
-        work.wait(timedelta(seconds=self.timeout_s))
+        self._wait(
+            dist.all_reduce(times, op=dist.ReduceOp.MAX, group=self.group, async_op=True),
+            "the MAX of the timings",
+        )
         checked: list[int] | None = None
         if check:
             sums = torch.tensor(wrong, dtype=torch.int64, device=self._book)
-            work = dist.all_reduce(sums, group=self.group, async_op=True)
-            assert work is not None
-            work.wait(timedelta(seconds=self.timeout_s))
+            self._wait(dist.all_reduce(sums, group=self.group, async_op=True), "the check's sum")
             checked = [int(w) for w in sums.tolist()]
         host = times.cpu()
         return Measured(host[:, :, 0].tolist(), host[:, :, 1].tolist(), checked)
