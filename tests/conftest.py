@@ -1,4 +1,5 @@
-"""Shared fixtures: a cache directory of the suite's own, and a registry each test may change."""
+"""Shared fixtures: a cache directory of the suite's own, a registry each test may change, and the
+check that a test leaves nothing running."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from collections.abc import Iterator
 import pytest
 
 from autotune.algorithms import _registry
+
+# Every test must leave no thread, child process or process group behind (see the plugin).
+pytest_plugins = ["autotune.testing.leaks", "pytester"]
 
 
 @pytest.fixture(autouse=True, scope="session")

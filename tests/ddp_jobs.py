@@ -5,10 +5,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
-import statistics
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -59,7 +59,7 @@ VARIANTS = {
         Variant("no_sync", no_sync_every=2),
         Variant("bf16", dtype=torch.bfloat16),
         Variant("fuse_small_buckets", ddp={"bucket_cap_mb": 0.002}, fusion_bytes=64 << 10),
-        Variant("split_large_buckets", fusion_bytes=3000),
+        Variant("split_large_buckets", fusion_bytes=4096),  # the 23 KB bucket in 6 pieces
     ]
 }
 
@@ -237,60 +237,58 @@ def die_mid_training(
     return -1, "finished without noticing", 0.0
 
 
-class DelayedRing(RingAllReduce):
-    """A ring that sleeps first: communication slow enough to watch it overlap backward."""
+class GatedRing(RingAllReduce):
+    """A ring whose first message of a step waits for `gate`: opened late in backward by a
+    gradient hook, so it can only open if backward ran on while the message was pending."""
 
-    name = "delayed_ring"
-    delay_s = 0.01
+    name = "gated_ring"
+    gate: ClassVar[threading.Event] = threading.Event()
+    waiting: ClassVar[threading.Event] = threading.Event()  # a message is at the gate
+    #: Per gated message: whether the gate opened (False: it timed out).
+    opened: ClassVar[list[bool]] = []
 
     def _run(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> None:
-        time.sleep(self.delay_s)
+        if not self.gate.is_set():
+            self.waiting.set()
+            self.opened.append(self.gate.wait(30))
         super()._run(buf, comm, segment_elems)
 
 
-@dataclass
-class Overlap:
-    compute_s: float  # forward + backward of the bare model, no communication at all
-    comm_s: float  # the hook's messages in one step, end to end
-    step_s: float  # forward + backward with DDP and the hook (backward waits for the futures)
-    messages_per_step: float
-    finished_during_backward: int  # messages complete before backward's last bucket was ready
+def overlap_events(rank: int, world_size: int) -> tuple[list[bool], bool, int]:
+    """One backward with a gated first message and a late gradient hook that waits for it.
 
-
-def overlap(rank: int, world_size: int, steps: int = 8) -> Overlap:
-    """Median step times with the hook against compute alone and communication alone."""
-    register("delayed_ring", DelayedRing)
+    Returns whether each gated message saw its gate open (it cannot, if the hook ran messages on
+    the autograd thread), whether the late hook saw a message complete while backward was still
+    running (it cannot, if messages only ran after backward), and the step's message count.
+    """
+    register("gated_ring", GatedRing)
     torch.manual_seed(0)
-    layers: list[torch.nn.Module] = []
-    for _ in range(6):
-        layers += [torch.nn.Linear(512, 512), torch.nn.ReLU()]
-    bare = torch.nn.Sequential(*layers)
-    ddp = DDP(copy.deepcopy(bare), bucket_cap_mb=1)
-    state = autotune.register(ddp, autotune.Config(algorithm="delayed_ring", timeout_s=60))
-    x = torch.randn(1024, 512)
+    first = torch.nn.Linear(64, 64)
+    model = torch.nn.Sequential(first, *[torch.nn.Linear(64, 64) for _ in range(5)])
+    ddp = DDP(model, bucket_cap_mb=0.01)  # about one layer per bucket
+    state = autotune.register(ddp, autotune.Config(algorithm="gated_ring", timeout_s=60))
+    x = torch.randn(32, 64)
+    GatedRing.gate.set()
+    ddp(x).square().mean().backward()  # DDP rebuilds its buckets after the first step
+    GatedRing.gate.clear()
+    done = threading.Event()
+    state.recorder.listen(lambda record: done.set())
+    seen: list[bool] = []
 
-    def timed(model: torch.nn.Module) -> float:
-        start = time.perf_counter()
-        model(x).square().mean().backward()
-        return time.perf_counter() - start
+    def late(grad: torch.Tensor) -> torch.Tensor:
+        # A message must be waiting at the gate while backward is here; then let it through
+        # and wait for it to complete, still inside backward.
+        seen.append(GatedRing.waiting.wait(30))
+        GatedRing.gate.set()
+        seen.append(done.wait(30))
+        return grad
 
-    compute, step, comm, during = [], [], [], []
-    for i in range(steps + 2):
-        c = timed(bare)
-        dist.barrier()
-        s = timed(ddp)
-        if i < 2:  # warm-up, and DDP rebuilds its buckets after the first iteration
-            continue
-        compute.append(c)
-        step.append(s)
-        mine = [r for r in state.recorder.records() if r.iteration == i]
-        comm.append(max(r.started + r.seconds for r in mine) - min(r.started for r in mine))
-        last_bucket = max(t for t, _ in state.recorder.hook_calls()[-len(mine) :])
-        during.append(sum(r.started + r.seconds < last_bucket for r in mine))
-    n = len(state.recorder.records())
+    handle = first.weight.register_hook(late)  # the first layer's gradient comes last
+    ddp(x).square().mean().backward()
+    handle.remove()
+    messages = sum(r.iteration == 1 for r in state.recorder.records())
     state.close()
-    med = statistics.median
-    return Overlap(med(compute), med(comm), med(step), n / (steps + 2), min(during))
+    return GatedRing.opened, seen == [True, True], messages
 
 
 def records(rank: int, world_size: int, algorithms: list[str]) -> dict[str, Any]:

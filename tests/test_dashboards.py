@@ -133,41 +133,46 @@ GPUS = [H100, H100_B]
 def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusClient]:
     """A real Prometheus that has scraped a real 2-rank training run (with the tuner on) and an
     autotune daemon serving two stand-in GPUs, for at least 20 seconds."""
+    require("prometheus")  # skip (or fail under CI) before anything is started
     tmp = tmp_path_factory.mktemp("scraped")
     base, daemon_port = free_port(consecutive=2), free_port()
     stop_daemon, ready = threading.Event(), threading.Event()
+    stop = tmp / "stop"
+    storage = f"sqlite:///{tmp / 'tuning.db'}"
+    results: list[Any] = []
     daemon = threading.Thread(
         target=run_daemon,
         args=("127.0.0.1", daemon_port),
         kwargs={"nvml": FakeNvml(GPUS), "stop": stop_daemon, "ready": ready},
     )
-    daemon.start()
-    ready.wait(30)
-    prometheus = Prometheus(
-        tmp,
-        [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"],
-        more={"autotune-daemon": [f"127.0.0.1:{daemon_port}"]},
-    )
-    stop = tmp / "stop"
-    storage = f"sqlite:///{tmp / 'tuning.db'}"
-    results: list[Any] = []
     job = threading.Thread(
         target=lambda: results.extend(
             launch(serve_while_training, 2, base, storage, str(stop), timeout_s=300)
         )
     )
-    job.start()
-    client = PrometheusClient(f"http://127.0.0.1:{prometheus.port}")
+    prometheus: Prometheus | None = None
     try:
+        daemon.start()
+        ready.wait(30)
+        prometheus = Prometheus(
+            tmp,
+            [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"],
+            more={"autotune-daemon": [f"127.0.0.1:{daemon_port}"]},
+        )
+        job.start()
+        client = PrometheusClient(f"http://127.0.0.1:{prometheus.port}")
         prometheus.wait_for("autotune_tuner_best_latency_seconds", {"0"}, timeout_s=120)
         time.sleep(20)  # rates over a few scrapes, a tuner that has switched a few times
         yield client
     finally:
         stop.touch()
-        job.join(120)
+        if job.is_alive():
+            job.join(120)
         stop_daemon.set()
-        daemon.join(30)
-        prometheus.close()
+        if daemon.is_alive():
+            daemon.join(30)
+        if prometheus is not None:
+            prometheus.close()
     assert len(results) == 2 and all(r.ok for r in results), results
 
 
@@ -363,6 +368,21 @@ def push(url: str, token: str | None, *extra: str) -> subprocess.CompletedProces
         text=True,
         timeout=120,
     )
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("localhost:3000", "--url must be a Grafana address such as http://localhost:3000"),
+        ("http://", "--url must be a Grafana address"),
+        ("http://grafana:port/", "--url 'http://grafana:port/': Port could not be cast"),
+    ],
+)
+def test_push_refuses_a_malformed_url(url: str, words: str) -> None:
+    result = push(url, TOKEN)
+    assert result.returncode == 1
+    assert f"autotune dashboards push: {words}" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_push_creates_then_leaves_alone_then_updates(grafana: FakeGrafana, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from ddp_jobs import (
     die_mid_training,
     digest,
     env_default_state,
-    overlap,
+    overlap_events,
     records,
     register_twice,
     train_all,
@@ -134,25 +134,15 @@ def test_dead_rank_makes_the_others_raise_within_the_timeout() -> None:
 
 
 def test_backward_overlaps_communication() -> None:
-    """Measured, not read off the code: with the hook, communication hides behind backward.
-
-    A ring that sleeps 10 ms per message makes communication long enough to see. Without
-    overlap a step would take compute + communication and hide nothing; here at least a quarter
-    of the communication must be hidden (measured: 43-63% on a 2-core machine), and whole
-    messages must finish before backward has produced its last bucket.
-    """
-    for rank, r in enumerate(run_local(overlap, 2)):
-        serial = r.compute_s + r.comm_s
-        hidden = serial - r.step_s
-        print(
-            f"rank {rank}: backward compute {r.compute_s * 1e3:.0f} ms, communication "
-            f"{r.comm_s * 1e3:.0f} ms, step {r.step_s * 1e3:.0f} ms: "
-            f"{hidden / r.comm_s:.0%} of communication hidden, "
-            f"{r.finished_during_backward} messages done before backward's last bucket"
-        )
-        assert r.messages_per_step >= 4
-        assert hidden >= 0.25 * min(r.compute_s, r.comm_s), r
-        assert r.finished_during_backward >= 1, r
+    """Shown with events, not timed: backward runs on while a message is pending, and messages
+    complete while backward still runs (benchmarks/overlap.py measures how much is hidden)."""
+    for opened, completed_during_backward, messages in run_local(overlap_events, 2):
+        assert messages >= 4
+        # The step's first message waited for a gate that only backward's last gradient opens:
+        # had the hook run it on the autograd thread, the gate would never have opened.
+        assert opened == [True]
+        # That late gradient hook saw a message complete before backward went on.
+        assert completed_during_backward
 
 
 def test_every_message_is_recorded_and_summarized() -> None:

@@ -1,0 +1,112 @@
+"""A pytest plugin that fails a test which leaves a thread, a child process or a process group
+behind, and checks the whole run once more at its end: a leaked non-daemon thread makes the
+interpreter wait forever after pytest's summary, and a leaked rank or server outlives the suite.
+
+Enable it with ``-p autotune.testing.leaks`` (autotune's own suite does, in ``conftest.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+__all__ = ["leftovers"]
+
+#: How long a test's helpers get to wind down after it before they count as left behind
+#: (``LEAKCHECK_GRACE_S`` overrides it).
+GRACE_S = float(os.environ.get("LEAKCHECK_GRACE_S", "10"))
+
+# multiprocessing's own long-lived helpers: one per interpreter, not per test.
+_HELPERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
+
+
+def _children() -> dict[int, psutil.Process]:
+    out = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if any(h in " ".join(p.cmdline()) for h in _HELPERS):
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        out[p.pid] = p
+    return out
+
+
+def _threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.is_alive() and not t.daemon}
+
+
+def _process_group() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def leftovers(
+    threads_before: set[threading.Thread],
+    children_before: set[int],
+    group_before: bool = False,
+    grace_s: float = GRACE_S,
+) -> list[str]:
+    """What exists now that did not before (after ``grace_s`` to wind down), described."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        threads = [t for t in _threads() if t not in threads_before]
+        children = [p for pid, p in _children().items() if pid not in children_before]
+        if not (threads or children) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    found = [f"non-daemon thread {t.name!r} still running" for t in threads]
+    for p in children:
+        with contextlib.suppress(psutil.NoSuchProcess):  # it ended meanwhile
+            found.append(f"child process {p.pid} still running: {' '.join(p.cmdline())[:200]}")
+    if _process_group() and not group_before:
+        found.append("the default process group is still initialised (destroy_process_group)")
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _leaves_nothing_behind() -> Iterator[None]:
+    threads, children, group = _threads(), set(_children()), _process_group()
+    yield
+    found = leftovers(threads, children, group)
+    if found:
+        pytest.fail("the test left things behind:\n  " + "\n  ".join(found), pytrace=False)
+
+
+_hang: list[str] = []
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """After the last fixture's teardown: nothing may be left at all (module and session
+    fixtures included)."""
+    found = leftovers({threading.main_thread()}, set())
+    if found:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        text = "the test run left things behind:\n  " + "\n  ".join(found)
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(text, red=True)
+        else:
+            print(text)
+        _hang.extend(f for f in found if "thread" in f)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _hang:
+        # After the summary: a non-daemon thread would otherwise keep the interpreter (and CI)
+        # waiting forever at exit.
+        import sys
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(pytest.ExitCode.TESTS_FAILED))
