@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 from collections.abc import Mapping
@@ -10,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from autotune.algorithms import BUILTINS, available
+from autotune.plan import check_fusion_bytes
 from autotune.units import parse_bytes
 
 __all__ = ["ENV_PREFIX", "Config"]
@@ -39,7 +41,8 @@ class Config:
     fusion_bytes: int | None = None
     """Message size the hook aims for: consecutive smaller buckets are fused up to it, larger ones
     are sent in pieces of at most this size. 0 keeps DDP's buckets exactly as they are; None lets
-    the tuner choose it with "auto" (and means 0 with a fixed algorithm)."""
+    the tuner choose it with "auto" (and means 0 with a fixed algorithm). At least 4 KiB
+    (`autotune.plan.MIN_FUSION_BYTES`) unless 0."""
 
     storage: str | None = None
     """Optuna storage URL for tuned plans (``sqlite:///...``, ``postgresql://...``); None: an
@@ -95,7 +98,7 @@ class Config:
                     f"; choose from {', '.join(names)}"
                 )
         _check_int("segment_bytes", self.segment_bytes, minimum=1, optional=True)
-        _check_int("fusion_bytes", self.fusion_bytes, minimum=0, optional=True)
+        check_fusion_bytes(self.fusion_bytes, "Config.fusion_bytes")
         _check_int("tune_warmup", self.tune_warmup, minimum=0)
         _check_int("tune_samples", self.tune_samples, minimum=1)
         _check_int("tune_trials", self.tune_trials, minimum=1)
@@ -111,7 +114,12 @@ class Config:
                 f"algorithm='auto', got algorithm={self.algorithm!r}"
             )
         _check_int("metrics_port", self.metrics_port, minimum=0, maximum=65535, optional=True)
-        if not isinstance(self.metrics_host, str) or not self.metrics_host:
+        if (
+            not isinstance(self.metrics_host, str)
+            or not self.metrics_host
+            or self.metrics_host != self.metrics_host.strip()
+            or " " in self.metrics_host
+        ):
             raise ValueError(f"Config.metrics_host: expected an address, got {self.metrics_host!r}")
         if self.job is not None and (not isinstance(self.job, str) or not self.job):
             raise ValueError(f"Config.job: expected a non-empty label value, got {self.job!r}")
@@ -145,13 +153,30 @@ class Config:
         (``AUTOTUNE_ALGORITHMS=ring,tree``), and ``none`` clears an optional field.
         """
         env = os.environ if environ is None else environ
+        known = {ENV_PREFIX + f.name.upper(): f for f in fields(cls)}
+        for key in env:
+            if key.startswith(ENV_PREFIX) and key not in known:
+                # A misspelt setting silently ignored is a setting the user believes is on.
+                close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+                hint = f"; did you mean {close[0]}?" if close else ""
+                raise ValueError(
+                    f"{key} is not an autotune setting{hint} (settings: {', '.join(sorted(known))})"
+                )
         values: dict[str, Any] = {}
-        for f in fields(cls):
-            key = ENV_PREFIX + f.name.upper()
+        for key, f in known.items():
             if key in env:
                 values[f.name] = _parse(f, env[key], key)
+        from_env = {f"Config.{name}:": ENV_PREFIX + name.upper() for name in values}
         values.update(overrides)
-        return cls(**values)
+        try:
+            return cls(**values)
+        except (TypeError, ValueError) as exc:
+            # Name the variable the user set, not the field it became.
+            text = str(exc)
+            for prefix, key in from_env.items():
+                if text.startswith(prefix) and prefix[len("Config.") : -1] not in overrides:
+                    raise type(exc)(f"{key}={env[key]!r}: {text[len(prefix) + 1 :]}") from None
+            raise
 
     def replace(self, **changes: Any) -> Config:
         """A copy with ``changes`` applied (and checked)."""

@@ -84,6 +84,14 @@ class AutotuneState:
             recorder=self.recorder,
             fusion_bytes=self.config.fusion_bytes or 0,
         )
+        if self.config.plan_file is not None:
+            # Read and checked here, not at the first bucket: a bad file fails construction
+            # with the file's name, not backward() with a cast error.
+            table = load_table(self.config.plan_file)
+            for cls, entry in table.classes.items():
+                self.engine.plan.set(cls, entry.choice)
+            if table.fusion_bytes is not None and self.config.fusion_bytes is None:
+                self.engine.fusion_bytes = table.fusion_bytes
         #: The live tuner ("auto" without a plan file), else None.
         self.tuner: Tuner | None = None
         if self.config.algorithm == "auto" and self.config.plan_file is None:
@@ -139,12 +147,6 @@ class AutotuneState:
         if not self.engine.plan.has_default:
             backend = backend_for(self.process_group, buffer.device)
             self.engine.plan.set_default(default_choice(backend, self.config.candidates))
-        if self.config.plan_file is not None:
-            table = load_table(self.config.plan_file)
-            for cls, entry in table.classes.items():
-                self.engine.plan.set(cls, entry.choice)
-            if table.fusion_bytes is not None and self.config.fusion_bytes is None:
-                self.engine.fusion_bytes = table.fusion_bytes
 
     def __repr__(self) -> str:
         return (

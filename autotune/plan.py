@@ -2,11 +2,46 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Choice", "Entry", "Plan", "Table", "default_choice", "load_table", "size_class"]
+__all__ = [
+    "MIN_FUSION_BYTES",
+    "STATES",
+    "Choice",
+    "Entry",
+    "Plan",
+    "Table",
+    "check_fusion_bytes",
+    "default_choice",
+    "load_table",
+    "size_class",
+]
+
+#: The smallest fusion size (bytes) that is not 0 (off). Below a page, every bucket becomes
+#: thousands of latency-bound messages: a 3-byte fusion size once made a step take 78 s.
+MIN_FUSION_BYTES = 4096
+
+#: What a size class's entry in a tuned table can say about it.
+STATES = ("default", "exploring", "locked", "fixed")
+
+
+def check_fusion_bytes(value: object, where: str) -> None:
+    """Raise if ``value`` is no fusion size: None, 0 (off), or at least `MIN_FUSION_BYTES`.
+
+    ``where`` names the source for the message (``Config.fusion_bytes``, a plan file, ...).
+    """
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{where}: expected an int (bytes), got {value!r}")
+    if value < 0 or 0 < value < MIN_FUSION_BYTES:
+        raise ValueError(
+            f"{where}: must be 0 (DDP's buckets as they are) or at least {MIN_FUSION_BYTES} "
+            f"bytes, got {value}"
+        )
 
 
 def size_class(nbytes: int) -> int:
@@ -139,32 +174,55 @@ class Table:
 
     @classmethod
     def from_json(cls, data: object) -> Table:
-        """Read `to_json`'s form back; a ValueError says what is wrong with it."""
+        """Read `to_json`'s form back, checking every value the engine would run with.
+
+        A ValueError says what is wrong and where: nothing in a table can reach the engine
+        unchecked (a negative fusion size once silently turned off the all-reduce).
+        """
+        from autotune.algorithms import available
+
         if not isinstance(data, dict) or not isinstance(data.get("classes"), dict):
             raise ValueError("a plan table is a JSON object with a 'classes' object")
+        names = available()
         classes: dict[int, Entry] = {}
         for key, raw in data["classes"].items():
+            where = f"class {key!r}"
             try:
+                if not isinstance(raw, dict):
+                    raise TypeError(f"expected an object, got {raw!r}")
                 size = int(key)
-                choice = Choice(str(raw["algorithm"]), _optional_int(raw.get("segment_bytes")))
+                choice = Choice(raw["algorithm"], _optional_int(raw.get("segment_bytes")))
+                trials = raw.get("trials", 0)
+                best = raw.get("best_s")
+                state = raw.get("state", "locked")
             except (KeyError, TypeError, ValueError) as exc:
-                raise ValueError(f"plan table: bad entry for class {key!r}: {exc!r}") from None
-            if size != size_class(size):
-                raise ValueError(f"plan table: size classes are powers of two, got {key}")
-            best = raw.get("best_s")
-            classes[size] = Entry(
-                choice,
-                None if best is None else float(best),
-                int(raw.get("trials", 0)),
-                str(raw.get("state", "locked")),
-            )
+                raise ValueError(f"{where}: {exc!r}") from None
+            if size <= 0 or size != size_class(size):
+                raise ValueError(f"{where}: size classes are powers of two, got {key}")
+            if choice.algorithm not in names:
+                raise ValueError(
+                    f"{where}: unknown algorithm {choice.algorithm!r}; registered: "
+                    f"{', '.join(names)}"
+                )
+            if choice.segment_bytes is not None and choice.segment_bytes <= 0:
+                raise ValueError(f"{where}: segment_bytes must be > 0, got {choice.segment_bytes}")
+            if isinstance(trials, bool) or not isinstance(trials, int) or trials < 0:
+                raise ValueError(f"{where}: trials must be an int >= 0, got {trials!r}")
+            if best is not None and (
+                isinstance(best, bool)
+                or not isinstance(best, (int, float))
+                or not math.isfinite(best)
+                or best < 0
+            ):
+                raise ValueError(f"{where}: best_s must be seconds >= 0 or null, got {best!r}")
+            if state not in STATES:
+                raise ValueError(f"{where}: state must be one of {', '.join(STATES)}: {state!r}")
+            classes[size] = Entry(choice, None if best is None else float(best), trials, state)
         fusion = data.get("fusion_bytes")
+        check_fusion_bytes(fusion, "fusion_bytes")
+        assert fusion is None or isinstance(fusion, int)
         fingerprint = data.get("fingerprint")
-        return cls(
-            classes,
-            None if fusion is None else int(fusion),
-            fingerprint if isinstance(fingerprint, dict) else None,
-        )
+        return cls(classes, fusion, fingerprint if isinstance(fingerprint, dict) else None)
 
     def nccl_csv(self, n_nodes: int = -1, n_ranks: int = -1) -> str:
         """The table as the NCCL example tuner plugin's CSV (``NCCL_TUNER_CONFIG_FILE``).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 __all__ = ["format_bytes", "parse_bytes"]
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -16,6 +18,8 @@ def parse_bytes(text: str) -> int:
         value = float(number)
     except ValueError:
         raise ValueError(f"not a byte count: {text!r} (write e.g. 4096, 64K, 4M, 1G)") from None
+    if not math.isfinite(value):
+        raise ValueError(f"not a byte count: {text!r} (write e.g. 4096, 64K, 4M, 1G)")
     if value < 0 or value * _UNITS[unit] != int(value * _UNITS[unit]):
         raise ValueError(f"not a whole, non-negative byte count: {text!r}")
     return int(value * _UNITS[unit])

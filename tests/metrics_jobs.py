@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -68,4 +69,10 @@ def port_taken(rank: int, world_size: int, port: int) -> str:
     return "no error"
 
 
-__all__ = ["exposition", "port_taken", "serve_while_training"]
+def exporter_error(rank: int, world_size: int, settings: dict[str, Any]) -> None:
+    """Register with exporter ``settings``; raises where they cannot work on this rank."""
+    state = autotune.register(DDP(model()), autotune.Config(algorithm="ring", **settings))
+    state.close()
+
+
+__all__ = ["exporter_error", "exposition", "port_taken", "serve_while_training"]

@@ -25,7 +25,10 @@ def test_defaults() -> None:
         ({"algorithms": "ring"}, TypeError, "Config.algorithms: expected a tuple"),
         ({"segment_bytes": 0}, ValueError, "Config.segment_bytes: must be >= 1"),
         ({"segment_bytes": 1.5}, TypeError, "Config.segment_bytes: expected an int"),
-        ({"fusion_bytes": -1}, ValueError, "Config.fusion_bytes: must be >= 0"),
+        ({"fusion_bytes": -1}, ValueError, "Config.fusion_bytes: must be 0"),
+        # 3 bytes per message made a step take 78 s: refused, with the minimum.
+        ({"fusion_bytes": 3}, ValueError, "Config.fusion_bytes: must be 0 (DDP"),
+        ({"metrics_host": "not a host"}, ValueError, "Config.metrics_host: expected an address"),
         ({"metrics_port": 70000}, ValueError, "Config.metrics_port: must be in 0..65535"),
         ({"metrics_port": True}, TypeError, "Config.metrics_port: expected an int"),
         ({"timeout_s": 0}, ValueError, "Config.timeout_s: expected a positive number"),
@@ -101,7 +104,13 @@ def test_environment_none_and_overrides() -> None:
     [
         ({"AUTOTUNE_FUSION_BYTES": "lots"}, "AUTOTUNE_FUSION_BYTES='lots': not a byte count"),
         ({"AUTOTUNE_METRICS_PORT": "http"}, "AUTOTUNE_METRICS_PORT='http'"),
-        ({"AUTOTUNE_ALGORITHM": "fastest"}, "unknown algorithm 'fastest'"),
+        ({"AUTOTUNE_ALGORITHM": "fastest"}, "AUTOTUNE_ALGORITHM='fastest': unknown algorithm"),
+        ({"AUTOTUNE_FUSION_BYTES": "inf"}, "AUTOTUNE_FUSION_BYTES='inf': not a byte count"),
+        ({"AUTOTUNE_FUSION_BYTES": "nan"}, "AUTOTUNE_FUSION_BYTES='nan': not a byte count"),
+        ({"AUTOTUNE_FUSION_BYTES": "3"}, "AUTOTUNE_FUSION_BYTES='3': must be 0 .* at least 4096"),
+        # A misspelt setting is an error that suggests the field, not silently ignored.
+        ({"AUTOTUNE_TIMEOUT": "5"}, "AUTOTUNE_TIMEOUT is not .*did you mean AUTOTUNE_TIMEOUT_S"),
+        ({"AUTOTUNE_FUSION": "4M"}, "AUTOTUNE_FUSION is not .*did you mean AUTOTUNE_FUSION_BYTES"),
     ],
 )
 def test_bad_environment_says_which_variable(env: dict[str, str], words: str) -> None:

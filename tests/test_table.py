@@ -35,16 +35,27 @@ def test_json_round_trip(tmp_path: Path) -> None:
     [
         ("{not json", "is not JSON"),
         ('{"classes": {"1000": {"algorithm": "ring"}}}', "powers of two"),
-        ('{"classes": {"1024": {}}}', "bad entry for class '1024'"),
-        ('{"classes": {"1024": {"algorithm": "ring", "segment_bytes": "big"}}}', "bad entry"),
+        ('{"classes": {"1024": {}}}', "class '1024': KeyError"),
+        ('{"classes": {"1024": {"algorithm": "ring", "segment_bytes": "big"}}}', "class '1024'"),
+        ('{"classes": {"1024": {"algorithm": "ring", "segment_bytes": -1}}}', "segment_bytes must"),
+        ('{"classes": {"1024": {"algorithm": "rign"}}}', "unknown algorithm 'rign'"),
+        ('{"classes": {"1024": {"algorithm": "ring", "state": "sure"}}}', "state must be one of"),
+        ('{"classes": {"1024": {"algorithm": "ring", "trials": -2}}}', "trials must be"),
+        ('{"classes": {"1024": {"algorithm": "ring", "best_s": -1}}}', "best_s must be"),
+        ('{"classes": {"0": {"algorithm": "ring"}}}', "powers of two"),
+        # A negative fusion size once turned the all-reduce off: ranks trained apart, exit 0.
+        ('{"classes": {}, "fusion_bytes": -64}', "fusion_bytes: must be 0 .* at least 4096"),
+        ('{"classes": {}, "fusion_bytes": 3}', "fusion_bytes: must be 0 .* at least 4096"),
+        ('{"classes": {}, "fusion_bytes": "4M"}', "fusion_bytes: expected an int"),
         ("[]", "a JSON object with a 'classes' object"),
     ],
 )
 def test_bad_plan_files_say_what_is_wrong(tmp_path: Path, content: str, words: str) -> None:
     path = tmp_path / "plan.json"
     path.write_text(content)
-    with pytest.raises(ValueError, match=words):
+    with pytest.raises(ValueError, match=words) as raised:
         load_table(str(path))
+    assert str(path) in str(raised.value)  # the file is named
 
 
 def test_missing_plan_file(tmp_path: Path) -> None:

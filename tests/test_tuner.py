@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tuner_jobs import SMALL_BYTES, fixed_from_file, tune
+import pytest
+from tuner_jobs import SMALL_BYTES, fixed_from_file, register_with_plan_file, tune
 
 from autotune.launch import run_local
 from autotune.plan import Choice, Entry, Table, size_class
@@ -95,3 +96,24 @@ def test_a_json_table_runs_as_a_fixed_plan(tmp_path: Path) -> None:
         assert no_tuner
         assert used == {"two_tree", "ring"}
         assert plan[2 << 20] == Choice("ring", 256 << 10)
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        # Once accepted: no message was all-reduced and the ranks trained apart, exit code 0.
+        ('{"classes": {}, "fusion_bytes": -64}', "fusion_bytes: must be 0"),
+        ('{"classes": {"1024": {"algorithm": "ring", "segment_bytes": -1}}}', "segment_bytes"),
+        ('{"classes": {"1024": {"algorithm": "fastest"}}}', "unknown algorithm 'fastest'"),
+        ("{oops", "is not JSON"),
+        (None, "cannot read plan file"),
+    ],
+)
+def test_a_bad_plan_file_fails_at_register_naming_the_file(
+    tmp_path: Path, content: str | None, words: str
+) -> None:
+    path = tmp_path / "plan.json"
+    if content is not None:
+        path.write_text(content)
+    for message in run_local(register_with_plan_file, 2, str(path)):
+        assert f"plan file {str(path)!r}" in message and words in message, message

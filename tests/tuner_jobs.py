@@ -132,3 +132,12 @@ def fixed_from_file(
     result = (state.tuner is None, used, state.plan())
     state.close()
     return result
+
+
+def register_with_plan_file(rank: int, world_size: int, plan_file: str) -> str:
+    """Register with ``plan_file``; the error register raises (no step is taken)."""
+    try:
+        autotune.register(DDP(model()), autotune.Config(plan_file=plan_file)).close()
+    except ValueError as exc:
+        return str(exc)
+    return "no error"

@@ -63,7 +63,16 @@ def push(
     from grafana_client.api import GrafanaApi
     from grafana_client.client import GrafanaClientError
 
-    secrets = [s for s in (token, urlsplit(url).password) if s]
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise PushError(
+            f"--url must be a Grafana address such as http://localhost:3000, got {url!r}"
+        )
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError as exc:
+        raise PushError(f"--url {url!r}: {exc}") from None
+    secrets = [s for s in (token, parts.password) if s]
 
     def scrub(text: str) -> str:
         for s in secrets:

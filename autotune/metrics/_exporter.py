@@ -45,7 +45,8 @@ class Exporter:
         port = config.metrics_port + local_rank if config.metrics_port else 0
         setting = (
             f"Config.metrics_port / AUTOTUNE_METRICS_PORT (now {config.metrics_port}; this rank "
-            f"serves it + local rank {local_rank})"
+            f"serves it + local rank {local_rank}, so the first port must leave room for every "
+            "local rank below 65536)"
         )
         self.server = Server(self.registry, port, config.metrics_host, setting)
 

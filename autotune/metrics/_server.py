@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import socket
 import threading
 from wsgiref.simple_server import WSGIServer
 
@@ -16,8 +17,15 @@ class Server:
 
     def __init__(self, registry: CollectorRegistry, port: int, host: str, setting: str) -> None:
         """``setting`` names what the user changes to move the port (for the error message)."""
+        if not 0 <= port <= 65535:
+            raise ValueError(f"autotune metrics: port {port} is out of range; choose {setting}")
         try:
             server, thread = start_http_server(port, addr=host, registry=registry)
+        except socket.gaierror as exc:
+            raise ValueError(
+                f"autotune metrics: cannot bind {host!r}, not an address of this machine "
+                f"({exc.strerror}); use e.g. 127.0.0.1, or 0.0.0.0 for every interface"
+            ) from exc
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise OSError(
