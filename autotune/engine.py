@@ -55,6 +55,7 @@ class _Started:
     flat: torch.Tensor  # the buckets' data, fused or not
     pieces: list[_Piece] = field(default_factory=list)
     error: BaseException | None = None
+    algorithm: str | None = None  # the one starting or being waited on (for a failure)
 
 
 class Engine:
@@ -76,13 +77,17 @@ class Engine:
         algorithm_for: Callable[[str], AllReduceAlgorithm],
         recorder: Recorder,
         fusion_bytes: int = 0,
+        diagnose: Callable[[BaseException, str | None], BaseException] | None = None,
     ) -> None:
+        """``diagnose(error, algorithm)``: turns the first failure into the error every bucket
+        fails with (the state names the rank that failed first); None keeps it as raised."""
         self.group = group
         self.world_size = world_size
         self.plan = plan
         self.algorithm_for = algorithm_for
         self.recorder = recorder
         self.fusion_bytes = fusion_bytes
+        self._diagnose = diagnose
         #: Called with (iteration, exposed seconds) once every message of an iteration has
         #: completed, before that iteration's futures complete: the same point of the bucket
         #: sequence on every rank.
@@ -212,6 +217,7 @@ class Engine:
             for piece in self._pieces(started.flat):
                 nbytes = piece.numel() * piece.element_size()
                 choice = self.plan.choice(nbytes)
+                started.algorithm = choice.algorithm
                 algo = self.algorithm_for(choice.algorithm)
                 begin = time.perf_counter()
                 pending = algo.start(piece, self.group, segment_bytes=choice.segment_bytes)
@@ -233,8 +239,13 @@ class Engine:
                     continue
                 except BaseException as exc:
                     started.error = exc
+            first = self._error is None
+            if first and self._diagnose is not None:
+                # Outside the lock: agreeing on the culprit waits on the store, and submit
+                # (on the autograd thread) must not wait meanwhile.
+                assert started.error is not None
+                started.error = self._diagnose(started.error, started.algorithm)
             with self._lock:
-                first = self._error is None
                 if first:
                     self._error = started.error
                 error = self._error
@@ -249,6 +260,7 @@ class Engine:
     def _finish(self, started: _Started) -> None:
         with self._stream_for(started.flat.device) as stream:
             for piece in started.pieces:
+                started.algorithm = piece.choice.algorithm
                 piece.pending.wait()
                 if stream is not None:
                     stream.synchronize()  # time the transfer, not the launch; surface errors here

@@ -5,8 +5,11 @@ hook's annotations with ``dist.GradBucket`` and ``torch.futures.Future[torch.Ten
 and string annotations would fail that check.
 """
 
+import contextlib
+import json
 import threading
 import time
+from dataclasses import fields
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -15,9 +18,17 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 from torch.nn.parallel import DistributedDataParallel
 
-from autotune.algorithms import AllReduceAlgorithm, backend_for, get_algorithm, p2p_group
+from autotune.algorithms import (
+    AllReduceAlgorithm,
+    PeerError,
+    backend_for,
+    forget_p2p_group,
+    get_algorithm,
+    p2p_group,
+)
 from autotune.config import Config
 from autotune.engine import Engine
+from autotune.faults import FailureBoard, release
 from autotune.plan import Choice, Entry, Plan, Table, default_choice, load_table
 from autotune.stats import Recorder, Summary, summarize
 from autotune.tuner import Tuner
@@ -43,6 +54,7 @@ class AutotuneState:
 
     __slots__ = (
         "_algorithms",
+        "board",
         "bucket_device",
         "bucket_dtype",
         "config",
@@ -62,20 +74,37 @@ class AutotuneState:
                 "autotune.AutotuneState needs torch.distributed: call "
                 "torch.distributed.init_process_group() first (torchrun sets up the environment)"
             )
-        self.config = config if config is not None else Config.from_env()
         group = process_group if process_group is not None else dist.group.WORLD
         assert group is not None
         if dist.get_rank(group) < 0:
             raise ValueError("this rank is not a member of the process group given to autotune")
         self.process_group = group
         self.world_size = dist.get_world_size(group)
+        #: Where the ranks agree on setup and on who failed first.
+        self.board = FailureBoard(group, timeout_s=Config.timeout_s)
+        # Every rank says it is ready, or why not, before anyone waits on a collective: a rank
+        # with a bad environment fails the others at once, not after their timeout.
+        table = None
+        try:
+            self.config = config if config is not None else Config.from_env()
+            self.board.timeout_s = self.config.timeout_s
+            if self.config.plan_file is not None:
+                # Read and checked here, not at the first bucket: a bad file fails construction
+                # with the file's name, not backward() with a cast error.
+                table = load_table(self.config.plan_file)
+        except BaseException as exc:
+            self.board.agree("config", exc, {})
+            raise
+        self.board.agree("config", None, _shared(self.config, table))
         self.recorder = Recorder()
         self._algorithms: dict[str, AllReduceAlgorithm] = {}
         #: Device and dtype of the gradients, known from the first bucket on.
         self.bucket_device: torch.device | None = None
         self.bucket_dtype: torch.dtype | None = None
-        # Made now, collectively, rather than inside the first backward on the autograd thread.
-        p2p_group(group, _timeout(self.config))
+        #: The live tuner ("auto" without a plan file), else None.
+        self.tuner: Tuner | None = None
+        #: The Prometheus exporter (``Config.metrics_port``), else None.
+        self.exporter: Exporter | None = None
         self.engine = Engine(
             group=group,
             world_size=self.world_size,
@@ -83,25 +112,32 @@ class AutotuneState:
             algorithm_for=self._algorithm,
             recorder=self.recorder,
             fusion_bytes=self.config.fusion_bytes or 0,
+            diagnose=self._diagnose,
         )
-        if self.config.plan_file is not None:
-            # Read and checked here, not at the first bucket: a bad file fails construction
-            # with the file's name, not backward() with a cast error.
-            table = load_table(self.config.plan_file)
-            for cls, entry in table.classes.items():
-                self.engine.plan.set(cls, entry.choice)
-            if table.fusion_bytes is not None and self.config.fusion_bytes is None:
-                self.engine.fusion_bytes = table.fusion_bytes
-        #: The live tuner ("auto" without a plan file), else None.
-        self.tuner: Tuner | None = None
-        if self.config.algorithm == "auto" and self.config.plan_file is None:
-            self.tuner = Tuner(self)
-        #: The Prometheus exporter (``Config.metrics_port``), else None.
-        self.exporter: Exporter | None = None
-        if self.config.metrics_port is not None:
-            from autotune import metrics  # prometheus_client only where wanted
+        try:
+            # Made now, collectively, rather than inside the first backward on the autograd
+            # thread; every collective step comes before any step that may fail on one rank.
+            p2p_group(group, _timeout(self.config))
+            if table is not None:
+                for cls, entry in table.classes.items():
+                    self.engine.plan.set(cls, entry.choice)
+                if table.fusion_bytes is not None and self.config.fusion_bytes is None:
+                    self.engine.fusion_bytes = table.fusion_bytes
+            if self.config.algorithm == "auto" and table is None:
+                self.tuner = Tuner(self)
+            if self.config.metrics_port is not None:
+                from autotune import metrics  # prometheus_client only where wanted
 
-            self.exporter = metrics.Exporter(self)
+                self.exporter = metrics.Exporter(self)
+        except BaseException as exc:
+            self.board.agree("ready", exc, {})
+            self.close()
+            raise
+        try:
+            self.board.agree("ready", None, {})
+        except BaseException:
+            self.close()
+            raise
 
     def plan(self) -> dict[int, Choice]:
         """Size class (bytes, a power of two) -> the choice for it, for every class seen so far."""
@@ -127,6 +163,26 @@ class AutotuneState:
             self.tuner.close()
         if self.exporter is not None:
             self.exporter.close()
+
+    def _diagnose(self, error: BaseException, algorithm: str | None) -> PeerError:
+        """The engine's first failure, as every rank will report it: who failed first (agreed
+        through the store), then this rank's groups aborted so peers waiting on it fail now."""
+        verdict = self.board.verdict(error)
+        groups = [p2p_group(self.process_group)]
+        if self.tuner is not None:
+            groups.append(self.tuner.group)
+        forget_p2p_group(self.process_group)
+        release(groups)
+        algorithm = algorithm or getattr(error, "algorithm", None) or "autotune"
+        diagnosed = PeerError(
+            f"{algorithm} all-reduce failed: {verdict.describe()}. "
+            f"On rank {dist.get_rank()}: {error}",
+            rank=verdict.rank,
+            algorithm=algorithm,
+            peer=getattr(error, "peer", None),
+        )
+        diagnosed.__cause__ = error
+        return diagnosed
 
     def _initial_plan(self) -> Choice | None:
         if self.config.algorithm == "auto":
@@ -159,6 +215,37 @@ def _timeout(config: Config) -> timedelta:
     return timedelta(seconds=config.timeout_s)
 
 
+#: Config fields a rank may set for itself; every other field must be the same on every rank.
+_PER_RANK = ("storage", "metrics_port", "metrics_host", "job", "plan_file")
+
+
+def _shared(config: Config, table: Table | None) -> dict[str, object]:
+    """What every rank must agree on: the config's shared fields and the plan file's content."""
+    shared: dict[str, object] = {
+        f.name: getattr(config, f.name) for f in fields(config) if f.name not in _PER_RANK
+    }
+    shared["plan"] = None if table is None else table.to_json()
+    read_back: dict[str, object] = json.loads(json.dumps(shared))  # as the others will read it
+    return read_back
+
+
+def _check_at_backward_end(future: torch.futures.Future[torch.Tensor]) -> None:
+    """Have backward() raise the engine's error itself, as the `PeerError` it is.
+
+    DDP turns an error set on a hook's future into "Unable to cast ... to Tensor"; an autograd
+    final callback that raises reaches backward()'s caller with its type. Queued at the last
+    bucket's hook call, it runs before DDP's own finalizer (queued after it) and waits on the
+    last bucket, which the engine fails after any earlier failure.
+    """
+
+    def check() -> None:
+        future.wait()
+
+    # Outside backward (a direct call) there is nothing to queue: the future carries the error.
+    with contextlib.suppress(RuntimeError):
+        torch.autograd.Variable._execution_engine.queue_callback(check)
+
+
 def hook(
     state: AutotuneState | None, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
@@ -179,6 +266,8 @@ def hook(
     buffer = bucket.buffer()
     state._prepare(buffer)
     future = state.engine.submit(buffer, bucket.is_last())
+    if bucket.is_last():
+        _check_at_backward_end(future)
     state.recorder.add_hook_call(start, time.perf_counter() - start)
     return future
 

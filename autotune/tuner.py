@@ -344,12 +344,13 @@ class Tuner:
         self._exchange: tuple[dist.Work, torch.Tensor, _Plan] | None = None
         self._window_plan: _Plan = ({}, state.engine.fusion_bytes, self.cadence)
         self.frozen = False  # rank 0 stops tuning if its storage fails mid-job
+        # The exchange's own group: it runs alongside the next iteration's messages, and
+        # collectives on a shared group would have to be issued in the same order everywhere.
+        # Made before the storage is opened, which can fail on rank 0 alone.
+        self.group = _exchange_group(state.process_group, config.timeout_s)
         self.worker = _Worker() if self.rank == 0 else None
         if self.worker is not None:
             self._open_store()
-        # The exchange's own group: it runs alongside the next iteration's messages, and
-        # collectives on a shared group would have to be issued in the same order everywhere.
-        self._group = _exchange_group(state.process_group, config.timeout_s)
         self._received: tuple[list[float], _Plan] | None = None
         #: Seconds each iteration's off-path work took (learning, deciding, starting the exchange).
         self.off_path_s: deque[float] = deque(maxlen=100_000)
@@ -406,7 +407,7 @@ class Tuner:
         self._window_plan = plan
 
     def _start_all_reduce_max(self, mine: torch.Tensor) -> tuple[dist.Work, torch.Tensor]:
-        group = self._group
+        group = self.group
         if self._exchange_device is None:
             assert self.state.bucket_device is not None
             self._exchange_device = bookkeeping_device(group, self.state.bucket_device)

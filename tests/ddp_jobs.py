@@ -214,27 +214,79 @@ def register_twice(rank: int, world_size: int) -> str:
     return "no error"
 
 
-def die_mid_training(
-    rank: int, world_size: int, victim: int, timeout_s: float
-) -> tuple[int, str, float]:
-    """Train with ring; ``victim`` exits at step 5. Survivors report the error and its delay."""
+class RaisesOnCulprit(RingAllReduce):
+    """A ring that raises on one rank at its fifth message: a rank's own failure, not a peer's."""
+
+    name = "raises_on_culprit"
+    culprit = -1
+    calls = 0
+
+    def _run(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> None:
+        RaisesOnCulprit.calls += 1
+        if dist.get_rank() == self.culprit and RaisesOnCulprit.calls == 5:
+            raise ValueError("deliberate failure inside the algorithm")
+        super()._run(buf, comm, segment_elems)
+
+
+@dataclass
+class Fault:
+    """What a surviving rank saw: the error backward() raised, its fields, and how long it took."""
+
+    step: int
+    kind: str
+    rank: int | None
+    algorithm: str | None
+    message: str
+    seconds: float
+
+
+def faulty_training(
+    rank: int, world_size: int, algorithm: str, fault: str, culprit: int, timeout_s: float
+) -> Fault:
+    """Train; at step 5 ``culprit`` exits ("exit"), hangs ("stall") or its algorithm raises
+    ("raise": ``algorithm`` is replaced by `RaisesOnCulprit`)."""
+    if fault == "raise":
+        RaisesOnCulprit.culprit = culprit
+        register(RaisesOnCulprit.name, RaisesOnCulprit)
+        algorithm = RaisesOnCulprit.name
     torch.manual_seed(0)
     model = DDP(Net())
-    autotune.register(model, autotune.Config(algorithm="ring", timeout_s=timeout_s))
+    autotune.register(model, autotune.Config(algorithm=algorithm, timeout_s=timeout_s))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(100):
-        if rank == victim and step == 5:
+        if rank == culprit and step == 5 and fault == "exit":
             os._exit(17)
+        if rank == culprit and step == 5 and fault == "stall":
+            time.sleep(600)
         start = time.monotonic()
         try:
             torch.nn.functional.cross_entropy(
                 model(torch.randn(8, 16)), torch.randint(0, 4, (8,))
             ).backward()
         except RuntimeError as exc:
-            return step, str(exc), time.monotonic() - start
+            return Fault(
+                step,
+                type(exc).__name__,
+                getattr(exc, "rank", None),
+                getattr(exc, "algorithm", None),
+                str(exc),
+                time.monotonic() - start,
+            )
         opt.step()
         opt.zero_grad()
-    return -1, "finished without noticing", 0.0
+    return Fault(-1, "none", None, None, "finished without noticing", 0.0)
+
+
+def setup_with_env(rank: int, world_size: int, env: dict[str, str]) -> tuple[str, str, float]:
+    """Rank 1 sets ``env`` before registering: the error each rank's register raises, and when."""
+    if rank == 1:
+        os.environ.update(env)
+    start = time.monotonic()
+    try:
+        autotune.register(DDP(Net())).close()  # the state reads AUTOTUNE_* itself
+    except (RuntimeError, ValueError) as exc:
+        return type(exc).__name__, str(exc), time.monotonic() - start
+    return "none", "", time.monotonic() - start
 
 
 class GatedRing(RingAllReduce):

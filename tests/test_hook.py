@@ -14,12 +14,13 @@ from ddp_jobs import (
     VARIANTS,
     Trained,
     bf16_gradient_error,
-    die_mid_training,
     digest,
     env_default_state,
+    faulty_training,
     overlap_events,
     records,
     register_twice,
+    setup_with_env,
     train_all,
 )
 
@@ -118,19 +119,65 @@ def test_second_registration_keeps_ddps_error() -> None:
         assert "can only be called once" in msg, msg
 
 
-def test_dead_rank_makes_the_others_raise_within_the_timeout() -> None:
-    timeout_s = 4.0
-    results = launch(die_mid_training, 3, 2, timeout_s, timeout_s=120, grace_s=60)
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "native"])
+def test_a_dead_rank_is_named_to_every_survivor_as_a_peer_error(algorithm: str) -> None:
+    # 4 ranks: some survivors are not the dead rank's neighbours (they used to blame a live one).
+    results = launch(faulty_training, 4, algorithm, "exit", 2, 60.0, timeout_s=120, grace_s=60)
     assert results[2].exitcode == 17
-    for r in results[:2]:
+    for r in results[:2] + results[3:]:
         assert r.ok, r.error
-        step, message, seconds = r.value
-        assert step == 5, message
-        assert "ring all-reduce" in message
-        assert "0:00:04" in message or "closed" in message.lower() or "reset" in message.lower()
-        assert seconds < timeout_s + 3.0, f"rank {r.rank} took {seconds:.1f}s"
-    # The ranks next to the dead one name it.
-    assert any("rank 2" in r.value[1] for r in results[:2])
+        fault = r.value
+        assert fault.step == 5, fault
+        assert (fault.kind, fault.rank, fault.algorithm) == ("PeerError", 2, algorithm), fault
+        assert "rank 2 failed first (its process exited" in fault.message
+        # Closed connections, not the 60 s timeout, end the wait.
+        assert fault.seconds < 30, fault
+
+
+def test_a_rank_that_raises_is_named_and_its_peers_fail_at_once() -> None:
+    results = launch(faulty_training, 3, "ring", "raise", 1, 60.0, timeout_s=120, grace_s=60)
+    faults = [r.value for r in results]
+    assert all(r.ok for r in results), [r.error for r in results]
+    for f in faults:
+        assert (f.kind, f.rank) == ("PeerError", 1), f
+        assert "ValueError: deliberate failure inside the algorithm" in f.message
+        # The failing rank aborts its groups: the others need not wait out the timeout.
+        assert f.seconds < 30, f
+
+
+def test_a_stalled_rank_fails_the_others_at_the_timeout_with_one_verdict() -> None:
+    timeout_s = 4.0
+    results = launch(faulty_training, 3, "ring", "stall", 2, timeout_s, timeout_s=120, grace_s=30)
+    survivors = [r.value for r in results[:2]]
+    assert all(r.ok for r in results[:2]), [r.error for r in results[:2]]
+    for f in survivors:
+        assert f.kind == "PeerError" and f.step == 5, f
+        assert "0:00:04" in f.message
+        assert f.seconds < timeout_s + 10, f
+    # Who stalled cannot be seen from outside; the survivors still report one culprit.
+    assert survivors[0].rank == survivors[1].rank is not None
+
+
+def test_a_rank_failing_setup_fails_the_others_at_once() -> None:
+    # Only rank 1 has the bad variable: it raises; the others no longer wait out 600 s.
+    ring = {"AUTOTUNE_ALGORITHM": "ring"}
+    results = run_local(setup_with_env, 3, {"AUTOTUNE_FUSION_BYTES": "3"}, env=ring, timeout_s=60)
+    assert results[1][0] == "ValueError" and "AUTOTUNE_FUSION_BYTES='3'" in results[1][1]
+    for kind, message, seconds in (results[0], results[2]):
+        assert kind == "PeerError", message
+        assert "rank 1 failed: ValueError: AUTOTUNE_FUSION_BYTES='3'" in message
+        assert seconds < 30
+
+
+def test_ranks_with_different_settings_refuse_to_start() -> None:
+    ring = {"AUTOTUNE_ALGORITHM": "ring"}
+    results = run_local(
+        setup_with_env, 2, {"AUTOTUNE_SEGMENT_BYTES": "64K"}, env=ring, timeout_s=60
+    )
+    for kind, message, _ in results:
+        assert kind == "ValueError", message
+        assert "ranks must share these settings" in message
+        assert "segment_bytes: rank" in message and "65536" in message
 
 
 def test_backward_overlaps_communication() -> None:

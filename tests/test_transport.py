@@ -17,7 +17,7 @@ from autotune.algorithms import (
     get_algorithm,
     p2p_group,
 )
-from autotune.algorithms._transport import Comm
+from autotune.algorithms._groups import Comm
 from autotune.launch import launch, run_local
 
 

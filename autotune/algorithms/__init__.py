@@ -7,6 +7,17 @@ Built in: ``ring``, ``tree``, ``two_tree`` and ``native``; more arrive through `
 from __future__ import annotations
 
 from autotune.algorithms._base import SUPPORTED_DTYPES, AllReduceAlgorithm, Pending
+from autotune.algorithms._groups import (
+    Comm,
+    PeerError,
+    Traffic,
+    backend_for,
+    bookkeeping_device,
+    connect,
+    ensure_ready,
+    forget_p2p_group,
+    p2p_group,
+)
 from autotune.algorithms._native import NativeAllReduce
 from autotune.algorithms._registry import (
     ALGORITHMS,
@@ -19,19 +30,11 @@ from autotune.algorithms._registry import (
 )
 from autotune.algorithms._ring import RingAllReduce
 from autotune.algorithms._transport import (
-    Comm,
-    PeerError,
     Recv,
     Round,
     ScratchPool,
     Send,
-    Traffic,
     Transport,
-    backend_for,
-    bookkeeping_device,
-    connect,
-    ensure_ready,
-    p2p_group,
     segments,
     split,
 )
@@ -67,6 +70,7 @@ __all__ = [
     "connect",
     "double_binary_tree",
     "ensure_ready",
+    "forget_p2p_group",
     "get_algorithm",
     "load_plugins",
     "p2p_group",

@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from autotune.algorithms._base import AllReduceAlgorithm
-from autotune.algorithms._transport import Comm, Recv, Round, Send, Transport, segments, split
+from autotune.algorithms._groups import Comm
+from autotune.algorithms._transport import Recv, Round, Send, Transport, segments, split
 
 __all__ = ["RingAllReduce"]
 

@@ -10,34 +10,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from datetime import timedelta
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed import ProcessGroup
 
-__all__ = [
-    "Comm",
-    "PeerError",
-    "Recv",
-    "Round",
-    "ScratchPool",
-    "Send",
-    "Traffic",
-    "Transport",
-    "backend_for",
-    "connect",
-    "ensure_ready",
-    "group_timeout",
-    "p2p_group",
-    "segments",
-    "split",
-]
+from autotune.algorithms._groups import Comm
 
-
-class PeerError(RuntimeError):
-    """A peer failed, stalled past the timeout, or the group broke, during an all-reduce."""
+__all__ = ["Recv", "Round", "ScratchPool", "Send", "Transport", "segments", "split"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,51 +41,6 @@ class Recv:
     channel: int = 0
 
 
-@dataclass(slots=True)
-class Traffic:
-    """What this rank sent in one all-reduce, and how long it first waited for a peer.
-
-    Zero and None for algorithms the backend runs itself (`native`): nothing is observable.
-    """
-
-    bytes_sent: int = 0
-    messages_sent: int = 0
-    #: Seconds the first receive kept this rank waiting: long when a peer came late.
-    first_wait_s: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Comm:
-    """Where and how an algorithm talks: the dedicated group, this rank's place in it, limits."""
-
-    group: ProcessGroup
-    rank: int
-    size: int
-    backend: str
-    algorithm: str
-    timeout: timedelta | None
-    traffic: Traffic = field(default_factory=Traffic)
-    collective: str = "all-reduce"  # what the algorithm does, for errors
-
-    def global_rank(self, peer: int) -> int:
-        return dist.get_global_rank(self.group, peer)
-
-    def wait(self, work: dist.Work, what: str) -> None:
-        """Wait for ``work``; a failure or timeout becomes a `PeerError` saying what was pending."""
-        try:
-            if self.timeout is None:
-                work.wait()
-            else:
-                work.wait(self.timeout)
-        except RuntimeError as exc:
-            limit = "the process group's timeout" if self.timeout is None else f"{self.timeout}"
-            raise PeerError(
-                f"{self.algorithm} {self.collective}: {what} failed or did not finish within "
-                f"{limit}: "
-                f"{exc}"
-            ) from exc
-
-
 def split(start: int, stop: int, parts: int) -> list[tuple[int, int]]:
     """Cut ``[start, stop)`` into ``parts`` contiguous ranges whose lengths differ by at most 1."""
     n = stop - start
@@ -115,128 +50,6 @@ def split(start: int, stop: int, parts: int) -> list[tuple[int, int]]:
 def segments(start: int, stop: int, segment_elems: int) -> list[tuple[int, int]]:
     """Cut ``[start, stop)`` into pipeline segments of ``segment_elems`` (the last may be short)."""
     return [(a, min(a + segment_elems, stop)) for a in range(start, stop, segment_elems)]
-
-
-def backend_for(group: ProcessGroup, device: torch.device) -> str:
-    """Name the backend ``group`` uses for tensors on ``device`` ("gloo", "nccl", ...)."""
-    # get_backend_config reads like "cpu:gloo,cuda:nccl"; a single-backend group lists both devices.
-    config = dist.get_backend_config(group)
-    for entry in config.split(","):
-        device_type, _, backend = entry.partition(":")
-        if backend and device_type == device.type:
-            return backend
-    if ":" not in config:
-        return config
-    raise ValueError(
-        f"process group backend {config!r} has no backend for {device.type} tensors; "
-        f"initialise the group with a backend for {device.type} (e.g. 'cpu:gloo,cuda:nccl')"
-    )
-
-
-def bookkeeping_device(group: ProcessGroup, device: torch.device) -> torch.device:
-    """Where small control tensors (timings, codes, barriers) travel over ``group``: the CPU
-    where the group has a CPU backend (gloo), else ``device``, the data's own."""
-    try:
-        backend_for(group, torch.device("cpu"))
-    except ValueError:
-        return device
-    return torch.device("cpu")
-
-
-_p2p_lock = threading.Lock()
-_p2p_groups: dict[str, ProcessGroup] = {}
-_p2p_world: list[ProcessGroup | None] = [None]
-
-
-def group_timeout(group: ProcessGroup) -> timedelta | None:
-    """The timeout ``group`` was made with, if its backend says (torch has no public accessor)."""
-    for device in group._device_types:
-        options = getattr(group._get_backend(device), "options", None)
-        timeout = getattr(options, "_timeout", None)
-        if isinstance(timeout, timedelta):
-            return timeout
-    return None
-
-
-def p2p_group(group: ProcessGroup | None = None, timeout: timedelta | None = None) -> ProcessGroup:
-    """Return the dedicated point-to-point group for ``group`` (None: the world), made on first use.
-
-    Traffic of ours never shares a communicator with DDP's or the user's collectives, so tags and
-    collective order cannot collide. Creation is collective over the members of ``group`` (not the
-    whole world), so every member must reach its first all-reduce on ``group`` in the same order;
-    it waits ``timeout`` for them (None: ``group``'s own timeout), then raises `PeerError`.
-    """
-    world = dist.group.WORLD
-    base = world if group is None else group
-    assert base is not None, "the default process group is not initialised"
-    with _p2p_lock:
-        if _p2p_world[0] is not world:  # a new world (init after destroy): old groups are gone
-            _p2p_groups.clear()
-            _p2p_world[0] = world
-        if base.group_name in {g.group_name for g in _p2p_groups.values()}:  # already one of ours
-            return base
-        dedicated = _p2p_groups.get(base.group_name)
-        if dedicated is None:
-            ranks = dist.get_process_group_ranks(base)
-            limit = timeout or group_timeout(base)
-            try:
-                made = dist.new_group(
-                    ranks=ranks,
-                    backend=dist.get_backend_config(base),
-                    timeout=limit,
-                    use_local_synchronization=True,
-                    group_desc=f"autotune_p2p:{base.group_name}",
-                )
-            except RuntimeError as exc:  # DistStoreError, gloo connect errors
-                raise PeerError(
-                    f"setting up the point-to-point group over ranks {ranks} failed within "
-                    f"{limit}: a rank did not reach its first all-reduce on this group ({exc})"
-                ) from exc
-            assert isinstance(made, ProcessGroup)
-            dedicated = _p2p_groups[base.group_name] = made
-        return dedicated
-
-
-def connect(
-    group: ProcessGroup | None,
-    device: torch.device,
-    algorithm: str,
-    timeout: timedelta | None,
-    collective: str = "all-reduce",
-) -> Comm:
-    """Where ``algorithm`` talks for ``group``: its dedicated group, this rank, the backend."""
-    try:
-        dedicated = p2p_group(group, timeout)
-    except PeerError as exc:
-        raise PeerError(f"{algorithm} {collective}: {exc}") from exc.__cause__
-    return Comm(
-        dedicated,
-        dist.get_rank(dedicated),
-        dist.get_world_size(dedicated),
-        backend_for(dedicated, device),
-        algorithm,
-        timeout,
-        collective=collective,
-    )
-
-
-_ready: set[tuple[str, str]] = set()
-
-
-def ensure_ready(comm: Comm, device: torch.device) -> None:
-    """Bring up a NCCL communicator with a collective before the first batched P2P call.
-
-    torch requires every rank of a NCCL group to take part in its first batched P2P call, and a
-    tree's first round leaves some ranks idle. All ranks call this at their first all-reduce on
-    the group, so the one-element all-reduce lines up everywhere.
-    """
-    key = (comm.group.group_name, str(device))
-    if comm.backend != "nccl" or key in _ready:
-        return
-    work = dist.all_reduce(torch.zeros(1, device=device), group=comm.group, async_op=True)
-    assert work is not None
-    comm.wait(work, "the NCCL communicator's first collective")
-    _ready.add(key)
 
 
 #: One round of an algorithm: what this rank sends, and what it receives.
@@ -456,6 +269,7 @@ class Transport:
         self.comm.wait(
             p.work,
             f"receive of {nbytes} bytes from rank {self.comm.global_rank(r.peer)}",
+            r.peer,
         )
         if first:
             self.comm.traffic.first_wait_s = time.perf_counter() - start
@@ -516,7 +330,7 @@ class Transport:
     def _wait_send(self, f: _InFlight) -> None:
         nbytes = (f.send.stop - f.send.start) * self.buf.element_size()
         peer = self.comm.global_rank(f.send.peer)
-        self.comm.wait(f.work, f"send of {nbytes} bytes to rank {peer}")
+        self.comm.wait(f.work, f"send of {nbytes} bytes to rank {peer}", f.send.peer)
 
 
 def _lands_on(recvs: Sequence[Recv], sends: Sequence[Send]) -> bool:

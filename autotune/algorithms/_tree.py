@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from autotune.algorithms._base import AllReduceAlgorithm
-from autotune.algorithms._transport import Comm
+from autotune.algorithms._groups import Comm
 from autotune.algorithms._trees import binary_tree, run_trees
 
 __all__ = ["TreeAllReduce"]

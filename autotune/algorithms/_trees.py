@@ -14,7 +14,8 @@ from functools import cached_property
 
 import torch
 
-from autotune.algorithms._transport import Comm, Recv, Send, Transport, segments
+from autotune.algorithms._groups import Comm
+from autotune.algorithms._transport import Recv, Send, Transport, segments
 
 __all__ = ["Tree", "binary_tree", "double_binary_tree", "render", "run_trees"]
 
