@@ -16,7 +16,7 @@ from autotune.plan import Choice
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["SEGMENT_OPTIONS", "choice_of", "search_space", "suggest_choice"]
+__all__ = ["SEGMENT_OPTIONS", "choice_of", "params_of", "search_space", "suggest_choice"]
 
 #: Segment sizes searched for a segmented algorithm, those below the message's size class.
 SEGMENT_OPTIONS = (256 << 10, 1 << 20, 4 << 20)
@@ -50,6 +50,11 @@ def suggest_choice(trial: optuna.Trial, space: Sequence[Choice]) -> Choice:
         seg = trial.suggest_categorical("segment_bytes", [s or 0 for s in segments])
         return Choice(algorithm, seg or None)
     return Choice(algorithm, segments[0])
+
+
+def params_of(choice: Choice) -> dict[str, Any]:
+    """The trial parameters `suggest_choice` records for ``choice`` (the inverse of `choice_of`)."""
+    return {"algorithm": choice.algorithm, "segment_bytes": choice.segment_bytes or 0}
 
 
 def choice_of(params: Mapping[str, Any], space: Sequence[Choice]) -> Choice | None:

@@ -11,10 +11,15 @@ import hashlib
 import json
 import os
 import platform
+import random
+import time
+import uuid
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune.plan import Table
+from autotune.plan import Entry, Table
 
 if TYPE_CHECKING:
     import optuna
@@ -28,6 +33,7 @@ __all__ = [
     "fingerprint",
     "fingerprint_key",
     "job_fingerprint",
+    "merge_tables",
     "tell",
 ]
 
@@ -98,17 +104,35 @@ def fingerprint_key(fp: dict[str, str | int]) -> str:
     ]
 
 
+# The tuner asks and tells trials itself (no Study.optimize) and records their heartbeats itself:
+# Optuna's warnings for exactly that are expected here, on every ask.
+warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used with Study.optimize")
+warnings.filterwarnings("ignore", ".*fail_stale_trials is experimental")
+
+#: Seconds between heartbeats of a job's running trials; a trial whose job has not beaten for
+#: `STALE_AFTER_S` is a dead job's, and only such trials are failed by another job.
+HEARTBEAT_S = 20
+STALE_AFTER_S = 90
+#: Attempts at opening a storage whose schema another job may be creating right now.
+OPEN_ATTEMPTS = 8
+
+
 class Store:
-    """Tuning results in an Optuna RDB storage (SQLite, PostgreSQL, MySQL: any Optuna URL)."""
+    """Tuning results in an Optuna RDB storage (SQLite, PostgreSQL, MySQL: any Optuna URL).
 
-    def __init__(self, url: str) -> None:
-        import optuna
+    Several jobs may share one storage at once: opening it survives another job creating the
+    schema, each job's running trials carry its heartbeat (so a job only ever fails the trials of
+    jobs that stopped beating), and each job stores its locked plan under a key of its own, which
+    `load_table` merges by a fixed rule (see `merge_tables`).
+    """
 
+    def __init__(self, url: str, job_id: str | None = None) -> None:
         self.url = url
-        try:
-            self.storage = optuna.storages.RDBStorage(url)
-        except Exception as exc:  # SQLAlchemy's errors name the URL's problem; keep them
-            raise ValueError(f"cannot open tuning storage {url!r}: {exc}") from exc
+        #: This job's name in the storage (its stored plan's key).
+        self.job_id = job_id or uuid.uuid4().hex[:12]
+        self.storage = _open(url)
+        self._live: set[int] = set()  # trial ids of this job still running (heartbeats)
+        self._beat_at = 0.0
 
     def study(
         self, key: str, what: str, sampler: optuna.samplers.BaseSampler | None = None
@@ -116,46 +140,91 @@ class Store:
         """The study ``autotune/<key>/<what>``, created on first use (minimizing latency)."""
         import optuna
 
-        return optuna.create_study(
-            storage=self.storage,
-            study_name=f"autotune/{key}/{what}",
-            sampler=sampler,
-            direction="minimize",
-            load_if_exists=True,
-        )
+        name = f"autotune/{key}/{what}"
+        for attempt in range(OPEN_ATTEMPTS):
+            try:
+                return optuna.create_study(
+                    storage=self.storage,
+                    study_name=name,
+                    sampler=sampler,
+                    direction="minimize",
+                    load_if_exists=True,
+                )
+            except optuna.exceptions.DuplicatedStudyError:
+                # Another job created it between our look and our insert: load it.
+                if attempt == OPEN_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
 
-    def fail_stale_trials(self, study: optuna.Study) -> int:
-        """Mark trials a crashed job left running as failed; return how many.
+    def started(self, trial: optuna.Trial) -> None:
+        """``trial`` runs in this job: beat for it from now on (`beat`) until `told`."""
+        self._live.add(trial._trial_id)
+        self.storage.record_heartbeat(trial._trial_id)
 
-        Through a plain view of the study: the search's own sampler must not see these trials
-        finish (BruteForceSampler would stop the study over a trial that never got parameters).
-        """
+    def told(self, trial: optuna.Trial) -> None:
+        self._live.discard(trial._trial_id)
+
+    def abandon(self, why: str) -> None:
+        """Fail this job's trials still running (the job is ending): none is left running."""
         import optuna
         from optuna.trial import TrialState
 
-        plain = optuna.load_study(
-            study_name=study.study_name,
-            storage=self.storage,
-            sampler=optuna.samplers.RandomSampler(),
-        )
-        stale = plain.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        for t in stale:
-            plain.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
-        return len(stale)
+        for trial_id in list(self._live):
+            try:
+                self.storage.set_trial_user_attr(trial_id, "failure", why)
+                self.storage.set_trial_state_values(trial_id, TrialState.FAIL)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                pass  # told meanwhile
+            self._live.discard(trial_id)
+
+    def beat(self, now: float | None = None) -> None:
+        """Record a heartbeat for this job's running trials, at most every `HEARTBEAT_S`."""
+        now = time.monotonic() if now is None else now
+        if now - self._beat_at < HEARTBEAT_S:
+            return
+        self._beat_at = now
+        for trial_id in list(self._live):
+            self.storage.record_heartbeat(trial_id)
+
+    def fail_stale_trials(self, study: optuna.Study) -> None:
+        """Fail the running trials of jobs that stopped beating (crashed).
+
+        A trial of a job that is alive, here or on another machine, is never touched; a trial
+        left by a version of autotune without heartbeats stays as it is.
+        """
+        import optuna
+
+        optuna.storages.fail_stale_trials(study)
 
     def load_table(self, key: str) -> Table | None:
-        """The plan stored for fingerprint ``key``, if a job locked one in."""
+        """The plan stored for fingerprint ``key`` (every job's, merged), if a job locked one."""
         import optuna
 
         try:
             study = optuna.load_study(study_name=f"autotune/{key}/plan", storage=self.storage)
         except KeyError:
             return None
-        raw = study.user_attrs.get("table")
-        return None if raw is None else Table.from_json(raw)
+        saved = []
+        for name, raw in study.user_attrs.items():
+            if name == "table":  # written by autotune before plans were kept per job
+                saved.append((0.0, name, raw))
+            elif name.startswith("table/") and isinstance(raw, dict):
+                saved.append((float(raw.get("saved_at", 0.0)), name, raw.get("table")))
+        tables = []
+        for saved_at, name, raw in sorted(saved, key=lambda t: (t[0], t[1])):
+            try:
+                tables.append((saved_at, Table.from_json(raw)))
+            except ValueError as exc:
+                raise ValueError(
+                    f"tuning storage {self.url!r}, plan {key} ({name}): {exc}; remove it with "
+                    f"'autotune show --storage URL' and optuna's delete_study, or fix the entry"
+                ) from exc
+        return merge_tables(tables) if tables else None
 
     def save_table(self, key: str, table: Table) -> None:
-        self.study(key, "plan").set_user_attr("table", table.to_json())
+        """Store this job's plan for ``key``, beside other jobs' (no job overwrites another's)."""
+        record = {"saved_at": time.time(), "job": self.job_id, "table": table.to_json()}
+        self.study(key, "plan").set_user_attr(f"table/{self.job_id}", record)
 
     def tables(self) -> dict[str, Table]:
         """Every stored plan, by fingerprint key."""
@@ -180,6 +249,76 @@ class Store:
                 study = optuna.load_study(study_name=name, storage=self.storage)
                 total += len(study.get_trials(deepcopy=False))
         return total
+
+
+def merge_tables(saved: Sequence[tuple[float, Table]]) -> Table:
+    """The plan for a fingerprint when several jobs stored one (``saved``: (time, table)).
+
+    Per size class, among the locked entries, the one with the lowest measured latency wins; an
+    entry without one (taken from elsewhere, not re-measured) only wins where no entry has one,
+    and then the newest does. The fusion size is the newest locked one. The same tables give the
+    same plan whatever order the jobs wrote them in.
+    """
+    newest_first = sorted(saved, key=lambda t: -t[0])
+    classes: dict[int, Entry] = {}
+    for _, table in newest_first:
+        for cls, entry in table.classes.items():
+            have = classes.get(cls)
+            if have is None or _better(entry, have):
+                classes[cls] = entry
+    fusion = next((t.fusion_bytes for _, t in newest_first if t.fusion_bytes is not None), None)
+    fingerprint = next((t.fingerprint for _, t in newest_first if t.fingerprint), None)
+    return Table(classes, fusion, fingerprint)
+
+
+def _better(entry: Entry, have: Entry) -> bool:
+    """Whether ``entry`` beats ``have`` (which is as new or newer) for a class."""
+    if (entry.state == "locked") != (have.state == "locked"):
+        return entry.state == "locked"
+    if entry.best_s is None:
+        return False
+    return have.best_s is None or entry.best_s < have.best_s
+
+
+def _open(url: str) -> optuna.storages.RDBStorage:
+    """Open ``url``, waiting out another job creating its schema at the same moment."""
+    import optuna
+    import sqlalchemy.exc
+
+    kwargs: dict[str, object] = {}
+    if url.startswith("sqlite"):
+        # Jobs that share a file take turns writing: wait for the lock instead of failing.
+        kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
+    for attempt in range(OPEN_ATTEMPTS):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(
+                    url,
+                    heartbeat_interval=HEARTBEAT_S,
+                    grace_period=STALE_AFTER_S,
+                    **kwargs,  # type: ignore[arg-type]
+                )
+        except sqlalchemy.exc.DBAPIError as exc:
+            # Two jobs creating the schema at once: one wins (IntegrityError, "table ... already
+            # exists"); the other finds it complete on the next try.
+            if attempt < OPEN_ATTEMPTS - 1 and _racing(exc):
+                time.sleep(random.uniform(0.05, 0.2) * (attempt + 1))
+                continue
+            raise ValueError(f"cannot open tuning storage {url!r}: {exc}") from exc
+        except Exception as exc:  # SQLAlchemy's errors name the URL's problem; keep them
+            raise ValueError(f"cannot open tuning storage {url!r}: {exc}") from exc
+    raise AssertionError("unreachable")
+
+
+def _racing(exc: Exception) -> bool:
+    import sqlalchemy.exc
+
+    text = str(exc).lower()
+    return isinstance(exc, sqlalchemy.exc.IntegrityError) or any(
+        words in text
+        for words in ("already exists", "duplicate", "database is locked", "unique constraint")
+    )
 
 
 def tell(

@@ -16,7 +16,6 @@ import queue
 import statistics
 import threading
 import time
-import warnings
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ import torch.distributed as dist
 
 from autotune.algorithms import bookkeeping_device
 from autotune.plan import Choice, Entry, Table, size_class
-from autotune.space import choice_of, search_space, suggest_choice
+from autotune.space import choice_of, params_of, search_space, suggest_choice
 from autotune.stats import MessageRecord
 from autotune.store import Store, default_storage_url, fingerprint_key, job_fingerprint, tell
 
@@ -42,6 +41,9 @@ __all__ = ["FUSION_OPTIONS", "Progress", "Tuner"]
 
 _log = logging.getLogger("autotune")
 
+#: Starts the failure of a trial that measured nothing (its job ended, or it was not needed):
+#: another job sharing the study does not take its option as tried.
+NOT_MEASURED = "not measured: "
 #: Fusion sizes searched when ``Config.fusion_bytes`` is None (0: DDP's buckets as they are).
 FUSION_OPTIONS = (0, 1 << 20, 4 << 20, 16 << 20)
 #: Once everything is locked, exchange (and watch for drift) every this many iterations.
@@ -135,6 +137,7 @@ class _Search(Generic[T]):
         self._baseline_values: list[float] = []
         self.study: optuna.Study | None = None
         self.last_seen = 0  # the tuner's exchange count when last measured
+        self.counted: set[int] = set()  # numbers of the study's finished trials taken in
 
     def lock(self, option: T, best_s: float | None, *, measured_here: bool = True) -> None:
         """Run ``option`` from now on. Its drift is judged against ``best_s`` if this job measured
@@ -197,48 +200,81 @@ class _Search(Generic[T]):
         self.finished += 1
         self.trials_total += 1
         self.tried.add(trial.option)
+        self.counted.add(trial.handle.number)
         if value is not None and (self.best is None or value < self.best[1]):
             self.best = (trial.option, value)
-        study = self.study
-        assert study is not None
-        self.worker.submit(lambda: tell(study, trial.handle, value, failure))
+        self._tell(trial.handle, value, failure)
         if self._spent():
             self._lock_best()
         else:
             self.start()
 
+    def _tell(self, handle: optuna.Trial, value: float | None, failure: str | None) -> None:
+        """Record a trial's result from the worker; its job stops beating for it."""
+        study, store = self.study, self.tuner.store()
+        assert study is not None
+
+        def told() -> None:
+            tell(study, handle, value, failure)
+            store.told(handle)
+
+        self.worker.submit(told)
+
     def _ask(self) -> None:
-        """On the worker: open the study if needed, ask a trial, hand the option back."""
-        import optuna
+        """On the worker: open the study if needed, choose the next option, ask a trial for it.
 
-        resumed: list[tuple[T, float | None]] | None = None
+        The study may be shared with other jobs tuning the same fingerprint right now: what they
+        measured counts here too, and what they are measuring is tried last.
+        """
+        from autotune.sampler import GivenSampler
+
+        store = self.tuner.store()
         if self.study is None:
-            # Exhaustive search: the space is small (a few algorithms x a few segment sizes),
-            # mixed (categorical, with segments only where an algorithm has them) and noisy.
-            # A model-based sampler would spend most of a small budget learning a model of a
-            # space it could simply enumerate; each trial's median over several occurrences
-            # does the denoising, and the sampler knows when the space is exhausted.
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                sampler = optuna.samplers.BruteForceSampler()
-            name = f"{self.what}/r{self.round}"
-            self.study = self.tuner.store().study(self.tuner.key, name, sampler)
-            self.tuner.store().fail_stale_trials(self.study)
-            resumed = self._finished_trials(self.study)
+            sampler = GivenSampler()
+            self.study = store.study(self.tuner.key, f"{self.what}/r{self.round}", sampler)
+        store.fail_stale_trials(self.study)  # only dead jobs' trials (heartbeats)
+        done, running = self._study_trials(self.study)
+        option = self._next(done, running)
+        given = self.study.sampler
+        assert isinstance(given, GivenSampler)
+        given.params = self.params_of(option)
         trial = self.study.ask()
-        option = self.suggest(trial)
-        self.tuner.post(lambda: self._begin(trial, option, resumed))
+        assert self.suggest(trial) == option
+        store.started(trial)
+        self.tuner.post(lambda: self._begin(trial, option, done))
 
-    def _finished_trials(self, study: optuna.Study) -> list[tuple[T, float | None]]:
-        """What earlier jobs measured in this study (a failure has no value)."""
+    def _study_trials(
+        self, study: optuna.Study
+    ) -> tuple[list[tuple[int, T, float | None]], set[T]]:
+        """The study's finished trials, (number, option, value: None if failed), and the options
+        of its running trials (other jobs': this one asks one at a time)."""
         from optuna.trial import TrialState
 
-        done = []
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+        done: list[tuple[int, T, float | None]] = []
+        running: set[T] = set()
+        states = (TrialState.COMPLETE, TrialState.FAIL, TrialState.RUNNING)
+        for t in study.get_trials(deepcopy=False, states=states):
             option = self.option_of(t.params)
-            if option is not None:
-                done.append((option, t.value if t.state == TrialState.COMPLETE else None))
-        return done
+            failure = str(t.user_attrs.get("failure", NOT_MEASURED))  # none: a dead job's
+            if option is None or (t.state == TrialState.FAIL and failure.startswith(NOT_MEASURED)):
+                continue
+            if t.state == TrialState.RUNNING:
+                running.add(option)
+            else:
+                done.append((t.number, option, t.value if t.state == TrialState.COMPLETE else None))
+        return done, running
+
+    def _next(self, done: list[tuple[int, T, float | None]], running: set[T]) -> T:
+        """The first option nobody measured, the job's current choice first; what another job is
+        measuring now comes after those (both may measure it: nothing waits on another job)."""
+        measured = set(self.tried) | {option for _, option, _ in done}
+        order = [self.default, *(o for o in self.space if o != self.default)]
+        fresh = [o for o in order if o not in measured]
+        return next((o for o in fresh if o not in running), fresh[0] if fresh else order[0])
+
+    def params_of(self, option: T) -> dict[str, Any]:
+        """The trial parameters that stand for ``option`` (the inverse of `option_of`)."""
+        return {"option": self.space.index(option)}
 
     def option_of(self, params: dict[str, Any]) -> T | None:
         """The option a trial's parameters stand for (None: not in this job's space)."""
@@ -251,24 +287,25 @@ class _Search(Generic[T]):
         return self.space[index]
 
     def _begin(
-        self, trial: optuna.Trial, option: T, resumed: list[tuple[T, float | None]] | None
+        self, trial: optuna.Trial, option: T, done: list[tuple[int, T, float | None]]
     ) -> None:
         self.asking = False
-        if self.state == "locked":
+        for number, measured, value in done:  # by earlier jobs, or by jobs running beside us
+            if number in self.counted:
+                continue
+            self.counted.add(number)
+            self.finished += 1
+            self.tried.add(measured)
+            if value is not None and (self.best is None or value < self.best[1]):
+                self.best = (measured, value)
+        if self.state == "locked" or self._spent():
+            # Locked meanwhile, or nothing left to try: the trial just asked for is not needed.
+            self._tell(trial, None, NOT_MEASURED + "the search was over when it was asked")
+            if self.state != "locked":
+                self._lock_best()
             return
         self.trial = _Trial(trial, option, self.tuner.config.tune_warmup)
         self.desired = option
-        for done, value in resumed or ():  # a study an earlier job left unfinished
-            self.finished += 1
-            self.tried.add(done)
-            if value is not None and (self.best is None or value < self.best[1]):
-                self.best = (done, value)
-        if resumed and self._spent():
-            # Nothing left to try: the trial just asked for is not needed.
-            study, handle = self.study, self.trial.handle
-            assert study is not None
-            self.worker.submit(lambda: tell(study, handle, None, "space already exhausted"))
-            self._lock_best()
 
     def _spent(self) -> bool:
         return self.finished >= self.tuner.config.tune_trials or len(self.tried) >= len(self.space)
@@ -285,14 +322,19 @@ class _ClassSearch(_Search[Choice]):
     def option_of(self, params: dict[str, Any]) -> Choice | None:
         return choice_of(params, self.space)
 
+    def params_of(self, option: Choice) -> dict[str, Any]:
+        return params_of(option)
+
     def suggest(self, trial: optuna.Trial) -> Choice:
         return suggest_choice(trial, self.space)
 
 
 class _Worker:
-    """Runs Optuna's calls on rank 0, one at a time, off the training's critical path."""
+    """Runs Optuna's calls on rank 0, one at a time, off the training's critical path; between
+    them, every ``tick_s``, ``tick`` (the heartbeat of the job's running trials)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tick: Callable[[], None] = lambda: None, tick_s: float = 5.0) -> None:
+        self._tick, self._tick_s = tick, tick_s
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="autotune-optuna", daemon=True)
@@ -306,11 +348,18 @@ class _Worker:
         self._thread.join(timeout_s)
 
     def _loop(self) -> None:
-        while (job := self._jobs.get()) is not None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=self._tick_s)
+            except queue.Empty:
+                job = self._tick
+            if job is None:
+                return
             if self.error is not None:
                 continue
             try:
                 job()
+                self._tick()
             except BaseException as exc:  # reported on the finish thread, at the next exchange
                 self.error = exc
 
@@ -348,7 +397,7 @@ class Tuner:
         # collectives on a shared group would have to be issued in the same order everywhere.
         # Made before the storage is opened, which can fail on rank 0 alone.
         self.group = _exchange_group(state.process_group, config.timeout_s)
-        self.worker = _Worker() if self.rank == 0 else None
+        self.worker = _Worker(self._beat) if self.rank == 0 else None
         if self.worker is not None:
             self._open_store()
         self._received: tuple[list[float], _Plan] | None = None
@@ -438,10 +487,7 @@ class Tuner:
         if self.worker is None:
             return
         # The job is going down: record the trials in flight as failed, not as fast.
-        for search in self._searches():
-            trial, study = search.trial, search.study
-            if trial is not None and study is not None:
-                self.worker.submit(_failing(study, trial.handle, repr(error)))
+        self._abandon(NOT_MEASURED + repr(error))
         self.worker.close(timeout_s=10.0)
 
     @property
@@ -451,7 +497,19 @@ class Tuner:
 
     def close(self) -> None:
         if self.worker is not None:
+            self._abandon(NOT_MEASURED + "the job ended before the trial finished")
             self.worker.close(timeout_s=30.0)
+
+    def _abandon(self, why: str) -> None:
+        """After what the worker has queued: fail the trials still running, asked or measuring."""
+        assert self.worker is not None
+        for search in self._searches():
+            search.trial = None
+        self.worker.submit(lambda: self._store.abandon(why) if self._store is not None else None)
+
+    def _beat(self) -> None:
+        if self._store is not None:
+            self._store.beat()
 
     # -- rank 0 -----------------------------------------------------------------------------
 
@@ -632,10 +690,6 @@ def _exchange_group(group: dist.ProcessGroup, timeout_s: float) -> dist.ProcessG
     )
     assert isinstance(made, dist.ProcessGroup)
     return made
-
-
-def _failing(study: optuna.Study, trial: optuna.Trial, why: str) -> Callable[[], None]:
-    return lambda: tell(study, trial, None, why)
 
 
 def _index(cls: int) -> int:

@@ -257,7 +257,8 @@ def faulty_training(
         if rank == culprit and step == 5 and fault == "exit":
             os._exit(17)
         if rank == culprit and step == 5 and fault == "stall":
-            time.sleep(600)
+            time.sleep(3 * timeout_s)  # long past the others' timeout; then gone
+            os._exit(18)
         start = time.monotonic()
         try:
             torch.nn.functional.cross_entropy(

@@ -21,11 +21,13 @@ import pytest
 INSTALL = "apt-get update && apt-get install -y prometheus"
 
 
-def require(binary: str) -> str:
-    """The binary's path; skip (outside CI) or fail (under CI=true) if it is not installed."""
-    path = shutil.which(binary)
+def require(binary: str, install: str = INSTALL, path: str | None = None) -> str:
+    """The binary's path; skip (outside CI) or fail (under CI=true) if it is not installed.
+
+    ``path``: where else to look (Debian keeps PostgreSQL's programs off PATH)."""
+    path = shutil.which(binary, path=path) or shutil.which(binary)
     if path is None:
-        message = f"{binary} is not installed (Debian: {INSTALL})"
+        message = f"{binary} is not installed (Debian: {install})"
         if os.environ.get("CI"):
             pytest.fail(message + "; .ci/run installs it")
         pytest.skip(message)

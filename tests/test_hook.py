@@ -77,8 +77,8 @@ def test_fusion_and_splitting_change_the_messages() -> None:
     assert runs["small_buckets"].messages > 2 * 30
     assert runs["fuse_small_buckets"].messages == 30
     assert runs["fuse_small_buckets"].message_bytes == runs["small_buckets"].message_bytes
-    # DDP's one ~22 KiB bucket cut into pieces of at most 3000 bytes.
-    assert runs["split_large_buckets"].messages >= 8 * base.messages
+    # DDP's one 23,072-byte bucket cut into 6 pieces of at most 4096 bytes (the smallest fusion).
+    assert runs["split_large_buckets"].messages >= 5 * base.messages
     assert max(runs["split_large_buckets"].plan_classes) <= 4096
     assert runs["split_large_buckets"].message_bytes == base.message_bytes
 

@@ -7,6 +7,7 @@ worker's answers back in order, as the finish thread does at each exchange.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,9 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune import Config
+from autotune import store as store_module
 from autotune.plan import Choice
+from autotune.sampler import GivenSampler
 from autotune.space import choice_of, search_space, suggest_choice
 from autotune.store import Store
 from autotune.tuner import SLOW_FACTOR, _Search, _Worker
@@ -160,20 +163,37 @@ def test_drift_reopens_a_locked_search(tuner: StandIn) -> None:
     assert len(trials(tuner, "x/r1")) == 2  # a fresh study for the new round
 
 
-def test_trials_left_running_by_a_crash_count_as_failed(tuner: StandIn) -> None:
-    # A job died with a trial running (asked and given its option, as a search does; on the
-    # worker's connection, since a dead job holds none).
-    def crashed_job() -> None:
-        trial = tuner.store().study("test", "x/r0", optuna.samplers.BruteForceSampler()).ask()
-        trial.suggest_categorical("option", [0, 1])
+def test_a_dead_jobs_trial_fails_and_a_live_jobs_is_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(store_module, "STALE_AFTER_S", 2)
+    url = f"sqlite:///{tmp_path / 'tuning.db'}"
+    tuner = StandIn(url, tune_warmup=1, tune_samples=3)
 
-    tuner.worker.submit(crashed_job)
-    search = _Search(tuner, "x", ["a", "b"], "a")
+    def running(store: Store, index: int) -> int:
+        """A trial of another job, asked and given its option as a search does."""
+        sampler = GivenSampler()
+        sampler.params = {"option": index}
+        trial = store.study("test", "x/r0", sampler).ask()
+        trial.suggest_categorical("option", [0, 1, 2])
+        store.started(trial)
+        return trial.number
+
+    alive, dead = Store(url), Store(url)
+    measuring = running(alive, 0)  # a live job measures "a", the default
+    crashed = running(dead, 1)  # a crashed job was measuring "b": it beats no more
+    time.sleep(3.5)  # past the 2 s grace at SQLite's 1 s clock resolution
+    alive.beat(now=time.monotonic() + 60)
+    search = _Search(tuner, "x", ["a", "b", "c"], "a")
     tuner.pump()
     search.start()
     tuner.pump()
-    states = [t.state for t in trials(tuner)]
-    assert states[0] == TrialState.FAIL and states[1] == TrialState.RUNNING
+    states = {t.number: t.state for t in trials(tuner)}
+    assert states[crashed] == TrialState.FAIL
+    assert states[measuring] == TrialState.RUNNING
+    # "b" was never measured, so it is tried; "a" is being measured by the live job: it waits.
+    assert search.trial is not None and search.trial.option == "b"
 
 
 def test_a_plan_from_elsewhere_judges_drift_against_this_jobs_own_latency(

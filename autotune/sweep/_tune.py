@@ -73,6 +73,8 @@ def tune(
             study = store.study(key, f"sweep/class={cls}", sampler)
             store.fail_stale_trials(study)
             trials = [study.ask() for _ in range(k)]
+            for t in trials:
+                store.started(t)  # heartbeats: no other job takes them for a dead job's
             codes = torch.tensor(
                 [space.index(suggest_choice(t, space)) for t in trials],
                 dtype=torch.int64,
@@ -90,10 +92,13 @@ def tune(
         # Every rank holds the same MAX-reduced times, so every rank picks the same best.
         good = {i: t for i, t in medians.items() if measured.wrong[picked.index(i)] == 0}
         if study is not None:
+            assert store is not None
             for trial, code in zip(trials, codes.tolist(), strict=True):
                 wrong = measured.wrong[picked.index(code)]
                 failure = f"{wrong} wrong elements over ranks" if wrong else None
                 tell(study, trial, None if wrong else medians[code], failure)
+                store.told(trial)
+            store.beat()
         entry = None
         if good:
             best = min(good, key=lambda i: good[i])

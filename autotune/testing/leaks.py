@@ -40,6 +40,14 @@ def _children() -> dict[int, psutil.Process]:
     return out
 
 
+def _under(p: psutil.Process, pids: set[int]) -> bool:
+    """Whether ``p`` descends from one of ``pids`` (a server a wider fixture owns forks workers)."""
+    try:
+        return any(parent.pid in pids for parent in p.parents())
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.is_alive() and not t.daemon}
 
@@ -60,7 +68,11 @@ def leftovers(
     deadline = time.monotonic() + grace_s
     while True:
         threads = [t for t in _threads() if t not in threads_before]
-        children = [p for pid, p in _children().items() if pid not in children_before]
+        children = [
+            p
+            for pid, p in _children().items()
+            if pid not in children_before and not _under(p, children_before)
+        ]
         if not (threads or children) or time.monotonic() > deadline:
             break
         time.sleep(0.05)
