@@ -40,10 +40,10 @@ def _trees(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     import json
 
-    from autotune.store import Store, default_storage_url
+    from autotune.store import Store, storage_url
     from autotune.units import format_bytes
 
-    url = args.storage or default_storage_url()
+    url = storage_url(args.storage)
     tables = Store(url).tables()
     if args.key:
         if args.key not in tables:
@@ -281,8 +281,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     p.set_defaults(func=_daemon)
     args = parser.parse_args(argv)
-    if getattr(args, "storage", "unset") is None:
-        args.storage = os.environ.get("AUTOTUNE_STORAGE")
     result: int = args.func(args)
     return result
 

@@ -221,9 +221,9 @@ class Engine:
                 algo = self.algorithm_for(choice.algorithm)
                 begin = time.perf_counter()
                 pending = algo.start(piece, self.group, segment_bytes=choice.segment_bytes)
-                traffic = algo.last_traffic
+                traffic = pending.traffic
                 first_wait = traffic.first_wait_s if traffic is not None else None
-                sent = traffic.bytes_sent if traffic is not None and not algo.asynchronous else None
+                sent = traffic.bytes_sent if traffic is not None else None
                 # A Python-driven algorithm on CPU has finished here: its time is its own, not
                 # the wait behind earlier messages. (On CUDA only the stream knows.)
                 done = time.perf_counter() if pending.done and stream is None else None

@@ -17,6 +17,7 @@ __all__ = [
     "check_fusion_bytes",
     "default_choice",
     "load_table",
+    "segment_text",
     "size_class",
 ]
 
@@ -26,6 +27,18 @@ MIN_FUSION_BYTES = 4096
 
 #: What a size class's entry in a tuned table can say about it.
 STATES = ("default", "exploring", "locked", "fixed")
+
+
+def segment_text(choice: Choice) -> str:
+    """A choice's segment as every table shows it: "-" where the algorithm has none (or is not
+    registered here), "default" for the algorithm's own, else the size ("256 KiB")."""
+    from autotune.algorithms import ALGORITHMS
+    from autotune.units import format_bytes
+
+    algo = ALGORITHMS.get(choice.algorithm)
+    if algo is None or not algo.segmented:
+        return "-"
+    return "default" if choice.segment_bytes is None else format_bytes(choice.segment_bytes)
 
 
 def check_fusion_bytes(value: object, where: str) -> None:

@@ -8,7 +8,28 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-__all__ = ["IterationRecord", "MessageRecord", "Recorder", "Summary", "quartiles", "summarize"]
+__all__ = [
+    "IterationRecord",
+    "MessageRecord",
+    "Recorder",
+    "Summary",
+    "bus_factor",
+    "busbw_gbps",
+    "quartiles",
+    "summarize",
+]
+
+
+def bus_factor(world_size: int) -> float:
+    """nccl-tests' all-reduce bus bandwidth factor, 2(n-1)/n: busbw = algbw * this."""
+    return 2 * (world_size - 1) / world_size
+
+
+def busbw_gbps(nbytes: float, seconds: float, world_size: int) -> float:
+    """nccl-tests' all-reduce bus bandwidth of ``nbytes`` in ``seconds``, in GB/s (1e9)."""
+    if seconds <= 0 or world_size < 2:
+        return 0.0
+    return nbytes / seconds * bus_factor(world_size) / 1e9
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,9 +50,7 @@ class MessageRecord:
     @property
     def busbw_gbps(self) -> float:
         """nccl-tests' bus bandwidth: algbw * 2(n-1)/n, in GB/s (1e9)."""
-        if self.seconds <= 0 or self.world_size < 2:
-            return 0.0
-        return self.nbytes / self.seconds * 2 * (self.world_size - 1) / self.world_size / 1e9
+        return busbw_gbps(self.nbytes, self.seconds, self.world_size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +91,7 @@ def summarize(records: Iterable[MessageRecord]) -> dict[tuple[int, str], Summary
         median = statistics.median(times)
         p99 = times[min(len(times) - 1, round(0.99 * (len(times) - 1)))]
         nbytes = statistics.median(r.nbytes for r in group)
-        n = group[0].world_size
-        busbw = nbytes / median * 2 * (n - 1) / n / 1e9 if median > 0 and n > 1 else 0.0
+        busbw = busbw_gbps(nbytes, median, group[0].world_size)
         out[key] = Summary(len(group), sum(r.nbytes for r in group), median, p99, busbw)
     return out
 

@@ -28,18 +28,24 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Store",
-    "default_storage_url",
     "device_model",
     "fingerprint",
     "fingerprint_key",
     "job_fingerprint",
     "merge_tables",
+    "storage_url",
     "tell",
 ]
 
 
-def default_storage_url() -> str:
-    """An SQLite file under the user cache directory (``$XDG_CACHE_HOME`` or ``~/.cache``)."""
+def storage_url(url: str | None = None) -> str:
+    """The tuning storage to use: ``url`` if given, else ``AUTOTUNE_STORAGE``, else an SQLite file
+    under the user cache directory (``$XDG_CACHE_HOME`` or ``~/.cache``)."""
+    if url:
+        return url
+    from_env = os.environ.get("AUTOTUNE_STORAGE", "").strip()
+    if from_env and from_env.lower() != "none":
+        return from_env
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     path = cache / "autotune" / "tuning.db"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,7 @@ from autotune.algorithms import bookkeeping_device
 from autotune.plan import Choice, Entry, Table, size_class
 from autotune.space import choice_of, params_of, search_space, suggest_choice
 from autotune.stats import MessageRecord
-from autotune.store import Store, default_storage_url, fingerprint_key, job_fingerprint, tell
+from autotune.store import Store, fingerprint_key, job_fingerprint, storage_url, tell
 
 if TYPE_CHECKING:
     import optuna
@@ -540,7 +540,7 @@ class Tuner:
     def store(self) -> Store:
         """The tuning storage (opened on the worker thread, the only one that uses it)."""
         if self._store is None:
-            self._store = Store(self.state.config.storage or default_storage_url())
+            self._store = Store(storage_url(self.state.config.storage))
         return self._store
 
     def _space(self, cls: int) -> list[Choice]:

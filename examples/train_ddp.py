@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
 from autotune.launch import run_local
+from autotune.plan import segment_text
 from autotune.units import format_bytes, parse_bytes
 
 INPUTS = 64
@@ -177,7 +178,7 @@ def summary(result: Result, world_size: int, args: argparse.Namespace) -> str:
                 status = f"{entry.state}/{entry.trials}"
             else:
                 status = "default" if result.table is not None else "fixed"
-            seg = format_bytes(choice.segment_bytes) if choice.segment_bytes else "default"
+            seg = segment_text(choice)
             lines.append(
                 f"{format_bytes(cls):>10}  {choice.algorithm:<10} {seg:>9} {status:>10} "
                 f"{s.count:>8} {s.median_s * 1e3:>8.2f}ms {s.p99_s * 1e3:>8.2f}ms "

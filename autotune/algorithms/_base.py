@@ -28,12 +28,17 @@ class Pending:
     """An all-reduce that `AllReduceAlgorithm.start` began: `wait` returns once it is done.
 
     Waiting twice is harmless; a failure (a dead or stalled peer) raises from `wait`.
+    ``traffic`` is what this rank sent for it (complete once done); None where the backend runs
+    the collective itself (`native`) and nothing is observable.
     """
 
-    __slots__ = ("_wait",)
+    __slots__ = ("_wait", "traffic")
 
-    def __init__(self, wait: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, wait: Callable[[], None] | None = None, traffic: Traffic | None = None
+    ) -> None:
         self._wait = wait
+        self.traffic = traffic
 
     @property
     def done(self) -> bool:
@@ -78,8 +83,6 @@ class AllReduceAlgorithm(abc.ABC):
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         self.timeout_s = timeout_s
-        #: What this rank sent in the last all-reduce (None before the first).
-        self.last_traffic: Traffic | None = None
 
     def all_reduce(
         self,
@@ -115,11 +118,12 @@ class AllReduceAlgorithm(abc.ABC):
         timeout = None if self.timeout_s is None else timedelta(seconds=self.timeout_s)
         comm = connect(group, tensor.device, self.name, timeout)
         size, backend = comm.size, comm.backend
-        self.last_traffic = comm.traffic
+        # What this rank sends is ours to count, unless the backend runs the whole collective.
+        traffic = None if self.asynchronous else comm.traffic
         if dist.get_debug_level() == dist.DebugLevel.DETAIL:
             _check_same_call(tensor, segment_bytes, self.name, comm)
         if size == 1 or tensor.numel() == 0:
-            return Pending()
+            return Pending(traffic=traffic)
         ensure_ready(comm, tensor.device)
         segment_elems = max(1, segment_bytes // tensor.element_size())
         flat = tensor.view(-1)
@@ -133,8 +137,10 @@ class AllReduceAlgorithm(abc.ABC):
                 host.copy_(flat)
                 self._start(host, comm, segment_elems).wait()
                 flat.copy_(host, non_blocking=True)
-                return Pending()
-            return self._start(flat, comm, segment_elems)
+                return Pending(traffic=traffic)
+            pending = self._start(flat, comm, segment_elems)
+            pending.traffic = traffic
+            return pending
 
     def _start(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> Pending:
         """Begin reducing ``buf``; by default run `_run` to the end, return a finished Pending."""

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from prometheus_client import CollectorRegistry
 
+from autotune import topology
 from autotune.metrics._hook import HookMetrics
 from autotune.metrics._host import HostMetrics
 from autotune.metrics._nvml import GpuReading, NvmlMetrics, NvmlQuery
@@ -31,8 +31,9 @@ class Exporter:
     def __init__(self, state: AutotuneState, nvml: NvmlQuery | None = None) -> None:
         config = state.config
         assert config.metrics_port is not None
-        rank = dist.get_rank()
-        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        # The rank in the job's group (the one DDP reduces over), not in the world.
+        rank = dist.get_rank(state.process_group)
+        local_rank = topology.local_rank(default=rank)
         labels = {"rank": str(rank), "local_rank": str(local_rank)}
         if config.job is not None:
             labels["job"] = config.job

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from autotune.algorithms import ALGORITHMS, BUILTINS
+from autotune.plan import segment_text
 from autotune.sweep import P2P, SweepResult
 from autotune.units import format_bytes
 
@@ -120,7 +121,7 @@ def _plan_table(ax: Axes, result: SweepResult) -> None:
         [
             format_bytes(cls),
             e.choice.algorithm,
-            _segment(e.choice.algorithm, e.choice.segment_bytes),
+            segment_text(e.choice),
             "-" if e.best_s is None else f"{e.best_s * 1e6:.0f}",
         ]
         for cls, e in sorted(result.plan.classes.items())
@@ -134,13 +135,6 @@ def _plan_table(ax: Axes, result: SweepResult) -> None:
     table.auto_set_font_size(False)
     table.set_fontsize(7)
     ax.set_title(f"tuned plan (stored as {result.plan_key})", fontsize=9)
-
-
-def _segment(algorithm: str, segment_bytes: int | None) -> str:
-    cls = ALGORITHMS.get(algorithm)
-    if cls is None or not cls.segmented:
-        return "-"
-    return "default" if segment_bytes is None else format_bytes(segment_bytes)
 
 
 def plan_markdown(result: SweepResult) -> str:
@@ -161,6 +155,6 @@ def plan_markdown(result: SweepResult) -> str:
         vs = "-" if r is None else f"{r[0]:.2f}x ({r[1]})"
         lines.append(
             f"| {format_bytes(cls)} | {e.choice.algorithm} | "
-            f"{_segment(e.choice.algorithm, e.choice.segment_bytes)} | {best} | {e.trials} | {vs} |"
+            f"{segment_text(e.choice)} | {best} | {e.trials} | {vs} |"
         )
     return "\n".join(lines)

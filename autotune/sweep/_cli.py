@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 
 from autotune.sweep._options import SweepOptions
 from autotune.sweep._result import SweepResult
+from autotune.topology import local_rank
 from autotune.units import parse_bytes
 
 __all__ = ["add_arguments", "main"]
@@ -172,7 +173,7 @@ def _torchrun(options: SweepOptions, command: str, args: argparse.Namespace) -> 
 
     _quiet_optuna()
     if options.device_type == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(local_rank())
     dist.init_process_group(_init_backend(options), timeout=timedelta(seconds=options.timeout_s))
     try:
         result = run_sweep(options, command=command, json_path=args.json, csv_path=args.csv)

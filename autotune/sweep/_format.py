@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from autotune.algorithms import ALGORITHMS
-from autotune.plan import Table
+from autotune.plan import Choice, Table, segment_text
 from autotune.sweep._result import Row, SweepResult
 from autotune.units import format_bytes
 
@@ -43,11 +42,7 @@ def header(result: SweepResult, ranks: list[str]) -> list[str]:
 
 
 def _segment(row: Row) -> str:
-    name = row.chosen or row.algorithm
-    algo = ALGORITHMS.get(name)
-    if algo is None or not algo.segmented:
-        return "-"
-    return "default" if row.segment_bytes is None else format_bytes(row.segment_bytes)
+    return segment_text(Choice(row.chosen or row.algorithm, row.segment_bytes))
 
 
 def row_line(row: Row) -> str:
@@ -68,9 +63,7 @@ def plan_lines(table: Table, key: str | None, storage: str | None) -> list[str]:
         f"{'trials':>6}",
     ]
     for cls, e in sorted(table.classes.items()):
-        seg = "default" if e.choice.segment_bytes is None else format_bytes(e.choice.segment_bytes)
-        if not ALGORITHMS[e.choice.algorithm].segmented:
-            seg = "-"
+        seg = segment_text(e.choice)
         best = "-" if e.best_s is None else f"{e.best_s * 1e6:.2f}"
         lines.append(
             f"#  {format_bytes(cls):>10}  {e.choice.algorithm:<10} {seg:>9} {best:>12} "

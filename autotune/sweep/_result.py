@@ -11,16 +11,12 @@ from typing import Any
 
 from autotune.jsonfile import read_json
 from autotune.plan import Table
+from autotune.stats import bus_factor
 
 __all__ = ["FORMAT_VERSION", "Row", "SweepResult", "bus_factor"]
 
 #: Bumped when the JSON's meaning changes; `SweepResult.load` refuses other versions.
 FORMAT_VERSION = 1
-
-
-def bus_factor(world_size: int) -> float:
-    """nccl-tests' all-reduce bus bandwidth factor, 2(n-1)/n: busbw = algbw * this."""
-    return 2 * (world_size - 1) / world_size
 
 
 @dataclass(frozen=True)

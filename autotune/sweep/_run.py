@@ -16,12 +16,13 @@ from torch.distributed import ProcessGroup
 
 from autotune.algorithms import ALGORITHMS, backend_for
 from autotune.plan import Entry, size_class
-from autotune.store import default_storage_url, device_model
+from autotune.store import device_model, storage_url
 from autotune.sweep._format import columns, footer, header, row_line
 from autotune.sweep._measure import P2P, Bench, Measured, Variant, exact_limit
 from autotune.sweep._options import SweepOptions
 from autotune.sweep._result import Row, SweepResult, bus_factor
 from autotune.sweep._tune import Tuned, class_trials, tune
+from autotune.topology import local_rank
 from autotune.units import format_bytes
 
 __all__ = ["machine", "run_sweep", "tune_candidates"]
@@ -52,7 +53,7 @@ def _device(options: SweepOptions, group: ProcessGroup) -> torch.device:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise RuntimeError("--device cuda (or --backend nccl) needs a CUDA device; none is visible")
-    local = int(os.environ.get("LOCAL_RANK", dist.get_rank(group)))
+    local = local_rank(default=dist.get_rank(group))
     return torch.device("cuda", local % torch.cuda.device_count())
 
 
@@ -167,7 +168,7 @@ def run_sweep(
     bench = Bench(group, device, dtype, options.timeout_s, printer.advance)
     storage = ""
     if options.tune:
-        storage = options.storage or os.environ.get("AUTOTUNE_STORAGE") or default_storage_url()
+        storage = storage_url(options.storage)
     result = SweepResult(
         world_size=n,
         backend=backend_for(group, device),
