@@ -20,8 +20,9 @@ import torch
 from torch.distributed import ProcessGroup
 
 from autotune.algorithms import AllReduceAlgorithm, Pending, split
+from autotune.events import Event, Failure, IterationDone, IterationEnd, Listener
 from autotune.plan import Choice, Plan, size_class
-from autotune.stats import IterationRecord, MessageRecord, Recorder
+from autotune.stats import IterationRecord, MessageRecord
 
 __all__ = ["Engine"]
 
@@ -75,7 +76,6 @@ class Engine:
         world_size: int,
         plan: Plan,
         algorithm_for: Callable[[str], AllReduceAlgorithm],
-        recorder: Recorder,
         fusion_bytes: int = 0,
         diagnose: Callable[[BaseException, str | None], BaseException] | None = None,
     ) -> None:
@@ -85,19 +85,12 @@ class Engine:
         self.world_size = world_size
         self.plan = plan
         self.algorithm_for = algorithm_for
-        self.recorder = recorder
         self.fusion_bytes = fusion_bytes
         self._diagnose = diagnose
-        #: Called with (iteration, exposed seconds) once every message of an iteration has
-        #: completed, before that iteration's futures complete: the same point of the bucket
-        #: sequence on every rank.
-        self.on_iteration_end: list[Callable[[int, float], None]] = []
-        #: Called with the iteration once its futures have completed (backward is free to end):
-        #: for work that must not delay the step. It may run alongside the next iteration's
-        #: messages, so it must not use their process group.
-        self.after_iteration: list[Callable[[int], None]] = []
-        #: Called once with the error that stopped the engine.
-        self.on_failure: list[Callable[[BaseException], None]] = []
+        self._listeners: list[Listener] = []
+        #: The gradients' device and dtype, known from the first bucket on.
+        self.device: torch.device | None = None
+        self.dtype: torch.dtype | None = None
         self.iteration = 0
         self._pending: list[_Bucket] = []
         self._starting = 0  # messages queued for, or being started by, the start thread
@@ -114,8 +107,19 @@ class Engine:
         for t in self._threads:
             t.start()
 
+    def subscribe(self, listener: Listener) -> None:
+        """Tell ``listener`` every `autotune.events.Event`, on the finishing thread, in order:
+        it must be quick (it runs between messages) and must not raise."""
+        self._listeners.append(listener)
+
+    def _emit(self, event: Event) -> None:
+        for listener in self._listeners:
+            listener(event)
+
     def submit(self, buffer: torch.Tensor, is_last: bool) -> torch.futures.Future[torch.Tensor]:
         """Queue ``buffer`` (flat) to be averaged over the group; the future completes with it."""
+        if self.device is None:
+            self.device, self.dtype = buffer.device, buffer.dtype
         cuda = buffer.is_cuda
         future: torch.futures.Future[torch.Tensor] = (
             torch.futures.Future(devices=[buffer.device]) if cuda else torch.futures.Future()
@@ -252,8 +256,7 @@ class Engine:
                 stranded, self._pending = self._pending, []  # submitted after the failure
             assert error is not None
             if first:
-                for callback in self.on_failure:
-                    callback(error)
+                self._emit(Failure(error))
             for b in [*started.buckets, *stranded]:
                 _fail(b.future, error)
 
@@ -265,7 +268,7 @@ class Engine:
                 if stream is not None:
                     stream.synchronize()  # time the transfer, not the launch; surface errors here
                 finished = piece.finished or time.perf_counter()
-                self.recorder.add(
+                self._emit(
                     MessageRecord(
                         iteration=self.iteration,
                         size_class=size_class(piece.nbytes),
@@ -290,16 +293,14 @@ class Engine:
                 self.iteration += 1
                 exposed = max(0.0, time.perf_counter() - self._last_bucket_at)
                 begin = time.perf_counter()
-                for at_end in self.on_iteration_end:
-                    at_end(self.iteration, exposed)
+                self._emit(IterationEnd(self.iteration, exposed))
                 took = time.perf_counter() - begin
-                self.recorder.add_iteration(IterationRecord(self.iteration, exposed, took))
+                self._emit(IterationRecord(self.iteration, exposed, took))
             # With the comm stream current, a CUDA future records its completion on that stream.
             for b in buckets:
                 b.future.set_result(b.buffer)
             if buckets[-1].is_last:
-                for after in self.after_iteration:
-                    after(self.iteration)
+                self._emit(IterationDone(self.iteration))
 
     def _pieces(self, flat: torch.Tensor) -> list[torch.Tensor]:
         bounds = self._piece_bounds(flat.numel(), flat.element_size())
@@ -332,7 +333,7 @@ class Engine:
 
 
 def _fail(future: torch.futures.Future[torch.Tensor], error: BaseException) -> None:
-    # A callback after the last bucket's result (after_iteration) can fail once its futures
+    # A listener after the last bucket's result (IterationDone) can fail once its futures
     # are complete; those keep their result, and the failure goes to the buckets after them.
     if future.done():
         return

@@ -55,8 +55,6 @@ class AutotuneState:
     __slots__ = (
         "_algorithms",
         "board",
-        "bucket_device",
-        "bucket_dtype",
         "config",
         "engine",
         "exporter",
@@ -98,9 +96,6 @@ class AutotuneState:
         self.board.agree("config", None, _shared(self.config, table))
         self.recorder = Recorder()
         self._algorithms: dict[str, AllReduceAlgorithm] = {}
-        #: Device and dtype of the gradients, known from the first bucket on.
-        self.bucket_device: torch.device | None = None
-        self.bucket_dtype: torch.dtype | None = None
         #: The live tuner ("auto" without a plan file), else None.
         self.tuner: Tuner | None = None
         #: The Prometheus exporter (``Config.metrics_port``), else None.
@@ -110,10 +105,12 @@ class AutotuneState:
             world_size=self.world_size,
             plan=Plan(self._initial_plan()),
             algorithm_for=self._algorithm,
-            recorder=self.recorder,
             fusion_bytes=self.config.fusion_bytes or 0,
             diagnose=self._diagnose,
         )
+        # This state builds every part and hands each what it uses; they hear the engine's
+        # events (autotune.events) rather than reaching into the state.
+        self.engine.subscribe(self.recorder.record)
         try:
             # Made now, collectively, rather than inside the first backward on the autograd
             # thread; every collective step comes before any step that may fail on one rank.
@@ -124,11 +121,11 @@ class AutotuneState:
                 if table.fusion_bytes is not None and self.config.fusion_bytes is None:
                     self.engine.fusion_bytes = table.fusion_bytes
             if self.config.algorithm == "auto" and table is None:
-                self.tuner = Tuner(self)
+                self.tuner = Tuner(self.engine, group, self.config)
             if self.config.metrics_port is not None:
                 from autotune import metrics  # prometheus_client only where wanted
 
-                self.exporter = metrics.Exporter(self)
+                self.exporter = metrics.Exporter(self.config, group, self.engine, self.tuner)
         except BaseException as exc:
             self.board.agree("ready", exc, {})
             self.close()
@@ -196,13 +193,12 @@ class AutotuneState:
         return algo
 
     def _prepare(self, buffer: torch.Tensor) -> None:
-        """At the first bucket: learn the gradients' device and dtype, and so the default plan."""
-        if self.bucket_device is not None:
+        """At the first bucket under "auto": the default plan, which depends on the backend that
+        carries the gradients' device."""
+        if self.engine.plan.has_default:
             return
-        self.bucket_device, self.bucket_dtype = buffer.device, buffer.dtype
-        if not self.engine.plan.has_default:
-            backend = backend_for(self.process_group, buffer.device)
-            self.engine.plan.set_default(default_choice(backend, self.config.candidates))
+        backend = backend_for(self.process_group, buffer.device)
+        self.engine.plan.set_default(default_choice(backend, self.config.candidates))
 
     def __repr__(self) -> str:
         return (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 __all__ = [
@@ -97,49 +97,33 @@ def summarize(records: Iterable[MessageRecord]) -> dict[tuple[int, str], Summary
 
 
 class Recorder:
-    """Keeps the most recent message records and hook timings; tells listeners of each record.
+    """Keeps the most recent message and iteration records (an engine listener) and hook timings.
 
-    Memory is bounded (``keep`` records); listeners (the metrics exporter, the tuner) see every
-    record as it is made, on the engine's thread, so they must be quick.
+    Memory is bounded (``keep`` records of each kind).
     """
 
     def __init__(self, keep: int = 100_000) -> None:
         self._records: deque[MessageRecord] = deque(maxlen=keep)
         self._hook_calls: deque[tuple[float, float]] = deque(maxlen=keep)
         self._iterations: deque[IterationRecord] = deque(maxlen=keep)
-        self._listeners: list[Callable[[MessageRecord], None]] = []
-        self._iteration_listeners: list[Callable[[IterationRecord], None]] = []
         self._lock = threading.Lock()
 
-    def add(self, record: MessageRecord) -> None:
-        with self._lock:
-            self._records.append(record)
-            listeners = list(self._listeners)
-        for listener in listeners:
-            listener(record)
+    def record(self, event: object) -> None:
+        """An engine event: messages and iterations are kept, the rest ignored."""
+        if isinstance(event, MessageRecord):
+            with self._lock:
+                self._records.append(event)
+        elif isinstance(event, IterationRecord):
+            with self._lock:
+                self._iterations.append(event)
 
     def add_hook_call(self, started: float, seconds: float) -> None:
         with self._lock:
             self._hook_calls.append((started, seconds))
 
-    def add_iteration(self, record: IterationRecord) -> None:
-        with self._lock:
-            self._iterations.append(record)
-            listeners = list(self._iteration_listeners)
-        for listener in listeners:
-            listener(record)
-
-    def listen_iterations(self, listener: Callable[[IterationRecord], None]) -> None:
-        with self._lock:
-            self._iteration_listeners.append(listener)
-
     def iterations(self) -> list[IterationRecord]:
         with self._lock:
             return list(self._iterations)
-
-    def listen(self, listener: Callable[[MessageRecord], None]) -> None:
-        with self._lock:
-            self._listeners.append(listener)
 
     def records(self) -> list[MessageRecord]:
         with self._lock:

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from autotune.algorithms import bookkeeping_device
+from autotune.events import Event, Failure, IterationDone, IterationEnd
 from autotune.plan import Choice, Entry, Table, size_class
 from autotune.space import choice_of, params_of, search_space, suggest_choice
 from autotune.stats import MessageRecord
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.config import Config
-    from autotune.hook import AutotuneState
+    from autotune.engine import Engine
 
 __all__ = ["FUSION_OPTIONS", "Progress", "Tuner"]
 
@@ -365,12 +366,14 @@ class _Worker:
 
 
 class Tuner:
-    """Tunes an `AutotuneState`'s plan live; constructed by the state when algorithm is "auto"."""
+    """Tunes ``engine``'s plan live over ``group`` (the job's); `AutotuneState` makes one when
+    ``config.algorithm`` is "auto" and no plan file is given."""
 
-    def __init__(self, state: AutotuneState) -> None:
-        self.state = state
-        self.config = config = state.config
-        self.rank = dist.get_rank(state.process_group)
+    def __init__(self, engine: Engine, group: dist.ProcessGroup, config: Config) -> None:
+        self.engine = engine
+        self.process_group = group
+        self.config = config
+        self.rank = dist.get_rank(group)
         self.candidates = config.candidates
         self.tune_fusion = config.fusion_bytes is None
         self.cadence = _EXPLORING
@@ -391,27 +394,31 @@ class Tuner:
         # The exchange in flight: started at one iteration end, finished at the next, with the
         # plan its measurements ran under.
         self._exchange: tuple[dist.Work, torch.Tensor, _Plan] | None = None
-        self._window_plan: _Plan = ({}, state.engine.fusion_bytes, self.cadence)
+        self._window_plan: _Plan = ({}, engine.fusion_bytes, self.cadence)
         self.frozen = False  # rank 0 stops tuning if its storage fails mid-job
         # The exchange's own group: it runs alongside the next iteration's messages, and
         # collectives on a shared group would have to be issued in the same order everywhere.
         # Made before the storage is opened, which can fail on rank 0 alone.
-        self.group = _exchange_group(state.process_group, config.timeout_s)
+        self.group = _exchange_group(group, config.timeout_s)
         self.worker = _Worker(self._beat) if self.rank == 0 else None
         if self.worker is not None:
             self._open_store()
         self._received: tuple[list[float], _Plan] | None = None
         #: Seconds each iteration's off-path work took (learning, deciding, starting the exchange).
         self.off_path_s: deque[float] = deque(maxlen=100_000)
-        state.recorder.listen(self._on_message)
-        state.engine.on_iteration_end.append(self._on_iteration_end)
-        state.engine.after_iteration.append(self._after_iteration)
-        state.engine.on_failure.append(self._on_failure)
+        engine.subscribe(self._on_event)
 
     # -- every rank -------------------------------------------------------------------------
 
-    def _on_message(self, record: MessageRecord) -> None:
-        self._window.setdefault(record.size_class, []).append(record.seconds)
+    def _on_event(self, event: Event) -> None:
+        if isinstance(event, MessageRecord):
+            self._window.setdefault(event.size_class, []).append(event.seconds)
+        elif isinstance(event, IterationEnd):
+            self._on_iteration_end(event.iteration, event.exposed_s)
+        elif isinstance(event, IterationDone):
+            self._after_iteration(event.iteration)
+        elif isinstance(event, Failure):
+            self._on_failure(event.error)
 
     def _on_iteration_end(self, iteration: int, exposed_s: float) -> None:
         """Before this iteration's futures complete: take in the exchange started one iteration
@@ -420,7 +427,7 @@ class Tuner:
         if self._exchange is not None:
             work, result, measured_under = self._exchange
             self._exchange = None
-            work.wait(timedelta(seconds=self.state.config.timeout_s))
+            work.wait(timedelta(seconds=self.config.timeout_s))
             self._received = (result.tolist(), measured_under)
             self._apply(self._received[0])  # takes effect from the next iteration
 
@@ -433,7 +440,7 @@ class Tuner:
             self._received = None
             if self.rank == 0:
                 self._learn(everyone, *measured_under)
-        now = (self.in_effect.copy(), self.state.engine.fusion_bytes, self.cadence)
+        now = (self.in_effect.copy(), self.engine.fusion_bytes, self.cadence)
         if self.cadence == _LOCKED and iteration % WATCH_EVERY:
             if now != self._window_plan:  # a window holds one plan's messages, or none
                 self._new_window(now)
@@ -458,15 +465,15 @@ class Tuner:
     def _start_all_reduce_max(self, mine: torch.Tensor) -> tuple[dist.Work, torch.Tensor]:
         group = self.group
         if self._exchange_device is None:
-            assert self.state.bucket_device is not None
-            self._exchange_device = bookkeeping_device(group, self.state.bucket_device)
+            assert self.engine.device is not None
+            self._exchange_device = bookkeeping_device(group, self.engine.device)
         t = mine.to(self._exchange_device)
         work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group, async_op=True)
         assert work is not None
         return work, t
 
     def _apply(self, everyone: list[float]) -> None:
-        engine = self.state.engine
+        engine = self.engine
         for i, raw in enumerate(everyone[_STATE : _STATE + _CLASSES]):
             if raw:
                 self.states[1 << i] = "locked" if int(raw) == _LOCKED else "exploring"
@@ -540,7 +547,7 @@ class Tuner:
     def store(self) -> Store:
         """The tuning storage (opened on the worker thread, the only one that uses it)."""
         if self._store is None:
-            self._store = Store(storage_url(self.state.config.storage))
+            self._store = Store(storage_url(self.config.storage))
         return self._store
 
     def _space(self, cls: int) -> list[Choice]:
@@ -583,11 +590,9 @@ class Tuner:
 
     def _start(self) -> None:
         """At the first exchange: fingerprint the job, load what a previous job locked in."""
-        state = self.state
-        assert state.bucket_device is not None and state.bucket_dtype is not None
-        self.fingerprint = job_fingerprint(
-            state.process_group, state.bucket_device, state.bucket_dtype
-        )
+        device, dtype = self.engine.device, self.engine.dtype
+        assert device is not None and dtype is not None
+        self.fingerprint = job_fingerprint(self.process_group, device, dtype)
         self.key = fingerprint_key(self.fingerprint)
         assert self.worker is not None
         self.worker.submit(lambda: self._load(self.store().load_table(self.key)))
@@ -629,7 +634,7 @@ class Tuner:
                 return  # message classes are settled only once the fusion size is
             if fusion_bytes != self.fusion.desired:
                 return  # the window ran under a fusion trial: its classes are not this job's
-        default = self.state.engine.plan
+        default = self.engine.plan
         for i, latency in enumerate(everyone[_LAT : _LAT + _CLASSES]):
             if latency < 0:
                 continue
@@ -642,7 +647,7 @@ class Tuner:
             search.measure(in_effect.get(cls) or default.choice(cls), latency)
 
     def _class_search(self, cls: int) -> _ClassSearch:
-        default = self.state.engine.plan.choice(cls)
+        default = self.engine.plan.choice(cls)
         space = self._space(cls)
         search = _ClassSearch(
             self, f"class={cls}", space, default if default in space else space[0]
@@ -669,7 +674,7 @@ class Tuner:
         if self.fusion is not None and self.fusion.state == "locked":
             fusion = self.fusion.desired
         elif not self.tune_fusion:
-            fusion = self.state.config.fusion_bytes
+            fusion = self.config.fusion_bytes
         return Table(classes, fusion, getattr(self, "fingerprint", None))
 
     def progress(self) -> dict[int | str, Progress]:

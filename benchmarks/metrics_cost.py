@@ -25,6 +25,7 @@ from prometheus_client import generate_latest
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
+from autotune.events import Event
 from autotune.launch import run_local
 from autotune.stats import MessageRecord
 
@@ -38,15 +39,16 @@ def _rank(rank: int, world_size: int, args: argparse.Namespace, storage: str) ->
     exporter = state.exporter
     assert exporter is not None
     recording: list[float] = []
-    add = state.recorder.add
+    emit = state.engine._emit
 
-    def timed(r: MessageRecord) -> None:
+    def timed(event: Event) -> None:
         start = time.perf_counter()
-        add(r)
-        recording.append(time.perf_counter() - start)
+        emit(event)
+        if isinstance(event, MessageRecord):
+            recording.append(time.perf_counter() - start)
 
     # The whole of recording a message: the record kept, the tuner's window, the metrics.
-    state.recorder.add = timed  # type: ignore[method-assign,assignment]
+    state.engine._emit = timed  # type: ignore[method-assign]
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
     teacher = Teacher()
     g = torch.Generator().manual_seed(rank)

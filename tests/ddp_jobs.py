@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
 from autotune.algorithms import Comm, RingAllReduce, register
+from autotune.stats import MessageRecord
 
 
 class Net(torch.nn.Module):
@@ -325,7 +326,7 @@ def overlap_events(rank: int, world_size: int) -> tuple[list[bool], bool, int]:
     ddp(x).square().mean().backward()  # DDP rebuilds its buckets after the first step
     GatedRing.gate.clear()
     done = threading.Event()
-    state.recorder.listen(lambda record: done.set())
+    state.engine.subscribe(lambda event: done.set() if isinstance(event, MessageRecord) else None)
     seen: list[bool] = []
 
     def late(grad: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ import torch
 
 from autotune.algorithms import AllReduceAlgorithm, Comm, PeerError, Pending
 from autotune.engine import Engine
+from autotune.events import Event, IterationDone, IterationEnd
 from autotune.plan import Choice, Plan
 from autotune.stats import Recorder
 
@@ -49,9 +50,9 @@ def make_engine(fusion_bytes: int, world_size: int = 4, fail_at: int | None = No
         world_size=world_size,
         plan=Plan(Choice("recording")),
         algorithm_for=lambda name: algo,
-        recorder=recorder,
         fusion_bytes=fusion_bytes,
     )
+    engine.subscribe(recorder.record)
     return engine, algo, recorder
 
 
@@ -109,7 +110,7 @@ def test_every_message_is_recorded() -> None:
 def test_iteration_end_runs_before_the_last_futures_complete_and_after_after() -> None:
     engine, _, recorder = make_engine(0)
     seen: list[tuple[str, int, bool]] = []
-    # The callbacks run on the finishing thread: the lock makes them see each submitted future
+    # The listener runs on the finishing thread: the lock makes them see each submitted future
     # in its iteration's list, and the lists are never cleared under them.
     lock = threading.Lock()
     batches: list[list[torch.futures.Future[torch.Tensor]]] = []
@@ -118,8 +119,13 @@ def test_iteration_end_runs_before_the_last_futures_complete_and_after_after() -
         with lock:
             seen.append((kind, it, batches[it - 1][-1].done()))
 
-    engine.on_iteration_end.append(lambda it, exposed: note("end", it))
-    engine.after_iteration.append(lambda it: note("after", it))
+    def listen(event: Event) -> None:
+        if isinstance(event, IterationEnd):
+            note("end", event.iteration)
+        elif isinstance(event, IterationDone):
+            note("after", event.iteration)
+
+    engine.subscribe(listen)
     for _ in range(3):
         futures: list[torch.futures.Future[torch.Tensor]] = []
         batches.append(futures)
@@ -134,15 +140,16 @@ def test_iteration_end_runs_before_the_last_futures_complete_and_after_after() -
     assert all(r.exposed_s >= 0 and r.tuner_s >= 0 for r in iterations)
 
 
-def test_a_failing_after_iteration_callback_fails_later_buckets_not_finished_ones() -> None:
+def test_a_failing_iteration_done_listener_fails_later_buckets_not_finished_ones() -> None:
     engine, _, _ = make_engine(0)
 
-    def broken(it: int) -> None:
-        raise ValueError(f"callback broke after iteration {it}")
+    def broken(event: Event) -> None:
+        if isinstance(event, IterationDone):
+            raise ValueError(f"listener broke after iteration {event.iteration}")
 
-    engine.after_iteration.append(broken)
+    engine.subscribe(broken)
     finished = engine.submit(torch.ones(8), is_last=True)
-    assert finished.wait().eq(1).all()  # completed before the callback ran; keeps its result
+    assert finished.wait().eq(1).all()  # completed before the listener ran; keeps its result
     later = engine.submit(torch.ones(8), is_last=True)
     with pytest.raises(ValueError, match="after iteration 1"):
         later.wait()
@@ -179,7 +186,6 @@ def test_submit_returns_before_the_message_runs() -> None:
         world_size=2,
         plan=Plan(Choice("recording")),
         algorithm_for=lambda name: algo,
-        recorder=Recorder(),
     )
     fut = engine.submit(torch.ones(4), is_last=True)
     assert not fut.done()  # the caller (autograd) is free while the message waits
@@ -222,7 +228,6 @@ def test_asynchronous_starts_inline_only_with_nothing_ahead() -> None:
         world_size=1,
         plan=plan,
         algorithm_for=algos.__getitem__,
-        recorder=Recorder(),
     )
     # Alone: the asynchronous launch happens right here, on the submitting thread.
     engine.submit(torch.ones(10), is_last=True).wait()

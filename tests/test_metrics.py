@@ -9,9 +9,8 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -29,7 +28,7 @@ from autotune.metrics import (
     PynvmlQuery,
 )
 from autotune.plan import Choice, Plan
-from autotune.stats import IterationRecord, MessageRecord, Recorder
+from autotune.stats import IterationRecord, MessageRecord
 
 HOST = socket.gethostname()
 
@@ -121,15 +120,21 @@ def test_host_series_are_plausible() -> None:
     assert value(r, "autotune_host_network_receive_bytes_total", {**lab, "interface": "lo"}) >= 0
 
 
-def hook_state(recorder: Recorder) -> SimpleNamespace:
-    plan = Plan(Choice("ring", 1 << 20))
-    plan.choice(3000)  # the class 4096 has been seen
-    return SimpleNamespace(
-        recorder=recorder,
-        plan=plan.table,
-        engine=SimpleNamespace(fusion_bytes=4 << 20),
-        tuner=None,
-    )
+class StandInEngine:
+    """What `HookMetrics` uses of an engine: its events, its plan, its fusion size."""
+
+    def __init__(self) -> None:
+        self.plan = Plan(Choice("ring", 1 << 20))
+        self.plan.choice(3000)  # the class 4096 has been seen
+        self.fusion_bytes = 4 << 20
+        self.listeners: list[Callable[[object], None]] = []
+
+    def subscribe(self, listener: Callable[[object], None]) -> None:
+        self.listeners.append(listener)
+
+    def emit(self, event: object) -> None:
+        for listener in self.listeners:
+            listener(event)
 
 
 def record(seconds: float, nbytes: int = 3000, algorithm: str = "ring") -> MessageRecord:
@@ -137,11 +142,11 @@ def record(seconds: float, nbytes: int = 3000, algorithm: str = "ring") -> Messa
 
 
 def test_hook_series() -> None:
-    recorder = Recorder()
-    metrics = HookMetrics(hook_state(recorder), {"rank": "1", "local_rank": "1"})  # type: ignore[arg-type]
+    engine = StandInEngine()
+    metrics = HookMetrics(engine, None, {"rank": "1", "local_rank": "1"})  # type: ignore[arg-type]
     for seconds in (0.0007, 0.003, 0.004, 0.2):
-        recorder.add(record(seconds))
-    recorder.add_iteration(IterationRecord(1, 0.012, 0.0001))
+        engine.emit(record(seconds))
+    engine.emit(IterationRecord(1, 0.012, 0.0001))
     r = registry_with(metrics)
     lab = {"rank": "1", "local_rank": "1", "size_class": "4096", "algorithm": "ring"}
     name = "autotune_allreduce_latency_seconds"

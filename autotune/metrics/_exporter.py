@@ -15,7 +15,11 @@ from autotune.metrics._nvml import GpuReading, NvmlMetrics, NvmlQuery
 from autotune.metrics._server import Server
 
 if TYPE_CHECKING:
-    from autotune.hook import AutotuneState
+    from torch.distributed import ProcessGroup
+
+    from autotune.config import Config
+    from autotune.engine import Engine
+    from autotune.tuner import Tuner
 
 __all__ = ["Exporter"]
 
@@ -23,23 +27,28 @@ __all__ = ["Exporter"]
 class Exporter:
     """Serves one rank's series on ``Config.metrics_port`` + local rank (0: any free port).
 
-    Every series carries ``rank`` and ``local_rank`` (and ``job``, if ``Config.job`` is set).
-    The GPU series are this rank's own GPU only, so ranks sharing a node do not report a GPU
-    twice; ``autotune daemon`` serves a node's GPUs for jobs that should not.
+    Every series carries ``rank`` (in ``group``, the job's) and ``local_rank`` (and ``job``, if
+    ``Config.job`` is set). The GPU series are this rank's own GPU only, so ranks sharing a node
+    do not report a GPU twice; ``autotune daemon`` serves a node's GPUs for jobs that should not.
     """
 
-    def __init__(self, state: AutotuneState, nvml: NvmlQuery | None = None) -> None:
-        config = state.config
+    def __init__(
+        self,
+        config: Config,
+        group: ProcessGroup,
+        engine: Engine,
+        tuner: Tuner | None = None,
+        nvml: NvmlQuery | None = None,
+    ) -> None:
         assert config.metrics_port is not None
-        # The rank in the job's group (the one DDP reduces over), not in the world.
-        rank = dist.get_rank(state.process_group)
+        rank = dist.get_rank(group)
         local_rank = topology.local_rank(default=rank)
         labels = {"rank": str(rank), "local_rank": str(local_rank)}
         if config.job is not None:
             labels["job"] = config.job
-        self.state = state
+        self.engine = engine
         self.registry = CollectorRegistry()
-        self.hook = HookMetrics(state, labels)
+        self.hook = HookMetrics(engine, tuner, labels)
         self.registry.register(self.hook)
         self.registry.register(HostMetrics(labels))
         self.registry.register(NvmlMetrics(nvml, labels, select=self._own_gpu))
@@ -59,7 +68,7 @@ class Exporter:
         self.server.close()
 
     def _own_gpu(self, reading: GpuReading) -> bool:
-        device = self.state.bucket_device
+        device = self.engine.device
         if device is None or device.type != "cuda":
             return False  # a CPU rank, or no gradients yet: no GPU of its own
         props = torch.cuda.get_device_properties(device)

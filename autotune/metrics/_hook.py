@@ -1,7 +1,7 @@
 """The hook's series: per message, per iteration, the plan and the tuner, for one rank.
 
-`HookMetrics` listens to a state's recorder and keeps running totals in plain dicts (a message costs
-a few dictionary updates); `collect` turns them into fresh metric families at each scrape.
+`HookMetrics` listens to the engine's events and keeps running totals in plain dicts (a message
+costs a few dictionary updates); `collect` turns them into fresh metric families at each scrape.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from prometheus_client.registry import Collector
 from autotune.stats import IterationRecord, MessageRecord
 
 if TYPE_CHECKING:
-    from autotune.hook import AutotuneState
+    from autotune.engine import Engine
+    from autotune.tuner import Tuner
 
 __all__ = ["LATENCY_BUCKETS_S", "HookMetrics"]
 
@@ -65,20 +66,27 @@ class _Messages:
 
 
 class HookMetrics(Collector):
-    """Series for one `AutotuneState`, labelled with the rank (and ``job``, if configured)."""
+    """Series for one engine (and its tuner, if any), labelled with ``labels`` (the rank, ...)."""
 
-    def __init__(self, state: AutotuneState, labels: Mapping[str, str]) -> None:
-        self.state = state
+    def __init__(self, engine: Engine, tuner: Tuner | None, labels: Mapping[str, str]) -> None:
+        self.engine = engine
+        self.tuner = tuner
         self.labels = dict(labels)
         self._messages: dict[tuple[int, str], _Messages] = {}
         self._first_wait = _Histogram()
         self._exposed = _Histogram()
         self._lock = threading.Lock()
-        state.recorder.listen(self.record)
-        state.recorder.listen_iterations(self.record_iteration)
+        engine.subscribe(self.record)
 
-    def record(self, r: MessageRecord) -> None:
-        """One message: the engine's finish thread calls this; it must stay cheap."""
+    def record(self, event: object) -> None:
+        """An engine event, on its finishing thread: it must stay cheap."""
+        if isinstance(event, MessageRecord):
+            self._message(event)
+        elif isinstance(event, IterationRecord):
+            with self._lock:
+                self._exposed.observe(event.exposed_s)
+
+    def _message(self, r: MessageRecord) -> None:
         with self._lock:
             m = self._messages.get((r.size_class, r.algorithm))
             if m is None:
@@ -89,10 +97,6 @@ class HookMetrics(Collector):
             m.busbw.append(r.busbw_gbps * 1e9)
             if r.first_wait_s is not None:
                 self._first_wait.observe(r.first_wait_s)
-
-    def record_iteration(self, r: IterationRecord) -> None:
-        with self._lock:
-            self._exposed.observe(r.exposed_s)
 
     def collect(self) -> Iterator[Metric]:
         names, values = list(self.labels), list(self.labels.values())
@@ -143,7 +147,7 @@ class HookMetrics(Collector):
         hidden.add_metric(values, *exposed)
         yield hidden
         yield from self._plan(names, values)
-        if self.state.tuner is not None:
+        if self.tuner is not None:
             yield from self._tuner(names, values)
 
     def _plan(self, names: list[str], values: list[str]) -> Iterator[Metric]:
@@ -152,7 +156,7 @@ class HookMetrics(Collector):
             "The choice for each message-size class seen: 1 for the algorithm and segment in use.",
             labels=[*names, "size_class", "algorithm", "segment_bytes"],
         )
-        for cls, choice in self.state.plan().items():
+        for cls, choice in self.engine.plan.table().items():
             seg = "default" if choice.segment_bytes is None else str(choice.segment_bytes)
             plan.add_metric([*values, str(cls), choice.algorithm, seg], 1)
         yield plan
@@ -161,11 +165,11 @@ class HookMetrics(Collector):
             "The message size buckets are fused or split to (0: DDP's buckets as they are).",
             labels=names,
         )
-        fusion.add_metric(values, self.state.engine.fusion_bytes)
+        fusion.add_metric(values, self.engine.fusion_bytes)
         yield fusion
 
     def _tuner(self, names: list[str], values: list[str]) -> Iterator[Metric]:
-        tuner = self.state.tuner
+        tuner = self.tuner
         assert tuner is not None
         state = GaugeMetricFamily(
             "autotune_tuner_state",

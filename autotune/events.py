@@ -1,0 +1,44 @@
+"""What the engine tells its listeners, in the order it happens on its finishing thread.
+
+One stream for every consumer (the recorder, the metrics, the tuner): per message a
+`MessageRecord`; at an iteration's end `IterationEnd` (before its futures complete: the same
+point of the bucket sequence on every rank), then its `IterationRecord`, then `IterationDone`
+(after the futures: backward is free to end); once, `Failure`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from autotune.stats import IterationRecord, MessageRecord
+
+__all__ = ["Event", "Failure", "IterationDone", "IterationEnd", "Listener"]
+
+
+@dataclass(frozen=True, slots=True)
+class IterationEnd:
+    """Every message of ``iteration`` completed; its futures have not. A listener may use the
+    tuner's process group here (every rank is at this point), and delays the step by its time."""
+
+    iteration: int
+    exposed_s: float  # from backward's last bucket to its last message done
+
+
+@dataclass(frozen=True, slots=True)
+class IterationDone:
+    """``iteration``'s futures completed. A listener runs alongside the next iteration's
+    messages, so it must not use their process group."""
+
+    iteration: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """The error that stopped the engine (as diagnosed: every later bucket fails with it)."""
+
+    error: BaseException
+
+
+Event = MessageRecord | IterationRecord | IterationEnd | IterationDone | Failure
+Listener = Callable[[Event], None]
