@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "MIN_FUSION_BYTES",
+    "PLAN_COLUMNS",
     "STATES",
     "Choice",
     "Entry",
@@ -17,6 +18,7 @@ __all__ = [
     "check_fusion_bytes",
     "default_choice",
     "load_table",
+    "plan_rows",
     "segment_text",
     "size_class",
 ]
@@ -39,6 +41,30 @@ def segment_text(choice: Choice) -> str:
     if algo is None or not algo.segmented:
         return "-"
     return "default" if choice.segment_bytes is None else format_bytes(choice.segment_bytes)
+
+
+#: The columns of `plan_rows`.
+PLAN_COLUMNS = ("size class", "algorithm", "segment", "median (us)", "trials")
+
+
+def plan_rows(table: Table) -> list[tuple[int, tuple[str, str, str, str, str]]]:
+    """A tuned table's cells, one row per size class (smallest first), as every plan table shows
+    them (`PLAN_COLUMNS`); each renderer lays them out (text, markdown, a figure)."""
+    from autotune.units import format_bytes
+
+    return [
+        (
+            cls,
+            (
+                format_bytes(cls),
+                e.choice.algorithm,
+                segment_text(e.choice),
+                "-" if e.best_s is None else f"{e.best_s * 1e6:.1f}",
+                str(e.trials),
+            ),
+        )
+        for cls, e in sorted(table.classes.items())
+    ]
 
 
 def check_fusion_bytes(value: object, where: str) -> None:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from autotune.algorithms import ALGORITHMS, BUILTINS
-from autotune.plan import segment_text
+from autotune.plan import PLAN_COLUMNS, plan_rows
 from autotune.sweep import P2P, SweepResult
 from autotune.units import format_bytes
 
@@ -117,18 +117,10 @@ def _plan_table(ax: Axes, result: SweepResult) -> None:
     if result.plan is None:
         ax.set_title("no tuned plan (run the sweep with --tune)", fontsize=9)
         return
-    cells = [
-        [
-            format_bytes(cls),
-            e.choice.algorithm,
-            segment_text(e.choice),
-            "-" if e.best_s is None else f"{e.best_s * 1e6:.0f}",
-        ]
-        for cls, e in sorted(result.plan.classes.items())
-    ]
+    cells = [list(row[:4]) for _, row in plan_rows(result.plan)]
     table = ax.table(
         cellText=cells,
-        colLabels=["size class", "algorithm", "segment", "median (us)"],
+        colLabels=list(PLAN_COLUMNS[:4]),
         loc="upper center",
         cellLoc="center",
     )
@@ -146,15 +138,11 @@ def plan_markdown(result: SweepResult) -> str:
         f"Tuned plan, {result.world_size} ranks ({result.backend}, {result.dtype}), key "
         f"{result.plan_key}:",
         "",
-        "| size class | algorithm | segment | median (us) | trials | tuned / best fixed |",
+        "| " + " | ".join(PLAN_COLUMNS) + " | tuned / best fixed |",
         "|---:|---|---:|---:|---:|---|",
     ]
-    for cls, e in sorted(result.plan.classes.items()):
-        best = "-" if e.best_s is None else f"{e.best_s * 1e6:.1f}"
+    for cls, cells in plan_rows(result.plan):
         r = ratio.get(cls)
         vs = "-" if r is None else f"{r[0]:.2f}x ({r[1]})"
-        lines.append(
-            f"| {format_bytes(cls)} | {e.choice.algorithm} | "
-            f"{segment_text(e.choice)} | {best} | {e.trials} | {vs} |"
-        )
+        lines.append("| " + " | ".join(cells) + f" | {vs} |")
     return "\n".join(lines)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from autotune.plan import Choice, Table, segment_text
+from autotune.plan import PLAN_COLUMNS, Choice, Table, plan_rows, segment_text
 from autotune.sweep._result import Row, SweepResult
 from autotune.units import format_bytes
 
@@ -57,18 +57,16 @@ def row_line(row: Row) -> str:
 
 def plan_lines(table: Table, key: str | None, storage: str | None) -> list[str]:
     """The tuned plan per size class, and where a job finds it."""
-    lines = [
-        f"# Tuned plan {key} in {storage}: a job with the same setting starts from it",
-        f"#  {'size class':>10}  {'algorithm':<10} {'segment':>9} {'median (us)':>12} "
-        f"{'trials':>6}",
-    ]
-    for cls, e in sorted(table.classes.items()):
-        seg = segment_text(e.choice)
-        best = "-" if e.best_s is None else f"{e.best_s * 1e6:.2f}"
-        lines.append(
-            f"#  {format_bytes(cls):>10}  {e.choice.algorithm:<10} {seg:>9} {best:>12} "
-            f"{e.trials:>6}"
+    widths = (10, -10, 9, 12, 6)  # negative: left-aligned
+
+    def line(cells: tuple[str, ...]) -> str:
+        return "#  " + " ".join(
+            f"{c:<{-w}}" if w < 0 else f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)
         )
+
+    lines = [f"# Tuned plan {key} in {storage}: a job with the same setting starts from it"]
+    lines.append(line(PLAN_COLUMNS))
+    lines += [line(cells) for _, cells in plan_rows(table)]
     return lines
 
 

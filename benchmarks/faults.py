@@ -1,0 +1,80 @@
+"""What each failure gives the user, how soon, with which error: the fault table of docs/FAULTS.md.
+
+    python benchmarks/faults.py
+
+Runs each fault for real on local gloo ranks (the jobs of tests/ddp_jobs.py) and prints one
+markdown row per fault: the ranks' errors and the seconds from the step (or register) that
+failed to the error. Timings depend on the machine; the errors do not.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from ddp_jobs import faulty_training, setup_with_env
+
+import autotune
+from autotune.launch import launch
+
+
+def storage_down(rank: int, world_size: int, url: str) -> tuple[str, str, float]:
+    """Register with a storage no server answers: rank 0 opens it, the others wait for rank 0."""
+    from ddp_jobs import Net
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    start = time.monotonic()
+    try:
+        autotune.register(DDP(Net()), autotune.Config(storage=url, timeout_s=60)).close()
+    except (RuntimeError, ValueError) as exc:
+        return type(exc).__name__, str(exc), time.monotonic() - start
+    return "none", "", time.monotonic() - start
+
+
+def first_line(text: str, limit: int = 110) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def row(
+    fault: str, results: list[Any], culprit: int, pick: Callable[[Any], tuple[str, str, float]]
+) -> None:
+    others = [pick(r.value) for r in results if r.rank != culprit and r.ok]
+    mine = results[culprit]
+    own = pick(mine.value)[:2] if mine.ok else ("(process gone)", first_line(mine.error or ""))
+    slowest = max((s for _, _, s in others), default=float("nan"))
+    kinds = sorted({k for k, _, _ in others})
+    example = first_line(others[0][1]) if others else ""
+    print(
+        f"| {fault} | {own[0]}: {first_line(own[1], 60)} | {', '.join(kinds)}: {example} | "
+        f"{slowest:.2f} |"
+    )
+
+
+def main() -> None:
+    print("| fault | the failing rank gets | every other rank gets | seconds (slowest) |")
+    print("|---|---|---|---|")
+    fault = lambda f: (f.kind, f.message, f.seconds)  # noqa: E731
+    for algorithm in ("ring", "tree", "native"):
+        results = launch(faulty_training, 4, algorithm, "exit", 2, 60.0, timeout_s=120, grace_s=60)
+        row(f"rank 2 of 4 exits mid-step ({algorithm}, timeout_s=60)", results, 2, fault)
+    results = launch(faulty_training, 3, "ring", "raise", 1, 60.0, timeout_s=120, grace_s=60)
+    row("rank 1's algorithm raises (timeout_s=60)", results, 1, fault)
+    results = launch(faulty_training, 3, "ring", "stall", 2, 4.0, timeout_s=120, grace_s=30)
+    row("rank 2 hangs (timeout_s=4)", results, 2, fault)
+    env = {"AUTOTUNE_ALGORITHM": "ring"}
+    results = launch(setup_with_env, 3, {"AUTOTUNE_FUSION_BYTES": "3"}, env=env, timeout_s=120)
+    row("rank 1 has AUTOTUNE_FUSION_BYTES=3 (default timeout_s=600)", results, 1, lambda v: v)
+    results = launch(setup_with_env, 2, {"AUTOTUNE_SEGMENT_BYTES": "64K"}, env=env, timeout_s=120)
+    row("rank 1 has another AUTOTUNE_SEGMENT_BYTES", results, 1, lambda v: v)
+    url = "postgresql+psycopg2://autotune@127.0.0.1:9/none"  # the discard port: refused
+    results = launch(storage_down, 3, url, timeout_s=120)
+    row("the storage's server is down (rank 0 opens it)", results, 0, lambda v: v)
+
+
+if __name__ == "__main__":
+    main()
