@@ -165,10 +165,11 @@ class AutotuneState:
         """The engine's first failure, as every rank will report it: who failed first (agreed
         through the store), then this rank's groups aborted so peers waiting on it fail now."""
         verdict = self.board.verdict(error)
-        groups = [p2p_group(self.process_group)]
+        # Forgotten, not looked up: looking up a group another state dropped would make one.
+        dedicated = forget_p2p_group(self.process_group)
+        groups = [] if dedicated is None else [dedicated]
         if self.tuner is not None:
             groups.append(self.tuner.group)
-        forget_p2p_group(self.process_group)
         release(groups)
         algorithm = algorithm or getattr(error, "algorithm", None) or "autotune"
         diagnosed = PeerError(
