@@ -48,3 +48,14 @@ def clean_registry() -> Iterator[None]:
     _registry._loaded[:] = loaded
     _registry._failed.clear()
     _registry._failed.update(failed)
+
+
+@pytest.fixture
+def stale_after_s(monkeypatch: pytest.MonkeyPatch) -> float:
+    """Heartbeats every second and a 2 s grace, for stores opened in the test; returns how long
+    to wait for a trial to go stale (the grace, plus SQLite's 1 s clock resolution, plus margin)."""
+    from autotune import store
+
+    monkeypatch.setattr(store, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(store, "STALE_AFTER_S", 2)
+    return 3.5

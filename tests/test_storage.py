@@ -120,24 +120,19 @@ def test_two_jobs_tune_one_fingerprint_at_once_on_postgresql(postgres: Postgres)
     check_shared(url, tune_two_jobs_at_once(url))
 
 
-def test_only_a_dead_jobs_trials_are_failed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_only_a_dead_jobs_trials_are_failed(tmp_path: Path, stale_after_s: float) -> None:
     import optuna
     from optuna.trial import TrialState
 
-    from autotune import store as store_module
-
-    monkeypatch.setattr(store_module, "HEARTBEAT_S", 1)
-    monkeypatch.setattr(store_module, "STALE_AFTER_S", 2)
     url = f"sqlite:///{tmp_path / 'tuning.db'}"
     alive, dead, other = Store(url), Store(url), Store(url)
     study = alive.study("key", "class=1024")
     live_trial, dead_trial = study.ask(), study.ask()
     alive.started(live_trial)
     dead.started(dead_trial)  # then its job stops beating: it crashed
-    for _ in range(4):  # past the 2 s grace at SQLite's 1 s clock resolution, the live job beating
-        time.sleep(1.0)
+    deadline = time.monotonic() + stale_after_s
+    while time.monotonic() < deadline:  # the dead job's trial goes stale; the live one beats
+        time.sleep(0.5)
         alive.beat()
     other.fail_stale_trials(optuna.load_study(study_name=study.study_name, storage=other.storage))
     states = {t.number: t.state for t in study.get_trials()}

@@ -18,7 +18,6 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune import Config
-from autotune import store as store_module
 from autotune.plan import Choice
 from autotune.sampler import GivenSampler
 from autotune.space import choice_of, search_space, suggest_choice
@@ -164,10 +163,8 @@ def test_drift_reopens_a_locked_search(tuner: StandIn) -> None:
 
 
 def test_a_dead_jobs_trial_fails_and_a_live_jobs_is_left_alone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, stale_after_s: float
 ) -> None:
-    monkeypatch.setattr(store_module, "HEARTBEAT_S", 1)
-    monkeypatch.setattr(store_module, "STALE_AFTER_S", 2)
     url = f"sqlite:///{tmp_path / 'tuning.db'}"
     tuner = StandIn(url, tune_warmup=1, tune_samples=3)
 
@@ -183,7 +180,7 @@ def test_a_dead_jobs_trial_fails_and_a_live_jobs_is_left_alone(
     alive, dead = Store(url), Store(url)
     measuring = running(alive, 0)  # a live job measures "a", the default
     crashed = running(dead, 1)  # a crashed job was measuring "b": it beats no more
-    time.sleep(3.5)  # past the 2 s grace at SQLite's 1 s clock resolution
+    time.sleep(stale_after_s)
     alive.beat(now=time.monotonic() + 60)
     search = _Search(tuner, "x", ["a", "b", "c"], "a")
     tuner.pump()
