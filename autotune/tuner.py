@@ -360,7 +360,8 @@ class _Worker:
                 continue
             try:
                 job()
-                self._tick()
+                if job is not self._tick:  # busy: beat between jobs too (the store rate-limits)
+                    self._tick()
             except BaseException as exc:  # reported on the finish thread, at the next exchange
                 self.error = exc
 
