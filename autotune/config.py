@@ -30,7 +30,8 @@ class Config:
 
     algorithm: str = "auto"
     """A registered algorithm name (``autotune algorithms`` lists them), or "auto": chosen per
-    message-size class (see `autotune.plan.default_choice` until the tuner runs)."""
+    message-size class by the live tuner, which starts from the backend's own all-reduce
+    (``native``, the baseline) and keeps it unless a plan makes the training step faster."""
 
     algorithms: tuple[str, ...] | None = None
     """The candidates "auto" may choose from; None: every built-in algorithm."""
@@ -65,13 +66,17 @@ class Config:
     """Occurrences of a newly chosen configuration the tuner discards before measuring it."""
 
     tune_samples: int = 5
-    """Occurrences the tuner measures per trial; the trial's value is their median."""
+    """Occurrences the tuner measures per screening trial; the trial's value is their median."""
 
     tune_trials: int = 20
-    """Trials per size class (and for the fusion size) before the tuner locks to the best."""
+    """Screening trials per size class before its fastest choice is nominated."""
 
-    drift_ratio: float = 1.5
-    """A locked choice whose latency stays beyond this multiple of its best is tuned again."""
+    duel_pairs: int = 24
+    """Most paired iterations a duel between two plans runs before the challenger, not proven
+    faster on the step, loses (docs/TUNER.md); at least 6."""
+
+    recheck_every: int = 200
+    """Iterations between re-checks of a locked plan against the baseline; 0: never."""
 
     plan_file: str | None = None
     """A tuned table (``autotune show --json``) to run as a fixed plan, without tuning."""
@@ -102,12 +107,8 @@ class Config:
         _check_int("tune_warmup", self.tune_warmup, minimum=0)
         _check_int("tune_samples", self.tune_samples, minimum=1)
         _check_int("tune_trials", self.tune_trials, minimum=1)
-        if (
-            isinstance(self.drift_ratio, bool)
-            or not isinstance(self.drift_ratio, (int, float))
-            or not self.drift_ratio > 1
-        ):
-            raise ValueError(f"Config.drift_ratio: must be a number > 1, got {self.drift_ratio!r}")
+        _check_int("duel_pairs", self.duel_pairs, minimum=6)
+        _check_int("recheck_every", self.recheck_every, minimum=0)
         if self.plan_file is not None and self.algorithm != "auto":
             raise ValueError(
                 "Config.plan_file: a tuned table chooses per size class; it needs "
@@ -203,9 +204,16 @@ def _parse(f: dataclasses.Field[Any], raw: str, key: str) -> Any:
     try:
         if f.name in ("segment_bytes", "fusion_bytes"):
             return parse_bytes(text)
-        if f.name in ("metrics_port", "tune_warmup", "tune_samples", "tune_trials"):
+        if f.name in (
+            "metrics_port",
+            "tune_warmup",
+            "tune_samples",
+            "tune_trials",
+            "duel_pairs",
+            "recheck_every",
+        ):
             return int(text)
-        if f.name in ("timeout_s", "drift_ratio"):
+        if f.name == "timeout_s":
             return float(text)
         if f.name == "algorithms":
             return tuple(a.strip() for a in text.split(",") if a.strip())

@@ -95,6 +95,7 @@ class Engine:
         self._pending: list[_Bucket] = []
         self._starting = 0  # messages queued for, or being started by, the start thread
         self._last_bucket_at = 0.0  # when backward handed over its last bucket
+        self._last_end: float | None = None  # when the previous iteration ended
         self._lock = threading.Lock()
         self._to_start: queue.SimpleQueue[list[_Bucket] | None] = queue.SimpleQueue()
         self._to_finish: queue.SimpleQueue[_Started | None] = queue.SimpleQueue()
@@ -291,9 +292,11 @@ class Engine:
                     offset += n
             if buckets[-1].is_last:
                 self.iteration += 1
-                exposed = max(0.0, time.perf_counter() - self._last_bucket_at)
                 begin = time.perf_counter()
-                self._emit(IterationEnd(self.iteration, exposed))
+                exposed = max(0.0, begin - self._last_bucket_at)
+                step = None if self._last_end is None else begin - self._last_end
+                self._last_end = begin
+                self._emit(IterationEnd(self.iteration, exposed, step))
                 took = time.perf_counter() - begin
                 self._emit(IterationRecord(self.iteration, exposed, took))
             # With the comm stream current, a CUDA future records its completion on that stream.

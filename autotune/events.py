@@ -23,6 +23,7 @@ class IterationEnd:
 
     iteration: int
     exposed_s: float  # from backward's last bucket to its last message done
+    step_s: float | None = None  # since the previous iteration's end (None for the first)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,6 @@ from torch.nn.parallel import DistributedDataParallel
 from autotune.algorithms import (
     AllReduceAlgorithm,
     PeerError,
-    backend_for,
     forget_p2p_group,
     get_algorithm,
     p2p_group,
@@ -29,9 +28,10 @@ from autotune.algorithms import (
 from autotune.config import Config
 from autotune.engine import Engine
 from autotune.faults import FailureBoard, release
-from autotune.plan import Choice, Entry, Plan, Table, default_choice, load_table
+from autotune.plan import Choice, Entry, Plan, Table, load_table
 from autotune.stats import Recorder, Summary, summarize
-from autotune.tuner import Tuner
+from autotune.tuning import Tuner
+from autotune.tuning.campaign import BASELINE_CHOICE
 
 if TYPE_CHECKING:
     from autotune.metrics import Exporter
@@ -182,9 +182,9 @@ class AutotuneState:
         diagnosed.__cause__ = error
         return diagnosed
 
-    def _initial_plan(self) -> Choice | None:
+    def _initial_plan(self) -> Choice:
         if self.config.algorithm == "auto":
-            return None  # decided per device at the first bucket (see `_prepare`)
+            return BASELINE_CHOICE  # the backend's own, until a plan beats it on the step
         return Choice(self.config.algorithm, self.config.segment_bytes)
 
     def _algorithm(self, name: str) -> AllReduceAlgorithm:
@@ -192,14 +192,6 @@ class AutotuneState:
         if algo is None:
             algo = self._algorithms[name] = get_algorithm(name, timeout_s=self.config.timeout_s)
         return algo
-
-    def _prepare(self, buffer: torch.Tensor) -> None:
-        """At the first bucket under "auto": the default plan, which depends on the backend that
-        carries the gradients' device."""
-        if self.engine.plan.has_default:
-            return
-        backend = backend_for(self.process_group, buffer.device)
-        self.engine.plan.set_default(default_choice(backend, self.config.candidates))
 
     def __repr__(self) -> str:
         return (
@@ -261,7 +253,6 @@ def hook(
     if state is None:
         state = default_state()
     buffer = bucket.buffer()
-    state._prepare(buffer)
     future = state.engine.submit(buffer, bucket.is_last())
     if bucket.is_last():
         _check_at_backward_end(future)

@@ -13,10 +13,10 @@ __all__ = [
     "STATES",
     "Choice",
     "Entry",
+    "Gain",
     "Plan",
     "Table",
     "check_fusion_bytes",
-    "default_choice",
     "load_table",
     "plan_rows",
     "segment_text",
@@ -101,31 +101,6 @@ class Choice:
 #: Picks the choice for a size class.
 Rule = Callable[[int], Choice]
 
-#: Up to this message size, "auto" without a tuner picks `tree` on gloo.
-DEFAULT_TREE_MAX_BYTES = 1 << 20
-
-
-def default_choice(backend: str, candidates: tuple[str, ...]) -> Rule:
-    """The plan "auto" follows until the tuner has measured something (docs/BENCHMARKS.md).
-
-    On gloo, `tree` for messages up to 1 MiB: a handful of hops instead of the ring's 2(N-1)
-    dependent steps, which measured 1.3-3x faster than native at 4 ranks; above that, `native`,
-    which no point-to-point algorithm beat at 16 MiB. On NCCL and any other backend, `native`:
-    NCCL tunes its own ring and tree, and a Python-driven P2P schedule is not measured there yet.
-    A choice outside ``candidates`` falls back to the first candidate.
-    """
-
-    def pick(name: str) -> str:
-        return name if name in candidates else candidates[0]
-
-    small = pick("tree" if backend == "gloo" else "native")
-    large = pick("native")
-
-    def choose(nbytes: int) -> Choice:
-        return Choice(small if nbytes <= DEFAULT_TREE_MAX_BYTES else large)
-
-    return choose
-
 
 class Plan:
     """Per size class, what to run: explicit choices over a default rule. Safe across threads."""
@@ -169,6 +144,11 @@ class Plan:
         with self._lock:
             self._chosen[cls] = choice
 
+    def replace(self, chosen: dict[int, Choice]) -> None:
+        """Run exactly ``chosen`` (size class -> choice) from now on, the default elsewhere."""
+        with self._lock:
+            self._chosen = dict(chosen)
+
     def table(self) -> dict[int, Choice]:
         """The choice for every size class seen so far, smallest first."""
         with self._lock:
@@ -188,17 +168,57 @@ class Entry:
 
 
 @dataclass(frozen=True)
+class Gain:
+    """A plan's training step over the baseline's (the backend's own all-reduce on DDP's
+    buckets), from paired iterations: the median ratio, its 95% interval, the pairs behind it.
+    Below 1 the plan is faster; ``high`` is inf until the pairs can bound it."""
+
+    ratio: float
+    low: float
+    high: float
+    pairs: int
+
+    def to_json(self) -> dict[str, object]:
+        finite = {
+            k: v if math.isfinite(v) else None
+            for k, v in (("low", self.low), ("high", self.high), ("ratio", self.ratio))
+        }
+        return {**finite, "pairs": self.pairs}
+
+    @classmethod
+    def from_json(cls, data: object) -> Gain:
+        if not isinstance(data, dict):
+            raise ValueError(f"gain: expected an object, got {data!r}")
+        values = []
+        for key, missing in (("ratio", math.nan), ("low", 0.0), ("high", math.inf)):
+            v = data.get(key)
+            if v is None:
+                values.append(missing)
+            elif isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+                raise ValueError(f"gain: {key} must be a number >= 0 or null, got {v!r}")
+            else:
+                values.append(float(v))
+        pairs = data.get("pairs")
+        if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 0:
+            raise ValueError(f"gain: pairs must be an int >= 0, got {pairs!r}")
+        return cls(values[0], values[1], values[2], pairs)
+
+
+@dataclass(frozen=True)
 class Table:
-    """A tuned plan as stored and exported: per size class an entry, and the job's fusion size."""
+    """A tuned plan as stored and exported: per size class an entry, the job's fusion size, and
+    the plan's measured step over the baseline's (None: not compared)."""
 
     classes: dict[int, Entry]
     fusion_bytes: int | None = None
     fingerprint: dict[str, str | int] | None = None
+    gain: Gain | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
             "fingerprint": self.fingerprint,
             "fusion_bytes": self.fusion_bytes,
+            "gain": None if self.gain is None else self.gain.to_json(),
             "classes": {
                 str(cls): {
                     "algorithm": e.choice.algorithm,
@@ -261,7 +281,13 @@ class Table:
         check_fusion_bytes(fusion, "fusion_bytes")
         assert fusion is None or isinstance(fusion, int)
         fingerprint = data.get("fingerprint")
-        return cls(classes, fusion, fingerprint if isinstance(fingerprint, dict) else None)
+        gain = data.get("gain")
+        return cls(
+            classes,
+            fusion,
+            fingerprint if isinstance(fingerprint, dict) else None,
+            None if gain is None else Gain.from_json(gain),
+        )
 
     def nccl_csv(self, n_nodes: int = -1, n_ranks: int = -1) -> str:
         """The table as the NCCL example tuner plugin's CSV (``NCCL_TUNER_CONFIG_FILE``).

@@ -333,16 +333,8 @@ def tell(
     """Record a trial's result; a failure (an error, or far too slow) is a failure, not a value."""
     from optuna.trial import TrialState
 
-    try:
-        if failure is not None:
-            trial.set_user_attr("failure", failure)
-            study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
-        else:
-            study.tell(trial, value, skip_if_finished=True)
-    except RuntimeError:
-        # BruteForceSampler calls study.stop() once the space is exhausted, which only works
-        # inside study.optimize; the result is stored before that. The search tracks exhaustion
-        # itself, so only a result that did not get stored is an error.
-        stored = study.get_trials(deepcopy=False)[trial.number]
-        if stored.state == TrialState.RUNNING:
-            raise
+    if failure is not None:
+        trial.set_user_attr("failure", failure)
+        study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+    else:
+        study.tell(trial, value, skip_if_finished=True)

@@ -70,6 +70,7 @@ class Result:
     hook_us_median: float | None = None
     parameters: list[torch.Tensor] = field(default_factory=list)
     table: autotune.plan.Table | None = None  # what the tuner knows (rank 0), if it ran
+    verdict: str | None = None  # the tuned plan's step against plain DDP's (rank 0)
     settled_at: int | None = None  # the step from which everything was locked
     fusion_bytes: int = 0
     metrics: str | None = None  # what rank 0's exporter served at the end, if it was on
@@ -124,6 +125,7 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> Result:
         result.fusion_bytes = state.engine.fusion_bytes
         if state.tuner is not None and rank == 0:
             result.table = state.table()
+            result.verdict = state.tuner.verdict()
         if state.exporter is not None and rank == 0:
             result.metrics = scrape_once(state.exporter.port, state.config.metrics_host)
         hook_s = sorted(state.recorder.hook_times())
@@ -237,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         dist.destroy_process_group()
         if rank == 0:
             print(summary(result, world_size, args))
+            if result.verdict is not None:
+                print(result.verdict)
         return 0
     world_size = args.world_size or 4
     results: list[Any] = run_local(
@@ -248,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(summary(results[0], world_size, args))
     print(f"parameters bitwise identical on all {world_size} ranks: {'yes' if same else 'NO'}")
+    if results[0].verdict is not None:
+        print(results[0].verdict)  # the line the job is run for: the gain, as measured
     return 0 if same else 1
 
 

@@ -43,7 +43,14 @@ def serve_while_training(
 ) -> int:
     """Train with the exporter on ``base_port`` + rank until ``stop_file`` appears."""
     ddp = DDP(model(), bucket_cap_mb=BUCKET_CAP_MB)
-    config = autotune.Config(metrics_port=base_port, storage=storage, tune_warmup=0, tune_samples=1)
+    config = autotune.Config(
+        metrics_port=base_port,
+        storage=storage,
+        tune_warmup=0,
+        tune_samples=1,
+        duel_pairs=6,  # locked soon: the speedup series appear once it is
+        fusion_bytes=0,
+    )
     state = autotune.register(ddp, config)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     steps = 0

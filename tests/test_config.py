@@ -11,7 +11,8 @@ def test_defaults() -> None:
     c = Config()
     assert c.algorithm == "auto"
     assert c.fusion_bytes is None  # tuned under "auto"; DDP's buckets with a fixed algorithm
-    assert (c.tune_warmup, c.tune_samples, c.tune_trials, c.drift_ratio) == (2, 5, 20, 1.5)
+    assert (c.tune_warmup, c.tune_samples, c.tune_trials) == (2, 5, 20)
+    assert (c.duel_pairs, c.recheck_every) == (24, 200)
     assert c.metrics_port is None
     assert c.candidates == ("native", "ring", "tree", "two_tree")
 
@@ -37,7 +38,8 @@ def test_defaults() -> None:
         ({"tune_samples": 0}, ValueError, "Config.tune_samples: must be >= 1"),
         ({"tune_warmup": -1}, ValueError, "Config.tune_warmup: must be >= 0"),
         ({"tune_trials": 0}, ValueError, "Config.tune_trials: must be >= 1"),
-        ({"drift_ratio": 1.0}, ValueError, "Config.drift_ratio: must be a number > 1"),
+        ({"duel_pairs": 5}, ValueError, "Config.duel_pairs: must be >= 6"),
+        ({"recheck_every": -1}, ValueError, "Config.recheck_every: must be >= 0"),
         ({"metrics_host": ""}, ValueError, "Config.metrics_host: expected an address"),
         ({"job": ""}, ValueError, "Config.job: expected a non-empty label value"),
         (
@@ -69,7 +71,8 @@ def test_every_field_from_the_environment() -> None:
         "AUTOTUNE_TUNE_WARMUP": "1",
         "AUTOTUNE_TUNE_SAMPLES": "7",
         "AUTOTUNE_TUNE_TRIALS": "9",
-        "AUTOTUNE_DRIFT_RATIO": "2",
+        "AUTOTUNE_DUEL_PAIRS": "10",
+        "AUTOTUNE_RECHECK_EVERY": "0",
         "AUTOTUNE_METRICS_HOST": "0.0.0.0",
         "AUTOTUNE_JOB": "llm-pretrain",
         "UNRELATED": "ignored",
@@ -86,7 +89,8 @@ def test_every_field_from_the_environment() -> None:
         tune_warmup=1,
         tune_samples=7,
         tune_trials=9,
-        drift_ratio=2.0,
+        duel_pairs=10,
+        recheck_every=0,
         metrics_host="0.0.0.0",
         job="llm-pretrain",
     )

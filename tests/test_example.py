@@ -42,3 +42,5 @@ def test_the_demo_trains_tunes_and_serves_metrics(tmp_path: Path) -> None:
     assert int(served.group(1)) > 50 and int(served.group(2)) > 10
     assert "parameters bitwise identical on all 2 ranks: yes" in text
     assert (tmp_path / "tuning.db").exists()  # the plan was stored where it was told
+    # It ends with the gain against plain DDP, or says it has not measured one yet.
+    assert text.splitlines()[-1].startswith("autotune vs plain DDP: "), text

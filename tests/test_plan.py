@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.plan import Choice, Plan, default_choice, size_class
+from autotune.plan import Choice, Gain, Plan, Table, size_class
 
 
 @pytest.mark.parametrize(
@@ -22,18 +22,6 @@ def test_size_class_rejects_negative() -> None:
         size_class(-1)
 
 
-def test_default_rule() -> None:
-    everything = ("native", "ring", "tree", "two_tree")
-    gloo = default_choice("gloo", everything)
-    assert gloo(64 << 10) == Choice("tree")
-    assert gloo(1 << 20) == Choice("tree")
-    assert gloo(2 << 20) == Choice("native")
-    nccl = default_choice("nccl", everything)
-    assert nccl(64 << 10) == Choice("native")
-    # Outside the candidates, the first candidate.
-    assert default_choice("gloo", ("ring", "two_tree"))(64 << 10) == Choice("ring")
-
-
 def test_plan_table_lists_the_classes_seen() -> None:
     plan = Plan(Choice("ring", 1 << 20))
     assert plan.table() == {}
@@ -47,7 +35,24 @@ def test_plan_table_lists_the_classes_seen() -> None:
 
 
 def test_rule_gets_the_class_so_a_class_has_one_choice() -> None:
-    plan = Plan(default_choice("gloo", ("native", "tree")))
+    plan = Plan(lambda cls: Choice("tree" if cls <= 1 << 20 else "native"))
     # 1 MiB + 1 byte is in the 2 MiB class: native, like every other message in that class.
     assert plan.choice((1 << 20) + 1) == Choice("native")
     assert plan.choice(2 << 20) == Choice("native")
+
+
+def test_replace_runs_exactly_the_given_choices() -> None:
+    plan = Plan(Choice("native"))
+    plan.set(4096, Choice("tree"))
+    plan.replace({1 << 20: Choice("ring")})
+    assert plan.choice(4096) == Choice("native") and plan.choice(1 << 20) == Choice("ring")
+
+
+def test_a_tables_gain_reads_back_and_bad_gains_are_refused() -> None:
+    gain = Gain(0.9, 0.85, float("inf"), 12)
+    table = Table({}, 0, None, gain)
+    assert Table.from_json(table.to_json()) == table
+    with pytest.raises(ValueError, match="gain: pairs"):
+        Table.from_json({"classes": {}, "gain": {"ratio": 0.9, "pairs": -1}})
+    with pytest.raises(ValueError, match="gain: ratio"):
+        Table.from_json({"classes": {}, "gain": {"ratio": "fast", "pairs": 3}})

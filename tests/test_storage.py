@@ -66,8 +66,8 @@ def test_jobs_opening_a_new_postgresql_database_at_once(postgres: Postgres) -> N
         assert open_at_once(postgres.database(), 3) == ["ok"] * 3
 
 
-def tune_two_jobs_at_once(url: str, steps: int = 120) -> list[Any]:
-    config = {"tune_warmup": 0, "tune_samples": 2, "storage": url}
+def tune_two_jobs_at_once(url: str, steps: int = 200) -> list[Any]:
+    config = {"tune_warmup": 0, "tune_samples": 2, "duel_pairs": 6, "storage": url}
     out: list[Any] = [None, None]
 
     def job(i: int) -> None:

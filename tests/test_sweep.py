@@ -177,13 +177,16 @@ def test_tune_writes_a_plan_the_hook_starts_from(tmp_path: Path) -> None:
     assert store.tables()[result.plan_key].classes == result.plan.classes
     trials = store.trial_count()
 
-    # A job with the same setting (2 gloo ranks, CPU, float32) locks every class it sees to the
-    # sweep's choice and explores nothing.
+    # A job with the same setting (2 gloo ranks, CPU, float32) screens nothing: it confirms the
+    # sweep's plan against the baseline in one duel on the step, and keeps it. (The baseline is
+    # slowed down here, so that any plan that differs from it wins; if the sweep chose native
+    # everywhere, the plan is the baseline and is locked without a duel.)
     config = {"tune_warmup": 0, "tune_samples": 2, "fusion_bytes": 0, "storage": url}
-    config["algorithms"] = ("native", "tree")
-    job = run_local(train, 2, 12, config, False, timeout_s=600)[0]
-    assert job.settled, job.progress
+    config.update(algorithms=("native", "tree"), duel_pairs=6)
+    job = run_local(train, 2, 40, config, False, True, timeout_s=600)[0]
+    assert job.settled, (job.progress, job.duels)
     assert store.trial_count() == trials
+    assert [kind for kind, _, _ in job.duels] in (["confirm"], [])
     assert job.plan and all(c == result.plan.classes[cls].choice for cls, c in job.plan.items())
 
 

@@ -15,27 +15,47 @@ from autotune.launch import run_local
 from autotune.plan import Choice, Entry, Table, size_class
 from autotune.store import Store
 
-QUICK = {"tune_warmup": 1, "tune_samples": 2, "fusion_bytes": 0}
+QUICK = {"tune_warmup": 1, "tune_samples": 2, "fusion_bytes": 0, "duel_pairs": 10}
 
 
 def storage(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'tuning.db'}"
 
 
-def test_a_deliberately_slow_algorithm_stops_being_chosen(tmp_path: Path) -> None:
-    config = {**QUICK, "algorithms": ("ring", "slow_ring"), "storage": storage(tmp_path)}
-    runs = run_local(tune, 2, 60, config, False, timeout_s=600)
-    result = runs[0]
+def test_with_a_baseline_that_is_always_best_the_tuner_locks_the_baseline(
+    tmp_path: Path,
+) -> None:
+    config = {**QUICK, "algorithms": ("slow_ring",), "storage": storage(tmp_path)}
+    result = run_local(tune, 2, 80, config, False, timeout_s=600)[0]
     assert result.settled, result.progress
-    assert result.plan and all(c.algorithm == "ring" for c in result.plan.values()), result.plan
+    # slow_ring was nominated for each class (no other candidate) and lost every duel.
+    assert result.duels and not any(won for _, _, won in result.duels), result.duels
+    assert {kind for kind, _, _ in result.duels} == {"class"}
+    assert result.baseline_kept
+    assert result.plan and all(c.algorithm == "native" for c in result.plan.values())
     last = max(i for i, *_ in result.messages)
-    assert all(a == "ring" for i, _, a, _ in result.messages if i == last)
+    assert all(a == "native" for i, _, a, _ in result.messages if i == last)
+
+
+def test_a_plan_whose_messages_look_fast_but_whose_step_is_slower_is_not_locked(
+    tmp_path: Path,
+) -> None:
+    # gil_hog's messages take a ring's time; after each it holds the GIL from training.
+    config = {**QUICK, "algorithms": ("gil_hog",), "storage": storage(tmp_path)}
+    result = run_local(tune, 2, 80, config, False, timeout_s=600)[0]
+    assert result.settled, result.progress
+    nominated = [(kind, arm) for kind, arm, _ in result.duels if "gil_hog" in arm]
+    assert nominated, result.duels  # screening put it forward on its latency
+    assert not any(won for _, _, won in result.duels), result.duels
+    assert result.baseline_kept
+    assert all(c.algorithm == "native" for c in result.plan.values())
 
 
 def test_the_best_algorithm_differs_between_size_classes(tmp_path: Path) -> None:
+    # Against a baseline slowed down per message, each class's fast choice wins its duel.
     config = {**QUICK, "algorithms": ("fast_small", "fast_large"), "storage": storage(tmp_path)}
-    result = run_local(tune, 2, 60, config, False, timeout_s=600)[0]
-    assert result.settled, result.progress
+    result = run_local(tune, 2, 120, config, False, True, timeout_s=600)[0]
+    assert result.settled, (result.progress, result.duels)
     sizes: dict[int, set[int]] = {}
     for _, nbytes, _, _ in result.messages:
         sizes.setdefault(size_class(nbytes), set()).add(nbytes)
@@ -44,14 +64,35 @@ def test_the_best_algorithm_differs_between_size_classes(tmp_path: Path) -> None
     }
     assert {cls: c.algorithm for cls, c in result.plan.items()} == expected
     assert set(expected.values()) == {"fast_small", "fast_large"}  # both kinds of class occur
+    assert not result.baseline_kept
+
+
+def test_a_locked_plan_that_loses_its_advantage_falls_back_to_the_baseline(
+    tmp_path: Path,
+) -> None:
+    # native is slow and quick_ring wins; at step 120 native turns fast and quick_ring slow.
+    config = {
+        **QUICK,
+        "algorithms": ("quick_ring",),
+        "recheck_every": 30,
+        "storage": storage(tmp_path),
+    }
+    result = run_local(tune, 2, 260, config, False, True, 120, timeout_s=600)[0]
+    assert ("class", True) in {(kind, won) for kind, _, won in result.duels}, result.duels
+    rechecks = [won for kind, _, won in result.duels if kind == "recheck"]
+    assert False in rechecks, result.duels  # the re-check after the flip found the gain gone
+    assert result.settled and result.baseline_kept, (result.progress, result.duels)
+    last = max(i for i, *_ in result.messages)
+    assert all(a == "native" for i, _, a, _ in result.messages if i == last)
 
 
 def test_ranks_switch_together_for_hundreds_of_steps(tmp_path: Path) -> None:
-    # No warm-up, one sample a trial, and re-tuning on any 1% slowdown: the plan keeps changing.
+    # No warm-up, one sample a trial, short duels and frequent re-checks: the plan keeps changing.
     config = {
         "tune_warmup": 0,
         "tune_samples": 1,
-        "drift_ratio": 1.01,
+        "duel_pairs": 6,
+        "recheck_every": 10,
         "algorithms": ("native", "ring", "tree", "two_tree"),
         "storage": storage(tmp_path),
     }
@@ -67,18 +108,20 @@ def test_ranks_switch_together_for_hundreds_of_steps(tmp_path: Path) -> None:
     assert runs[0].plain_rel < 1e-5, runs[0].plain_rel
 
 
-def test_a_restarted_job_starts_from_the_stored_plan(tmp_path: Path) -> None:
+def test_a_restarted_job_confirms_the_stored_plan_without_exploring(tmp_path: Path) -> None:
     url = storage(tmp_path)
-    config = {"tune_warmup": 0, "tune_samples": 2, "algorithms": ("native", "tree"), "storage": url}
-    # fusion_bytes is left to the tuner too.
-    first = run_local(tune, 2, 80, config, False, timeout_s=600)[0]
-    assert first.settled, first.progress
+    config = {"tune_warmup": 0, "tune_samples": 2, "duel_pairs": 6, "algorithms": ("tree",)}
+    config["storage"] = url
+    # fusion_bytes is left to the tuner too; the baseline is slowed so that tree wins.
+    first = run_local(tune, 2, 150, config, False, True, timeout_s=600)[0]
+    assert first.settled, (first.progress, first.duels)
+    assert not first.baseline_kept
     trials = Store(url).trial_count()
     assert trials > 0
-    second = run_local(tune, 2, 25, config, False, timeout_s=600)[0]
-    assert Store(url).trial_count() == trials  # nothing explored again
+    second = run_local(tune, 2, 40, config, False, True, timeout_s=600)[0]
+    assert Store(url).trial_count() == trials  # nothing screened again
+    assert [(kind, won) for kind, _, won in second.duels] == [("confirm", True)]
     assert second.settled
-    assert {p.state for p in second.progress.values()} == {"locked"}
     assert second.fusion_bytes == first.fusion_bytes
     assert {cls: second.plan[cls] for cls in first.plan if cls in second.plan} == {
         cls: c for cls, c in first.plan.items() if cls in second.plan

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -12,7 +13,7 @@ from ddp_jobs import digest
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
-from autotune.algorithms import Comm, RingAllReduce, register
+from autotune.algorithms import Comm, NativeAllReduce, Pending, RingAllReduce, register
 
 #: Messages up to this many bytes are "small" for the size-dependent algorithms below.
 SMALL_BYTES = 100_000
@@ -51,6 +52,68 @@ class FastLarge(RingAllReduce):
         super()._run(buf, comm, segment_elems)
 
 
+class GilHog(RingAllReduce):
+    """A ring whose messages finish as fast as the ring's, but which then holds the GIL for
+    ``DELAY_S`` on a thread of its own (one sort, a single C call): its latency looks fine, while
+    the training thread, and backward's hook calls, wait. Only the step shows the cost."""
+
+    name = "gil_hog"
+
+    def _start(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> Pending:
+        self._run(buf, comm, segment_elems)
+        threading.Thread(target=_hold_the_gil, daemon=True).start()
+        return Pending()
+
+
+_SORT_ME: list[float] = []
+
+
+def _hold_the_gil() -> None:
+    """About DELAY_S inside one list.sort call, which never releases the GIL."""
+    if not _SORT_ME:
+        import random
+
+        rng = random.Random(0)
+        n = 20_000
+        values = [rng.random() for _ in range(n)]
+        begin = time.perf_counter()
+        sorted(values)
+        per_item = (time.perf_counter() - begin) / n
+        _SORT_ME.extend(rng.random() for _ in range(int(DELAY_S / max(per_item, 1e-9))))
+    sorted(_SORT_ME)
+
+
+#: Switched by `tune` at its ``flip_at`` step, on every rank alike.
+CONDITIONS = {"native_slow": False, "quick_ring_slow": False}
+
+
+class SlowNative(NativeAllReduce):
+    """The backend's all-reduce, ``DELAY_S`` later while ``CONDITIONS["native_slow"]``: a
+    baseline that some plan can beat (registered as "native" in the jobs that want one)."""
+
+    def _start(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> Pending:
+        pending = super()._start(buf, comm, segment_elems)
+        if not CONDITIONS["native_slow"]:
+            return pending
+
+        def wait() -> None:
+            pending.wait()
+            time.sleep(DELAY_S)
+
+        return Pending(wait)
+
+
+class QuickRing(RingAllReduce):
+    """The ring, ``DELAY_S`` slower per message while ``CONDITIONS["quick_ring_slow"]``."""
+
+    name = "quick_ring"
+
+    def _run(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> None:
+        if CONDITIONS["quick_ring_slow"]:
+            time.sleep(DELAY_S)
+        super()._run(buf, comm, segment_elems)
+
+
 def model() -> torch.nn.Module:
     """With bucket_cap_mb=0.05, two buckets either side of SMALL_BYTES from the second iteration
     (after DDP rebuilds them): 66 KB and 1.05 MB."""
@@ -73,15 +136,29 @@ class Tuned:
     fusion_bytes: int
     progress: dict[Any, Any]
     messages: list[tuple[int, int, str, int | None]]  # (iteration, bytes, algorithm, segment)
+    duels: list[tuple[str, str, bool]]  # (kind, challenger, won), rank 0's, oldest first
+    baseline_kept: bool
     hooked: str  # digest of the parameters
     plain_rel: float  # largest relative distance from DDP without the hook, per parameter
     settled: bool
 
 
-def tune(rank: int, world_size: int, steps: int, config: dict[str, Any], compare: bool) -> Tuned:
-    """Train with the tuner on (and, if ``compare``, beside DDP without a hook)."""
-    for cls in (SlowRing, FastSmall, FastLarge):
+def tune(
+    rank: int,
+    world_size: int,
+    steps: int,
+    config: dict[str, Any],
+    compare: bool,
+    slow_native: bool = False,
+    flip_at: int | None = None,
+) -> Tuned:
+    """Train with the tuner on (and, if ``compare``, beside DDP without a hook). With
+    ``slow_native`` the baseline is `SlowNative`; at step ``flip_at`` it turns fast and
+    `QuickRing` slow."""
+    for cls in (SlowRing, FastSmall, FastLarge, GilHog, QuickRing):
         register(cls.name, cls, replace=True)
+    register("native", SlowNative if slow_native else NativeAllReduce, replace=True)
+    CONDITIONS.update(native_slow=slow_native, quick_ring_slow=False)
     base = model()
     hooked = DDP(copy.deepcopy(base), bucket_cap_mb=BUCKET_CAP_MB)
     state = autotune.register(hooked, autotune.Config(timeout_s=60, **config))
@@ -90,7 +167,9 @@ def tune(rank: int, world_size: int, steps: int, config: dict[str, Any], compare
     )
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in models]
     g = torch.Generator().manual_seed(rank)
-    for _ in range(steps):
+    for step in range(steps):
+        if step == flip_at:
+            CONDITIONS.update(native_slow=False, quick_ring_slow=True)
         x, y = torch.randn(32, 256, generator=g), torch.randint(0, 8, (32,), generator=g)
         for m, opt in zip(models, optimizers, strict=True):
             torch.nn.functional.cross_entropy(m(x), y).backward()
@@ -111,6 +190,11 @@ def tune(rank: int, world_size: int, steps: int, config: dict[str, Any], compare
         hooked=digest(list(hooked.parameters())),
         plain_rel=rel,
         settled=state.tuner.settled,
+        duels=[
+            (kind, arm.describe(), outcome.challenger_won)
+            for kind, arm, outcome in (state.tuner.campaign.history if state.tuner.campaign else [])
+        ],
+        baseline_kept=bool(state.tuner.campaign and state.tuner.campaign.baseline_kept),
     )
     state.close()
     return result

@@ -96,6 +96,33 @@ def communication(s: Sdk) -> Any:
     )
     d = d.with_row(s.row("Plan and tuner"))
     d = d.with_panel(
+        s.timeseries_panel(
+            "Step speedup over plain DDP",
+            "The baseline's training step (the backend's own all-reduce on DDP's buckets) over "
+            "the locked plan's, from paired iterations: the median and its 95% interval. Above 1 "
+            "autotune makes the step faster; 1 while it keeps the baseline.",
+            "none",
+            [
+                s.query(
+                    f'min by (bound) (autotune_step_speedup_ratio{{{_SEL}, bound="{b}"}})',
+                    b,
+                    ref=ref,
+                )
+                for b, ref in (("estimate", "A"), ("low", "B"), ("high", "C"))
+            ],
+            width=16,
+        )
+    )
+    d = d.with_panel(
+        s.stat_panel(
+            "Paired iterations behind the speedup",
+            "Pairs of iterations (plan, baseline) the speedup estimate rests on; 0 while the "
+            "baseline is kept.",
+            "none",
+            [s.query(f"max(autotune_step_speedup_pairs{{{_SEL}}})", "pairs")],
+        )
+    )
+    d = d.with_panel(
         s.table_panel(
             "Plan per size class",
             "The algorithm and pipeline segment each size class runs now (segment 0: the "
@@ -110,8 +137,8 @@ def communication(s: Sdk) -> Any:
     d = d.with_panel(
         s.state_panel(
             "Tuner state by size class",
-            "Exploring: the tuner is trying choices for the class. Locked: it runs the best, "
-            "watching for drift.",
+            "Exploring: the tuner is screening or comparing plans. Locked: it runs the plan "
+            "that beat the baseline on the step (or the baseline), re-checking it now and then.",
             s.query(
                 f'max by (size_class) (autotune_tuner_state{{{_SEL}, state="locked"}})',
                 "{{size_class}} B",

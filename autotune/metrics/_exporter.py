@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from autotune.config import Config
     from autotune.engine import Engine
-    from autotune.tuner import Tuner
+    from autotune.tuning import Tuner
 
 __all__ = ["Exporter"]
 

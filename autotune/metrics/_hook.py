@@ -7,6 +7,7 @@ costs a few dictionary updates); `collect` turns them into fresh metric families
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 import threading
 from collections import deque
@@ -23,10 +24,11 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from autotune.stats import IterationRecord, MessageRecord
+from autotune.tuning.wire import PHASES
 
 if TYPE_CHECKING:
     from autotune.engine import Engine
-    from autotune.tuner import Tuner
+    from autotune.tuning import Tuner
 
 __all__ = ["LATENCY_BUCKETS_S", "HookMetrics"]
 
@@ -168,6 +170,38 @@ class HookMetrics(Collector):
         fusion.add_metric(values, self.engine.fusion_bytes)
         yield fusion
 
+    def _speedup(self, names: list[str], values: list[str]) -> Iterator[Metric]:
+        """The plan's gain over the baseline, as every rank heard it from rank 0."""
+        tuner = self.tuner
+        assert tuner is not None
+        gain = tuner.gain
+        if gain is None and not (tuner.settled and tuner.phase == "locked"):
+            return  # not compared yet
+        ratio = GaugeMetricFamily(
+            "autotune_step_speedup_ratio",
+            "The baseline's training step (the backend's own all-reduce on DDP's buckets) over "
+            "the plan's, from paired iterations: 'estimate' (median) and the 95% interval's "
+            "'low' and 'high' ends. Above 1 the plan is faster; 1 while the baseline runs.",
+            labels=[*names, "bound"],
+        )
+        pairs = GaugeMetricFamily(
+            "autotune_step_speedup_pairs",
+            "Paired iterations behind autotune_step_speedup_ratio (0: the baseline is kept).",
+            labels=names,
+        )
+        if gain is None:
+            for bound in ("estimate", "low", "high"):
+                ratio.add_metric([*values, bound], 1.0)
+            pairs.add_metric(values, 0)
+        else:
+            ratio.add_metric([*values, "estimate"], 1.0 / gain.ratio)
+            ratio.add_metric([*values, "low"], 0.0 if math.isinf(gain.high) else 1.0 / gain.high)
+            if gain.low > 0:
+                ratio.add_metric([*values, "high"], 1.0 / gain.low)
+            pairs.add_metric(values, gain.pairs)
+        yield ratio
+        yield pairs
+
     def _tuner(self, names: list[str], values: list[str]) -> Iterator[Metric]:
         tuner = self.tuner
         assert tuner is not None
@@ -187,6 +221,16 @@ class HookMetrics(Collector):
         )
         settled.add_metric(values, 1 if tuner.settled else 0)
         yield settled
+        phase = GaugeMetricFamily(
+            "autotune_tuner_phase",
+            "1 for the tuner's phase (loading, fusion, screening, classes, confirm, locked), "
+            "0 for the others.",
+            labels=[*names, "phase"],
+        )
+        for name in PHASES:
+            phase.add_metric([*values, name], 1 if tuner.phase == name else 0)
+        yield phase
+        yield from self._speedup(names, values)
         progress = tuner.progress()  # rank 0's knowledge; empty elsewhere
         if not progress:
             return

@@ -8,7 +8,6 @@ slow spell on a shared machine hits every candidate alike instead of sinking whi
 from __future__ import annotations
 
 import statistics
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -16,9 +15,10 @@ import torch
 import torch.distributed as dist
 
 from autotune.plan import Choice, Entry, Table
-from autotune.space import search_space, suggest_choice
+from autotune.space import params_of, search_space
 from autotune.store import Store, fingerprint_key, job_fingerprint, tell
 from autotune.sweep._measure import Bench, Variant
+from autotune.tuning.sampler import ask, open_study
 
 __all__ = ["Tuned", "class_trials", "tune"]
 
@@ -67,19 +67,13 @@ def tune(
         trials: list[optuna.Trial] = []
         study: optuna.Study | None = None
         if store is not None:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                sampler = optuna.samplers.BruteForceSampler()
-            study = store.study(key, f"sweep/class={cls}", sampler)
+            # The space's first k options, in its order (every option while the budget allows).
+            study = open_study(store, key, f"sweep/class={cls}")
             store.fail_stale_trials(study)
-            trials = [study.ask() for _ in range(k)]
+            trials = [ask(study, params_of(space[i])) for i in range(k)]
             for t in trials:
                 store.started(t)  # heartbeats: no other job takes them for a dead job's
-            codes = torch.tensor(
-                [space.index(suggest_choice(t, space)) for t in trials],
-                dtype=torch.int64,
-                device=bench.book_device,
-            )
+            codes = torch.arange(k, dtype=torch.int64, device=bench.book_device)
         bench.broadcast(codes)
         picked = list(dict.fromkeys(int(c) for c in codes.tolist()))  # distinct, in order
         variants = [Variant(f"#{i}", space[i].algorithm, space[i].segment_bytes) for i in picked]

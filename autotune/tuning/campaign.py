@@ -1,0 +1,252 @@
+"""Rank 0's search over whole plans, judged on the training step against the baseline.
+
+A plan (`Arm`) is a choice per size class and a fusion size. The baseline is what the job had
+without autotune: the backend's own all-reduce (`native`) on DDP's own buckets. The campaign
+starts from it and only ever moves to a plan that beat the plan it runs in a paired duel on the
+step (`autotune.tuning.duel`):
+
+1. ``fusion``: each fusion size against the incumbent (classes on ``native``);
+2. ``screening``: per size class, every algorithm x segment on its message latency (the class
+   searches, Optuna studies). Latency only nominates: a class's fastest choice becomes a
+   challenger if it is faster than what the class runs by `NOMINATE_BELOW`;
+3. ``classes``: each nominated class choice against the incumbent, in order of the latency it
+   promises to save;
+4. ``confirm``: if the incumbent was last compared with something other than the baseline, it
+   meets the baseline once more;
+5. ``locked``: the winner runs. Every ``recheck_every`` iterations it meets the baseline again
+   for a few pairs, and if it is no longer faster the job falls back to the baseline and the
+   search starts over (drift re-tuning, judged against the right reference).
+
+A job that starts from a stored plan goes straight to ``confirm``: a plan tuned under another
+job's conditions must beat the baseline here before it is locked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from autotune.plan import Choice, Gain
+from autotune.tuning.duel import LOOK_EVERY, MIN_PAIRS, Duel, Outcome
+from autotune.units import format_bytes
+
+__all__ = ["BASELINE_CHOICE", "NOMINATE_BELOW", "Arm", "Campaign"]
+
+#: What every size class runs in the baseline, and wherever a plan says nothing.
+BASELINE_CHOICE = Choice("native")
+#: A class's latency-best choice is nominated only below this fraction of the current latency:
+#: a duel costs tens of steps, and a 3% faster message rarely shows in the step.
+NOMINATE_BELOW = 0.9
+#: Pairs in a re-check of a locked plan against the baseline.
+RECHECK_PAIRS = MIN_PAIRS + LOOK_EVERY
+
+
+@dataclass(frozen=True)
+class Arm:
+    """A whole plan: the choices that differ from `BASELINE_CHOICE`, and the fusion size."""
+
+    choices: tuple[tuple[int, Choice], ...] = ()
+    fusion_bytes: int = 0
+
+    @staticmethod
+    def of(choices: Mapping[int, Choice], fusion_bytes: int) -> Arm:
+        kept = sorted((cls, c) for cls, c in choices.items() if c != BASELINE_CHOICE)
+        return Arm(tuple(kept), fusion_bytes)
+
+    def as_dict(self) -> dict[int, Choice]:
+        return dict(self.choices)
+
+    def choice(self, cls: int) -> Choice:
+        return self.as_dict().get(cls, BASELINE_CHOICE)
+
+    def with_class(self, cls: int, choice: Choice) -> Arm:
+        return Arm.of({**self.as_dict(), cls: choice}, self.fusion_bytes)
+
+    def with_fusion(self, fusion_bytes: int) -> Arm:
+        return Arm(self.choices, fusion_bytes)
+
+    def describe(self) -> str:
+        parts = [
+            f"{format_bytes(cls)}: {c.algorithm}"
+            + ("" if c.segment_bytes is None else f"/{format_bytes(c.segment_bytes)}")
+            for cls, c in self.choices
+        ]
+        fusion = f"fusion {format_bytes(self.fusion_bytes)}" if self.fusion_bytes else ""
+        return ", ".join([*parts, *([fusion] if fusion else [])]) or "native"
+
+
+@dataclass
+class _Match:
+    """A duel under way: ``reference`` (A) against ``challenger`` (B)."""
+
+    reference: Arm
+    challenger: Arm
+    duel: Duel
+    kind: str  # "fusion", "class", "confirm" or "recheck"
+
+
+class Campaign:
+    """The plan-level state machine; rank 0 drives it once per exchange (see the module doc)."""
+
+    def __init__(
+        self,
+        baseline: Arm,
+        *,
+        fusion_options: Sequence[int],
+        max_pairs: int,
+        warmup: int,
+        recheck_every: int,
+    ) -> None:
+        self.baseline = baseline
+        self.incumbent = baseline
+        self.fusion_options = [f for f in fusion_options if f != baseline.fusion_bytes]
+        self.max_pairs = max_pairs
+        self.warmup = warmup
+        self.recheck_every = recheck_every
+        self.phase = "loading"
+        self.match: _Match | None = None
+        #: The incumbent's step over the baseline's, from the last duel between them (None: the
+        #: incumbent is the baseline, or they have not met since it changed).
+        self.gain: Gain | None = None
+        self.round = 0
+        #: Every finished duel: (kind, challenger, outcome), oldest first.
+        self.history: list[tuple[str, Arm, Outcome]] = []
+        self._queue: list[tuple[str, int, Choice | None]] = []
+        self._locked_at: int | None = None  # the first exchange's iteration once locked
+
+    # -- what rank 0 asks ----------------------------------------------------------------
+
+    @property
+    def settled(self) -> bool:
+        """Locked, and nothing being compared."""
+        return self.phase == "locked" and self.match is None
+
+    @property
+    def baseline_kept(self) -> bool:
+        return self.phase == "locked" and self.incumbent == self.baseline
+
+    def duels(self, kind: str) -> int:
+        return sum(1 for k, _, _ in self.history if k == kind)
+
+    def next_arm(self, screening: Arm | None = None) -> Arm:
+        """The plan the next scheduled iteration runs (``screening``: while classes screen)."""
+        if self.match is not None:
+            m = self.match
+            return m.challenger if m.duel.schedule() else m.reference
+        if self.phase == "screening" and screening is not None:
+            return screening
+        return self.incumbent
+
+    # -- what rank 0 tells it ------------------------------------------------------------
+
+    def start(self, stored: Arm | None) -> None:
+        """Begin, from the plan a previous job stored (None: from scratch)."""
+        if stored is None:
+            self._open()
+        elif stored == self.baseline:
+            self._lock()
+        else:
+            self.phase = "confirm"
+            self._begin(self.baseline, stored, "confirm")
+
+    def measure(self, arm: Arm, step_s: float) -> None:
+        """One window's step (MAX over ranks), run under ``arm``."""
+        m = self.match
+        if m is None:
+            return
+        if arm == m.challenger:
+            outcome = m.duel.measure(True, step_s)
+        elif arm == m.reference:
+            outcome = m.duel.measure(False, step_s)
+        else:
+            return  # a window from before the duel began
+        if outcome is not None:
+            self.match = None
+            self.history.append((m.kind, m.challenger, outcome))
+            self._settle(m, outcome)
+
+    def screened(self, nominees: Sequence[tuple[int, Choice, float]]) -> None:
+        """The class searches are done: (class, latency-best choice, latency it saves)."""
+        if self.phase != "screening":
+            return
+        ordered = sorted(nominees, key=lambda n: -n[2])
+        self._queue = [("class", cls, choice) for cls, choice, _ in ordered]
+        self.phase = "classes"
+        self._next()
+
+    def tick(self, iteration: int) -> None:
+        """At an exchange while locked: start the re-check when it is due."""
+        if not self.settled:
+            return
+        if self._locked_at is None:
+            self._locked_at = iteration
+        elif (
+            self.recheck_every > 0
+            and self.incumbent != self.baseline
+            and iteration - self._locked_at >= self.recheck_every
+        ):
+            self._begin(self.baseline, self.incumbent, "recheck", RECHECK_PAIRS)
+
+    def freeze(self) -> None:
+        """Stop comparing: the incumbent runs from now on (the storage failed)."""
+        self.match = None
+        self._queue = []
+        self._lock()
+
+    # -- transitions ---------------------------------------------------------------------
+
+    def _open(self) -> None:
+        self.incumbent, self.gain = self.baseline, None
+        self.phase = "fusion"
+        self._queue = [("fusion", f, None) for f in self.fusion_options]
+        self._next()
+
+    def _next(self) -> None:
+        while self._queue:
+            kind, value, choice = self._queue.pop(0)
+            challenger = (
+                self.incumbent.with_fusion(value)
+                if choice is None
+                else self.incumbent.with_class(value, choice)
+            )
+            if challenger != self.incumbent:
+                self._begin(self.incumbent, challenger, kind)
+                return
+        if self.phase == "fusion":
+            self.phase = "screening"  # the tuner's class searches take over; see `screened`
+        elif self.phase == "classes":
+            if self.incumbent != self.baseline and self.gain is None:
+                self.phase = "confirm"
+                self._begin(self.baseline, self.incumbent, "confirm")
+            else:
+                self._lock()
+
+    def _begin(self, reference: Arm, challenger: Arm, kind: str, pairs: int = 0) -> None:
+        duel = Duel(max(pairs or self.max_pairs, MIN_PAIRS), warmup=self.warmup)
+        self.match = _Match(reference, challenger, duel, kind)
+
+    def _settle(self, m: _Match, outcome: Outcome) -> None:
+        versus_baseline = m.reference == self.baseline
+        if m.kind == "recheck":
+            if outcome.gain.ratio < 1.0:  # still faster: the re-check is cheap, not a proof
+                self.gain = outcome.gain
+                self._locked_at = None
+            else:
+                self.round += 1
+                self._open()
+            return
+        if m.kind == "confirm":
+            if outcome.challenger_won:
+                self.incumbent, self.gain = m.challenger, outcome.gain
+            else:
+                self.incumbent, self.gain = self.baseline, None
+            self._lock()
+            return
+        if outcome.challenger_won:
+            self.incumbent = m.challenger
+            self.gain = outcome.gain if versus_baseline else None
+        self._next()
+
+    def _lock(self) -> None:
+        self.phase = "locked"
+        self._locked_at = None

@@ -1,0 +1,145 @@
+"""Two plans compared on the training step, in interleaved iterations, with a stopping rule.
+
+A duel runs the incumbent (A) and a challenger (B) in the order A B B A, A B B A, ... at the
+iteration ends where the plan already changes on every rank, and pairs each iteration with its
+neighbour under the other arm. Each pair gives one ratio, challenger step over incumbent step.
+Slow drift (a neighbour job, thermal throttling, the data loader) moves both members of a pair
+alike and cancels in the ratio; A B B A rather than A B A B balances which arm runs first, so
+a carry-over from one iteration to the next hits both arms equally.
+
+The stopping rule is the sign test, inverted into a distribution-free confidence interval for
+the median ratio (order statistics of the ratios; see `median_interval`). A sign test needs no
+assumption about the shape of step-time noise, which on a shared machine has long tails (a
+garbage collection, a scheduler hiccup) that would swamp a mean. The duel looks at the interval
+every `LOOK_EVERY` pairs from `MIN_PAIRS` on:
+
+- its upper end below 1: the challenger is faster beyond noise, it wins;
+- its lower end above 1: the challenger is slower beyond noise, it loses at once;
+- from `FUTILE_FROM` pairs on, a median ratio of 1 or more: it loses (futility: a challenger not
+  even ahead on the median is unlikely to prove itself faster in the pairs left, and each pair
+  costs the user a step on a plan that is no better);
+- at ``max_pairs`` pairs without any of these: it loses. The burden of proof is on the
+  challenger, so a plan that is only as good as the incumbent never replaces it.
+
+Each look is a 95% two-sided interval. Looking several times raises the chance that a plan
+truly equal to the incumbent wins by luck above 2.5% (to about 8% over the looks a 24-pair duel
+makes); a plan that wins that way costs nothing, and every locked plan is checked against the
+baseline again later (`autotune.tuning.campaign`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from autotune.plan import Gain
+
+__all__ = ["LOOK_EVERY", "MIN_PAIRS", "SLOW_FACTOR", "Duel", "median_interval"]
+
+#: Pairs before the first look: below 6, no 95% interval excludes anything.
+MIN_PAIRS = 6
+#: Pairs between looks after the first.
+LOOK_EVERY = 4
+#: From this many pairs on, a challenger not ahead on the median stops.
+FUTILE_FROM = MIN_PAIRS + LOOK_EVERY
+#: A pair whose challenger step is this many times the incumbent's ends the duel at once: a plan
+#: that slow is not worth more of the user's steps to measure.
+SLOW_FACTOR = 3.0
+#: The intervals' confidence.
+CONFIDENCE = 0.95
+
+
+def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """A distribution-free confidence interval for the median of ``values`` (the sign test,
+    inverted): the k-th smallest and k-th largest value, with k the largest count such that
+    P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2. With too few values for any such k, the
+    interval is (0, inf): nothing can be excluded yet."""
+    n = len(values)
+    ordered = sorted(values)
+    tail = (1.0 - confidence) / 2.0
+    k, below = 0, 0.0  # below: P(X < k + 1) accumulated term by term
+    while k < n:
+        below += math.comb(n, k) / 2.0**n
+        if below > tail:
+            break
+        k += 1
+    if k == 0:
+        return 0.0, math.inf
+    return ordered[k - 1], ordered[n - k]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a duel ended: whether the challenger won, and its step over the incumbent's."""
+
+    challenger_won: bool
+    gain: Gain
+    why: str
+
+
+class Duel:
+    """One paired comparison; feed it each iteration's step under either arm, in order.
+
+    ``schedule()`` says which arm the next scheduled iteration runs (A B B A ...). `measure`
+    takes the steps as they come back, labelled with the arm they ran under (measurements of
+    iterations under neither arm are the caller's to drop). The first ``warmup`` steps of each
+    arm are discarded: a newly chosen plan allocates its buffers and fills caches there.
+    """
+
+    def __init__(self, max_pairs: int, warmup: int = 1) -> None:
+        if max_pairs < MIN_PAIRS:
+            raise ValueError(f"a duel needs at least {MIN_PAIRS} pairs, got {max_pairs}")
+        self.max_pairs = max_pairs
+        self.ratios: list[float] = []
+        self._warmup = {False: warmup, True: warmup}  # by "is the challenger"
+        self._unpaired: tuple[bool, float] | None = None
+        self._scheduled = 0
+        self.outcome: Outcome | None = None
+
+    def schedule(self) -> bool:
+        """Whether the next scheduled iteration runs the challenger (A B B A, repeated)."""
+        challenger = self._scheduled % 4 in (1, 2)
+        self._scheduled += 1
+        return challenger
+
+    def measure(self, challenger: bool, step_s: float) -> Outcome | None:
+        """One iteration's step (MAX over ranks) under the challenger or the incumbent."""
+        if self.outcome is not None:
+            return self.outcome
+        if self._warmup[challenger] > 0:
+            self._warmup[challenger] -= 1
+            return None
+        if self._unpaired is None or self._unpaired[0] == challenger:
+            self._unpaired = (challenger, step_s)  # a repeat replaces its older neighbour
+            return None
+        other = self._unpaired[1]
+        self._unpaired = None
+        ratio = step_s / other if challenger else other / step_s
+        self.ratios.append(ratio)
+        self.outcome = self._decide(ratio)
+        return self.outcome
+
+    def gain(self) -> Gain:
+        """The challenger's step over the incumbent's so far: median ratio and its interval."""
+        low, high = median_interval(self.ratios)
+        ratio = statistics.median(self.ratios) if self.ratios else math.nan
+        return Gain(ratio, low, high, len(self.ratios))
+
+    def _decide(self, latest: float) -> Outcome | None:
+        n = len(self.ratios)
+        if latest > SLOW_FACTOR:
+            return Outcome(False, self.gain(), f"a step {latest:.1f}x the incumbent's")
+        if n < MIN_PAIRS or ((n - MIN_PAIRS) % LOOK_EVERY and n < self.max_pairs):
+            return None
+        gain = self.gain()
+        if gain.high < 1.0:
+            return Outcome(True, gain, "faster beyond noise")
+        if gain.low > 1.0:
+            return Outcome(False, gain, "slower beyond noise")
+        if n >= FUTILE_FROM and gain.ratio >= 1.0:
+            return Outcome(False, gain, "not ahead on the median")
+        if n >= self.max_pairs:
+            return Outcome(False, gain, "not faster beyond noise")
+        return None

@@ -1,0 +1,270 @@
+"""One Optuna study searched live on rank 0: a size class's algorithm x segment, screened on the
+latency of its messages. What it finds only nominates a challenger (`autotune.tuning.campaign`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+from autotune.plan import Choice
+from autotune.space import choice_of, params_of, suggest_choice
+from autotune.store import Store, tell
+from autotune.tuning.worker import Worker
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.config import Config
+
+__all__ = ["NOT_MEASURED", "SLOW_FACTOR", "ClassSearch", "Host", "Progress", "Search"]
+
+#: Starts the failure of a trial that measured nothing (its job ended, or it was not needed):
+#: another job sharing the study does not take its option as tried.
+NOT_MEASURED = "not measured: "
+#: A trial measured this many times slower than the best so far fails at once.
+SLOW_FACTOR = 10.0
+
+T = TypeVar("T", bound=Hashable)
+
+
+@dataclass
+class Progress:
+    """Where tuning stands for a size class (or the fusion size): what rank 0 knows."""
+
+    state: str  # "loading", "exploring" or "locked"
+    trials: int  # this round's (a fall-back re-opens the search in a new round)
+    best_s: float | None
+    choice: Choice | int | None
+    trials_total: int = 0  # every round's, in this job
+
+
+@dataclass
+class _Trial(Generic[T]):
+    handle: optuna.Trial
+    option: T
+    warmup_left: int
+    values: list[float] = field(default_factory=list)
+
+
+class Host(Protocol):
+    """What a search needs from the tuner that owns it (rank 0's)."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def frozen(self) -> bool: ...
+
+    @property
+    def worker(self) -> Worker | None: ...
+
+    @property
+    def config(self) -> Config: ...
+
+    def post(self, job: Callable[[], None]) -> None: ...
+
+    def store(self) -> Store: ...
+
+    def table_changed(self) -> None: ...
+
+
+class Search(Generic[T]):
+    """Rank 0's side of one study: ask an option, measure it for warmup + samples windows, tell
+    the median; lock to the best after the budget or when the space is exhausted.
+
+    Locked means screened: the best option is what this search nominates. Whether it runs is
+    decided on the training step (`autotune.tuning.campaign`), never on latency alone."""
+
+    def __init__(self, tuner: Host, what: str, space: list[T], default: T) -> None:
+        assert tuner.worker is not None, "only rank 0 searches"
+        self.tuner = tuner
+        self.worker = tuner.worker
+        self.what = what
+        self.space = space
+        self.desired: T = default
+        self.default = default
+        self.state = "exploring"
+        self.round = 0  # the campaign's: a study per round
+        self.trial: _Trial[T] | None = None
+        self.asking = False
+        self.finished = 0  # trials told, this round
+        self.trials_total = 0  # trials told by this job, every round (for a counter)
+        self.tried: set[T] = set()
+        self.best: tuple[T, float] | None = None
+        self.values: dict[T, float] = {}  # option -> its median latency, as measured
+        self.study: optuna.Study | None = None
+        self.last_seen = 0  # the tuner's exchange count when last measured
+        self.counted: set[int] = set()  # numbers of the study's finished trials taken in
+
+    def lock(self, option: T, best_s: float | None) -> None:
+        """Stop searching: ``option`` is the best measured (``best_s``, None if unmeasured)."""
+        self.state = "locked"
+        self.desired = option
+        self.best = None if best_s is None else (option, best_s)
+        self.trial = None
+
+    def start(self) -> None:
+        """Ask for the first (or next) trial."""
+        if self.asking or self.trial is not None or self.state == "locked" or self.tuner.frozen:
+            return
+        self.asking = True
+        self.worker.submit(self._ask)
+
+    def measure(self, in_effect: T, value: float) -> None:
+        """A window's MAX-over-ranks latency, run with ``in_effect``."""
+        s = self.tuner.config
+        if self.state == "locked":
+            return
+        trial = self.trial
+        if trial is None or in_effect != trial.option:
+            return
+        if trial.warmup_left > 0:
+            trial.warmup_left -= 1
+            return
+        if self.best is not None and value > SLOW_FACTOR * self.best[1]:
+            self._finish(trial, None, f"slower than {SLOW_FACTOR:g}x the best so far")
+            return
+        trial.values.append(value)
+        if len(trial.values) >= s.tune_samples:
+            self._finish(trial, statistics.median(trial.values), None)
+
+    def progress(self) -> Progress:
+        best = self.best[1] if self.best else None
+        choice = self.desired if isinstance(self.desired, (Choice, int)) else None
+        return Progress(self.state, self.finished, best, choice, self.trials_total)
+
+    def _finish(self, trial: _Trial[T], value: float | None, failure: str | None) -> None:
+        self.trial = None
+        self.finished += 1
+        self.trials_total += 1
+        self.tried.add(trial.option)
+        self.counted.add(trial.handle.number)
+        if value is not None:
+            self.values[trial.option] = value
+            if self.best is None or value < self.best[1]:
+                self.best = (trial.option, value)
+        self._tell(trial.handle, value, failure)
+        if self._spent():
+            self._lock_best()
+        else:
+            self.start()
+
+    def _tell(self, handle: optuna.Trial, value: float | None, failure: str | None) -> None:
+        """Record a trial's result from the worker; its job stops beating for it."""
+        study, store = self.study, self.tuner.store()
+        assert study is not None
+
+        def told() -> None:
+            tell(study, handle, value, failure)
+            store.told(handle)
+
+        self.worker.submit(told)
+
+    def _ask(self) -> None:
+        """On the worker: open the study if needed, choose the next option, ask a trial for it.
+
+        The study may be shared with other jobs tuning the same fingerprint right now: what they
+        measured counts here too, and what they are measuring is tried last.
+        """
+        from autotune.tuning.sampler import ask, open_study
+
+        store = self.tuner.store()
+        if self.study is None:
+            self.study = open_study(store, self.tuner.key, f"{self.what}/r{self.round}")
+        store.fail_stale_trials(self.study)  # only dead jobs' trials (heartbeats)
+        done, running = self._study_trials(self.study)
+        option = self._next(done, running)
+        trial = ask(self.study, self.params_of(option))
+        assert self.suggest(trial) == option
+        store.started(trial)
+        self.tuner.post(lambda: self._begin(trial, option, done))
+
+    def _study_trials(
+        self, study: optuna.Study
+    ) -> tuple[list[tuple[int, T, float | None]], set[T]]:
+        """The study's finished trials, (number, option, value: None if failed), and the options
+        of its running trials (other jobs': this one asks one at a time)."""
+        from optuna.trial import TrialState
+
+        done: list[tuple[int, T, float | None]] = []
+        running: set[T] = set()
+        states = (TrialState.COMPLETE, TrialState.FAIL, TrialState.RUNNING)
+        for t in study.get_trials(deepcopy=False, states=states):
+            option = self.option_of(t.params)
+            failure = str(t.user_attrs.get("failure", NOT_MEASURED))  # none: a dead job's
+            if option is None or (t.state == TrialState.FAIL and failure.startswith(NOT_MEASURED)):
+                continue
+            if t.state == TrialState.RUNNING:
+                running.add(option)
+            else:
+                done.append((t.number, option, t.value if t.state == TrialState.COMPLETE else None))
+        return done, running
+
+    def _next(self, done: list[tuple[int, T, float | None]], running: set[T]) -> T:
+        """The first option nobody measured, the job's current choice first; what another job is
+        measuring now comes after those (both may measure it: nothing waits on another job)."""
+        measured = set(self.tried) | {option for _, option, _ in done}
+        order = [self.default, *(o for o in self.space if o != self.default)]
+        fresh = [o for o in order if o not in measured]
+        return next((o for o in fresh if o not in running), fresh[0] if fresh else order[0])
+
+    def params_of(self, option: T) -> dict[str, Any]:
+        """The trial parameters that stand for ``option`` (the inverse of `option_of`)."""
+        return {"option": self.space.index(option)}
+
+    def option_of(self, params: dict[str, Any]) -> T | None:
+        """The option a trial's parameters stand for (None: not in this job's space)."""
+        index = params.get("option")
+        return self.space[index] if isinstance(index, int) and index < len(self.space) else None
+
+    def suggest(self, trial: optuna.Trial) -> T:
+        index = trial.suggest_categorical("option", list(range(len(self.space))))
+        trial.set_user_attr("option", repr(self.space[index]))
+        return self.space[index]
+
+    def _begin(
+        self, trial: optuna.Trial, option: T, done: list[tuple[int, T, float | None]]
+    ) -> None:
+        self.asking = False
+        for number, measured, value in done:  # by earlier jobs, or by jobs running beside us
+            if number in self.counted:
+                continue
+            self.counted.add(number)
+            self.finished += 1
+            self.tried.add(measured)
+            if value is not None:
+                self.values.setdefault(measured, value)
+                if self.best is None or value < self.best[1]:
+                    self.best = (measured, value)
+        if self.state == "locked" or self._spent():
+            # Locked meanwhile, or nothing left to try: the trial just asked for is not needed.
+            self._tell(trial, None, NOT_MEASURED + "the search was over when it was asked")
+            if self.state != "locked":
+                self._lock_best()
+            return
+        self.trial = _Trial(trial, option, self.tuner.config.tune_warmup)
+        self.desired = option
+
+    def _spent(self) -> bool:
+        return self.finished >= self.tuner.config.tune_trials or len(self.tried) >= len(self.space)
+
+    def _lock_best(self) -> None:
+        best = self.best
+        self.lock(best[0] if best else self.default, best[1] if best else None)
+        self.tuner.table_changed()
+
+
+class ClassSearch(Search[Choice]):
+    """Algorithm x segment for one size class, as readable study parameters."""
+
+    def option_of(self, params: dict[str, Any]) -> Choice | None:
+        return choice_of(params, self.space)
+
+    def params_of(self, option: Choice) -> dict[str, Any]:
+        return params_of(option)
+
+    def suggest(self, trial: optuna.Trial) -> Choice:
+        return suggest_choice(trial, self.space)

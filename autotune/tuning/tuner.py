@@ -1,0 +1,469 @@
+"""The live tuner's orchestration: windows, the cross-rank exchange, and rank 0's decisions.
+
+After an iteration, one MAX all-reduce starts on a group of the tuner's own, carrying each rank's
+window (message latencies per size class, the step) together with rank 0's orders (the plan every
+rank runs next; `autotune.tuning.wire`). It travels during the next iteration's compute and is
+finished at that iteration's end, at the same point of the bucket sequence on every rank, where
+every rank applies the orders it received: all ranks always run the same plan for the same
+message. Rank 0 decides with a `Campaign` (whole plans, judged on the step against the baseline)
+and the class searches (Optuna studies, which nominate per-class challengers on latency). Optuna's
+ask, tell and storage writes run on a worker thread on rank 0, off the training's critical path.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from autotune.algorithms import bookkeeping_device
+from autotune.events import Event, Failure, IterationDone, IterationEnd
+from autotune.plan import Choice, Entry, Gain, Table
+from autotune.space import search_space
+from autotune.stats import MessageRecord
+from autotune.store import Store, fingerprint_key, job_fingerprint, storage_url
+from autotune.tuning import wire
+from autotune.tuning.campaign import NOMINATE_BELOW, Arm, Campaign
+from autotune.tuning.search import NOT_MEASURED, ClassSearch, Progress
+from autotune.tuning.worker import Worker
+
+if TYPE_CHECKING:
+    from autotune.config import Config
+    from autotune.engine import Engine
+
+__all__ = ["FUSION_OPTIONS", "Tuner"]
+
+_log = logging.getLogger("autotune")
+
+#: Fusion sizes tried when ``Config.fusion_bytes`` is None (0: DDP's buckets as they are).
+FUSION_OPTIONS = (0, 1 << 20, 4 << 20, 16 << 20)
+#: Once everything is locked, exchange every this many iterations.
+WATCH_EVERY = 10
+#: A size class not measured for this many exchanges is idle: it no longer keeps screening
+#: on (the first iteration's buckets, before DDP rebuilds them, for one).
+IDLE_EXCHANGES = 10
+
+
+class Tuner:
+    """Tunes ``engine``'s plan live over ``group`` (the job's); `AutotuneState` makes one when
+    ``config.algorithm`` is "auto" and no plan file is given."""
+
+    def __init__(self, engine: Engine, group: dist.ProcessGroup, config: Config) -> None:
+        self.engine = engine
+        self.process_group = group
+        self.config = config
+        self.rank = dist.get_rank(group)
+        self.candidates = config.candidates
+        self.tune_fusion = config.fusion_bytes is None
+        baseline = Arm((), config.fusion_bytes or 0)
+        #: What every rank runs now, as rank 0 ordered it (the baseline until it does).
+        self.arm = baseline
+        self.cadence = wire.EXPLORING
+        #: Where tuning stands, as every rank hears it: per size class, the phase, the gain.
+        self.states: dict[int, str] = {}
+        self.phase = "loading"
+        self.gain: Gain | None = None
+        self.key = ""
+        self.loaded = False
+        self.exchanges = 0
+        self.classes: dict[int, ClassSearch] = {}
+        self._spaces: dict[int, list[Choice]] = {}
+        self.campaign: Campaign | None = None
+        self._latencies: dict[int, list[float]] = {}
+        self._steps: list[float] = []
+        self._inbox: deque[Callable[[], None]] = deque()
+        self._store: Store | None = None
+        self._saved = -1  # the campaign history's length when the table was last stored
+        self._exchange_device: torch.device | None = None
+        # The exchange in flight: started at one iteration end, finished at the next, with the
+        # plan its measurements ran under.
+        self._exchange: tuple[dist.Work, torch.Tensor, Arm] | None = None
+        self._window_arm = baseline
+        self._received: tuple[wire.Window, Arm] | None = None
+        self.frozen = False  # rank 0 stops tuning if its storage fails mid-job
+        # The exchange's own group: it runs alongside the next iteration's messages, and
+        # collectives on a shared group would have to be issued in the same order everywhere.
+        # Made before the storage is opened, which can fail on rank 0 alone.
+        self.group = _exchange_group(group, config.timeout_s)
+        self.worker = Worker(self._beat) if self.rank == 0 else None
+        if self.worker is not None:
+            self.campaign = Campaign(
+                baseline,
+                fusion_options=FUSION_OPTIONS if self.tune_fusion else (),
+                max_pairs=config.duel_pairs,
+                warmup=config.tune_warmup,
+                recheck_every=config.recheck_every,
+            )
+            self._open_store()
+        #: Seconds each iteration's off-path work took (learning, deciding, starting the exchange).
+        self.off_path_s: deque[float] = deque(maxlen=100_000)
+        engine.subscribe(self._on_event)
+
+    # -- every rank -------------------------------------------------------------------------
+
+    def _on_event(self, event: Event) -> None:
+        if isinstance(event, MessageRecord):
+            self._latencies.setdefault(event.size_class, []).append(event.seconds)
+        elif isinstance(event, IterationEnd):
+            self._on_iteration_end(event.step_s)
+        elif isinstance(event, IterationDone):
+            self._after_iteration(event.iteration)
+        elif isinstance(event, Failure):
+            self._on_failure(event.error)
+
+    def _on_iteration_end(self, step_s: float | None) -> None:
+        """Before this iteration's futures complete: take in the exchange started one iteration
+        ago, so the plan it carries is in effect for every rank's next iteration."""
+        if step_s is not None:
+            self._steps.append(step_s)
+        if self._exchange is not None:
+            work, result, measured_under = self._exchange
+            self._exchange = None
+            work.wait(timedelta(seconds=self.config.timeout_s))
+            window, orders = wire.read(result.tolist())
+            self._received = (window, measured_under)
+            if orders is not None:
+                self._apply(orders)  # takes effect from the next iteration
+
+    def _after_iteration(self, iteration: int) -> None:
+        """After the futures (off the step's critical path): learn, decide, start the next
+        exchange, which travels during the next iteration's compute."""
+        begin = time.perf_counter()
+        if self._received is not None:
+            window, measured_under = self._received
+            self._received = None
+            if self.rank == 0:
+                self._learn(window, measured_under)
+        if self.cadence == wire.LOCKED and iteration % WATCH_EVERY:
+            if self.arm != self._window_arm:  # a window holds one plan's iterations, or none
+                self._new_window()
+        else:
+            latencies = {c: statistics.median(s) for c, s in self._latencies.items()}
+            step = statistics.median(self._steps) if self._steps else None
+            orders = self._decide(iteration) if self.rank == 0 else None
+            row = wire.write(wire.Window(latencies, step), orders)
+            self._exchange = (*self._start_all_reduce_max(row), self._window_arm)
+            self._new_window()
+        self.off_path_s.append(time.perf_counter() - begin)
+
+    def _new_window(self) -> None:
+        self._latencies.clear()
+        self._steps.clear()
+        self._window_arm = self.arm
+
+    def _start_all_reduce_max(self, row: list[float]) -> tuple[dist.Work, torch.Tensor]:
+        group = self.group
+        if self._exchange_device is None:
+            assert self.engine.device is not None
+            self._exchange_device = bookkeeping_device(group, self.engine.device)
+        # Plain lists, one tensor: this thread competes with training for the GIL.
+        t = torch.tensor(row, dtype=torch.float64).to(self._exchange_device)
+        work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group, async_op=True)
+        assert work is not None
+        return work, t
+
+    def _apply(self, orders: wire.Orders) -> None:
+        choices = {cls: self._space(cls)[code - 1] for cls, code in orders.codes.items()}
+        arm = Arm.of(choices, orders.fusion_bytes)
+        if arm != self.arm:
+            self.engine.plan.replace(choices)
+            self.engine.fusion_bytes = orders.fusion_bytes
+            self.arm = arm
+        self.states.update(orders.states)
+        self.cadence, self.phase, self.gain = orders.cadence, orders.phase, orders.gain
+
+    def _on_failure(self, error: BaseException) -> None:
+        if self.worker is None:
+            return
+        # The job is going down: record the trials in flight as failed, not as fast.
+        self._abandon(NOT_MEASURED + repr(error))
+        self.worker.close(timeout_s=10.0)
+
+    @property
+    def settled(self) -> bool:
+        """Whether every rank knows that the plan is locked (exchanges are down to watching)."""
+        return self.cadence == wire.LOCKED
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self._abandon(NOT_MEASURED + "the job ended before the trial finished")
+            self.worker.close(timeout_s=30.0)
+
+    def _abandon(self, why: str) -> None:
+        """After what the worker has queued: fail the trials still running, asked or measuring."""
+        assert self.worker is not None
+        for search in self.classes.values():
+            search.trial = None
+        self.worker.submit(lambda: self._store.abandon(why) if self._store is not None else None)
+
+    def _beat(self) -> None:
+        if self._store is not None:
+            self._store.beat()
+
+    def _space(self, cls: int) -> list[Choice]:
+        space = self._spaces.get(cls)
+        if space is None:
+            space = self._spaces[cls] = search_space(cls, self.candidates)
+        return space
+
+    # -- rank 0 -----------------------------------------------------------------------------
+
+    def _open_store(self) -> None:
+        """Open the storage now, on the worker that will use it, so a bad URL fails here."""
+        assert self.worker is not None
+        opened = threading.Event()
+        failed: list[BaseException] = []
+
+        def open_store() -> None:
+            try:
+                self.store()
+            except BaseException as exc:
+                failed.append(exc)
+            finally:
+                opened.set()
+
+        self.worker.submit(open_store)
+        opened.wait(120)
+        if failed:
+            self.worker.close(timeout_s=1.0)
+            raise failed[0]
+
+    def post(self, job: Callable[[], None]) -> None:
+        """From the worker: run ``job`` on the finish thread at the next exchange."""
+        self._inbox.append(job)
+
+    def store(self) -> Store:
+        """The tuning storage (opened on the worker thread, the only one that uses it)."""
+        if self._store is None:
+            self._store = Store(storage_url(self.config.storage))
+        return self._store
+
+    def _decide(self, iteration: int) -> wire.Orders:
+        """Rank 0, before the exchange: take in the worker's answers; choose the next plan."""
+        campaign, worker = self.campaign, self.worker
+        assert campaign is not None and worker is not None
+        if worker.error is not None and not self.frozen:
+            # Training goes on with the plan as it stands; the error is not swallowed.
+            _log.error(
+                "autotune tuner stops tuning, keeping the current plan: its Optuna storage "
+                "failed: %r",
+                worker.error,
+            )
+            self.frozen = True
+            campaign.freeze()
+            for search in self.classes.values():
+                search.lock(search.desired, search.best[1] if search.best else None)
+        if not self.key:
+            self._start()
+        while self._inbox:
+            self._inbox.popleft()()
+        if self.loaded:
+            campaign.tick(iteration)
+            if campaign.settled and len(campaign.history) != self._saved:
+                self._saved = len(campaign.history)
+                self.table_changed()
+        arm = campaign.next_arm(self._screening_arm()) if self.loaded else self.arm
+        codes = {cls: self._space(cls).index(c) + 1 for cls, c in arm.choices}
+        state = "locked" if campaign.settled else "exploring"
+        settled = self.loaded and self.exchanges > 0 and campaign.settled
+        return wire.Orders(
+            codes,
+            {cls: state for cls in self.classes},
+            arm.fusion_bytes,
+            wire.LOCKED if settled else wire.EXPLORING,
+            campaign.phase,
+            campaign.gain,
+        )
+
+    def _screening_arm(self) -> Arm | None:
+        """While classes screen: the incumbent, with each class on its search's current trial."""
+        campaign = self.campaign
+        assert campaign is not None
+        if campaign.phase != "screening":
+            return None
+        arm = campaign.incumbent
+        for cls, search in self.classes.items():
+            if search.state != "locked":
+                arm = arm.with_class(cls, search.desired)
+        return arm
+
+    def _start(self) -> None:
+        """At the first exchange: fingerprint the job, load what a previous job stored."""
+        device, dtype = self.engine.device, self.engine.dtype
+        assert device is not None and dtype is not None
+        self.fingerprint = job_fingerprint(self.process_group, device, dtype)
+        self.key = fingerprint_key(self.fingerprint)
+        assert self.worker is not None
+        self.worker.submit(lambda: self._load(self.store().load_table(self.key)))
+
+    def _load(self, table: Table | None) -> None:
+        self.post(lambda: self._loaded(table))
+
+    def _loaded(self, table: Table | None) -> None:
+        """The stored plan, as far as this job can run it, is confirmed before it is locked."""
+        assert self.campaign is not None
+        self.loaded = True
+        stored = None
+        if table is not None:
+            choices = {
+                cls: e.choice
+                for cls, e in table.classes.items()
+                if e.state == "locked" and e.choice in self._space(cls)
+            }
+            fusion = self.campaign.baseline.fusion_bytes
+            if self.tune_fusion and table.fusion_bytes in FUSION_OPTIONS:
+                fusion = table.fusion_bytes or 0
+            if choices or fusion != self.campaign.baseline.fusion_bytes or table.gain is None:
+                stored = Arm.of(choices, fusion)
+            for cls, e in table.classes.items():
+                if e.state == "locked":
+                    search = self._class_search(cls)
+                    search.lock(e.choice, e.best_s)
+                    search.finished = e.trials  # as the job that tuned it left it
+        self.campaign.start(stored)
+
+    def _learn(self, window: wire.Window, arm: Arm) -> None:
+        """Rank 0, after the exchange: the step to the campaign, latencies to the searches."""
+        campaign = self.campaign
+        if not self.loaded or campaign is None:
+            return
+        self.exchanges += 1
+        if window.step_s is not None:
+            told = len(campaign.history)
+            campaign.measure(arm, window.step_s)
+            for kind, challenger, outcome in campaign.history[told:]:
+                g = outcome.gain
+                _log.info(
+                    "autotune %s duel: %s %s, %.3fx the reference's step (%d pairs, 95%% "
+                    "interval %.3f-%.3f): %s",
+                    kind,
+                    challenger.describe(),
+                    "won" if outcome.challenger_won else "lost",
+                    g.ratio,
+                    g.pairs,
+                    g.low,
+                    g.high,
+                    outcome.why,
+                )
+        if arm.fusion_bytes != campaign.incumbent.fusion_bytes:
+            return  # a fusion challenger's messages: its classes are not the incumbent's
+        screening = campaign.phase == "screening"
+        for cls, latency in window.latencies.items():
+            search = self.classes.get(cls) or self._class_search(cls)
+            search.last_seen = self.exchanges
+            if screening:
+                search.start()
+                search.measure(arm.choice(cls), latency)
+        if screening:
+            self._nominate()
+
+    def _nominate(self) -> None:
+        """Once every active class is screened: hand the campaign each class's challenger."""
+        campaign = self.campaign
+        assert campaign is not None
+        active = [
+            (cls, s)
+            for cls, s in self.classes.items()
+            if self.exchanges - s.last_seen < IDLE_EXCHANGES
+        ]
+        if not active or any(s.state != "locked" for _, s in active):
+            return
+        nominees = []
+        for cls, search in active:
+            if search.best is None:
+                continue
+            best, best_s = search.best
+            now = campaign.incumbent.choice(cls)
+            now_s = search.values.get(now)
+            if best != now and (now_s is None or best_s < NOMINATE_BELOW * now_s):
+                nominees.append((cls, best, (now_s or best_s) - best_s))
+        campaign.screened(nominees)
+
+    def _class_search(self, cls: int) -> ClassSearch:
+        assert self.campaign is not None
+        default = self.campaign.incumbent.choice(cls)
+        space = self._space(cls)
+        search = ClassSearch(self, f"class={cls}", space, default if default in space else space[0])
+        search.round = self.campaign.round
+        self.classes[cls] = search
+        return search
+
+    def table_changed(self) -> None:
+        """Rank 0: the plan locked (or fell back); store the table for the next job."""
+        table = self.table()
+        assert self.worker is not None
+        self.worker.submit(lambda: self.store().save_table(self.key, table))
+
+    def table(self) -> Table:
+        """The plan as rank 0 knows it, with each class's screening and the measured gain."""
+        campaign = self.campaign
+        if campaign is None:  # not rank 0: what every rank hears
+            classes = {
+                cls: Entry(c, state=self.states.get(cls, "exploring"))
+                for cls, c in self.engine.plan.table().items()
+            }
+            return Table(classes, self.arm.fusion_bytes, None, self.gain)
+        plan = campaign.incumbent
+        state = "locked" if campaign.phase == "locked" else "exploring"
+        classes = {}
+        for cls, search in sorted(self.classes.items()):
+            choice = plan.choice(cls)
+            classes[cls] = Entry(choice, search.values.get(choice), search.finished, state)
+        fusion = None
+        if campaign.phase == "locked" or not self.tune_fusion:
+            fusion = plan.fusion_bytes
+        return Table(classes, fusion, getattr(self, "fingerprint", None), campaign.gain)
+
+    def verdict(self) -> str:
+        """One line: the plan's training step against plain DDP's, as measured (rank 0)."""
+        campaign = self.campaign
+        if campaign is None:
+            return "autotune vs plain DDP: measured on rank 0"
+        if campaign.baseline_kept:
+            pairs = sum(o.gain.pairs for _, _, o in campaign.history)
+            return (
+                "autotune vs plain DDP: 1.00x step time (DDP's own all-reduce kept: no plan "
+                f"beat it over {pairs} pairs of iterations)"
+            )
+        gain = campaign.gain
+        if gain is None:
+            return f"autotune vs plain DDP: not compared yet (tuning: {campaign.phase})"
+        high = "?" if math.isinf(gain.high) else f"{gain.high:.2f}"
+        return (
+            f"autotune vs plain DDP: {gain.ratio:.2f}x step time ({gain.pairs} pairs of "
+            f"iterations, 95% interval {gain.low:.2f}-{high}x; plan: "
+            f"{campaign.incumbent.describe()})"
+        )
+
+    def progress(self) -> dict[int | str, Progress]:
+        """Per size class (and "fusion"): state, trials, best latency, current choice."""
+        out: dict[int | str, Progress] = {cls: s.progress() for cls, s in self.classes.items()}
+        campaign = self.campaign
+        if campaign is not None and self.tune_fusion:
+            fusion_state = "locked" if campaign.phase not in ("loading", "fusion") else "exploring"
+            duels = campaign.duels("fusion")
+            out["fusion"] = Progress(
+                fusion_state, duels, None, campaign.incumbent.fusion_bytes, duels
+            )
+        return out
+
+
+def _exchange_group(group: dist.ProcessGroup, timeout_s: float) -> dist.ProcessGroup:
+    made = dist.new_group(
+        ranks=dist.get_process_group_ranks(group),
+        backend=dist.get_backend_config(group),
+        timeout=timedelta(seconds=timeout_s),
+        use_local_synchronization=True,
+        group_desc=f"autotune_tuner:{group.group_name}",
+    )
+    assert isinstance(made, dist.ProcessGroup)
+    return made

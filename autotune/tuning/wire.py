@@ -1,0 +1,93 @@
+"""The tuner's cross-rank exchange: one float64 row per rank, all-reduced with MAX.
+
+Every rank writes its window's measurements (the slowest rank sets DDP's pace, so MAX is the
+job's figure); rank 0 also writes its orders, where the other ranks write zeros, so the MAX
+carries rank 0's orders to everyone. Unmeasured slots are -1, below any measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.plan import Gain, size_class
+
+__all__ = ["EXPLORING", "LOCKED", "PHASES", "WIDTH", "Orders", "Window", "read", "write"]
+
+CLASSES = 48  # size classes 2^0 .. 2^47 bytes
+_LAT = 0  # per class: median message latency of the window
+_STEP = _LAT + CLASSES  # the window's median step
+_CODE = _STEP + 1  # per class: 0 the baseline choice, k the class's k-th option (from 1)
+_STATE = _CODE + CLASSES  # per class: EXPLORING or LOCKED
+_FUSION = _STATE + CLASSES  # fusion bytes + 1
+_CADENCE = _FUSION + 1  # 0: no orders yet
+_PHASE = _CADENCE + 1
+_GAIN = _PHASE + 1  # ratio, low, high, pairs
+WIDTH = _GAIN + 4
+
+EXPLORING, LOCKED = 1, 2
+#: The campaign's phases, coded from 1 on the wire.
+PHASES = ("loading", "fusion", "screening", "classes", "confirm", "locked")
+
+
+@dataclass
+class Window:
+    """What a rank measured over one window (MAX over ranks once exchanged)."""
+
+    latencies: dict[int, float]  # size class -> median seconds
+    step_s: float | None
+
+
+@dataclass
+class Orders:
+    """Rank 0's orders: the plan every rank runs next, and where tuning stands."""
+
+    codes: dict[int, int]  # size class -> option code (see _CODE); classes not listed: 0
+    states: dict[int, str]  # size class -> "exploring" or "locked"
+    fusion_bytes: int
+    cadence: int
+    phase: str
+    gain: Gain | None
+
+
+def write(window: Window, orders: Orders | None) -> list[float]:
+    """One rank's row: its window, and rank 0's orders (None elsewhere)."""
+    row = [-1.0] * (_STEP + 1) + [0.0] * (WIDTH - _STEP - 1)
+    for cls, seconds in window.latencies.items():
+        row[_LAT + _index(cls)] = seconds
+    if window.step_s is not None:
+        row[_STEP] = window.step_s
+    if orders is not None:
+        for cls, code in orders.codes.items():
+            row[_CODE + _index(cls)] = code
+        for cls, state in orders.states.items():
+            row[_STATE + _index(cls)] = LOCKED if state == "locked" else EXPLORING
+        row[_FUSION] = orders.fusion_bytes + 1
+        row[_CADENCE] = orders.cadence
+        row[_PHASE] = PHASES.index(orders.phase) + 1
+        if orders.gain is not None:
+            g = orders.gain
+            row[_GAIN : _GAIN + 4] = [g.ratio, g.low, g.high, g.pairs]
+    return row
+
+
+def read(row: list[float]) -> tuple[Window, Orders | None]:
+    """The exchanged row: everyone's window (MAX), and rank 0's orders if it gave any."""
+    latencies = {1 << i: v for i, v in enumerate(row[_LAT : _LAT + CLASSES]) if v >= 0}
+    window = Window(latencies, row[_STEP] if row[_STEP] >= 0 else None)
+    if not row[_CADENCE]:
+        return window, None
+    codes = {1 << i: int(v) for i, v in enumerate(row[_CODE : _CODE + CLASSES]) if v}
+    states = {
+        1 << i: "locked" if int(v) == LOCKED else "exploring"
+        for i, v in enumerate(row[_STATE : _STATE + CLASSES])
+        if v
+    }
+    ratio, low, high, pairs = row[_GAIN : _GAIN + 4]
+    gain = Gain(ratio, low, high, int(pairs)) if pairs > 0 else None
+    phase = PHASES[int(row[_PHASE]) - 1]
+    return window, Orders(codes, states, int(row[_FUSION]) - 1, int(row[_CADENCE]), phase, gain)
+
+
+def _index(cls: int) -> int:
+    assert cls == size_class(cls)
+    return cls.bit_length() - 1

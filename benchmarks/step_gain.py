@@ -1,0 +1,245 @@
+"""What tuning pays: the training step with autotune's locked plan against plain DDP, per model.
+
+    python benchmarks/step_gain.py --world-sizes 2,4 --models mlp,transformer,convnet
+
+Three models with different gradient shapes: the example's MLP (one ~3 MiB bucket after DDP's
+rebuild at 1 MiB buckets), a 4-layer transformer encoder (d=256, ~12 MiB of gradients in DDP's
+default 25 MiB buckets) and a small convolutional net (~1.5 MiB, many small tensors). For each
+model and world size, three runs on spawned CPU ranks (gloo, 127.0.0.1), one intra-op thread per
+rank as torchrun sets (``--threads`` to change it):
+
+1. tune: autotune alone from an empty storage (the live tuner, every phase); records the step
+   it locked at, and every step's time;
+2. paired: plain DDP, DDP with PyTorch's ``noop_hook`` (no communication: the headroom) and DDP
+   with the plan run 1 locked (as a fixed plan file), taking turns step by step on the same
+   batches, in a rotating order; per step, each one's time over plain DDP's (slowest rank);
+3. restart: autotune alone again on run 1's storage: the stored plan is confirmed against the
+   baseline (or dropped) before it is locked; records the step it locked at and its verdict.
+
+Exploring cost: run 1's total step time until it locked, minus run 2's median plain step times as
+many steps. Ratios below 1 are faster than plain DDP; intervals are the sign test's 95% interval
+for the median (autotune.tuning.duel.median_interval).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import autotune
+from autotune.launch import run_local
+from autotune.tuning.duel import median_interval
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from train_ddp import build_model
+
+MODELS = ("mlp", "transformer", "convnet")
+
+
+def model_and_batch(name: str, seed: int = 0) -> tuple[torch.nn.Module, Any]:
+    """The model (same weights on every rank), and a function giving (inputs, labels)."""
+    torch.manual_seed(seed)
+    if name == "mlp":
+        model: torch.nn.Module = build_model(512, 4)
+
+        def batch(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.randn(64, 64, generator=g), torch.randint(0, 10, (64,), generator=g)
+
+        return model, batch
+    if name == "transformer":
+        layer = torch.nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.0, batch_first=True)
+        encoder = torch.nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
+        model = torch.nn.Sequential(encoder, torch.nn.Flatten(), torch.nn.Linear(256 * 32, 10))
+
+        def batch(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.randn(8, 32, 256, generator=g), torch.randint(0, 10, (8,), generator=g)
+
+        return model, batch
+    if name == "convnet":
+        c = torch.nn.Conv2d
+        model = torch.nn.Sequential(
+            c(3, 32, 3, padding=1), torch.nn.ReLU(), c(32, 64, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2), c(64, 128, 3, padding=1), torch.nn.ReLU(),
+            c(128, 128, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            c(128, 256, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(), torch.nn.Linear(256, 10),
+        )  # fmt: skip
+
+        def batch(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.randn(16, 3, 32, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
+
+        return model, batch
+    raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+
+
+def _step(ddp: torch.nn.Module, opt: torch.optim.Optimizer, x: Any, y: Any) -> float:
+    begin = time.perf_counter()
+    opt.zero_grad(set_to_none=True)
+    torch.nn.functional.cross_entropy(ddp(x), y).backward()
+    opt.step()
+    return time.perf_counter() - begin
+
+
+def _slowest(times: list[float]) -> list[float]:
+    """Per step, the slowest rank's time (every rank calls this at the same point)."""
+    t = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def alone(rank: int, world_size: int, args: argparse.Namespace, storage: str) -> dict[str, Any]:
+    """Runs 1 and 3: autotune by itself; its steps, the step it locked at, its verdict, plan."""
+    torch.set_num_threads(args.threads)
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    model, batch = model_and_batch(args.model)
+    ddp = DDP(model, **args.ddp)
+    state = autotune.register(ddp, autotune.Config(storage=storage, timeout_s=120))
+    assert state.tuner is not None
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(rank)
+    times, locked_at = [], None
+    for step in range(args.tune_steps):
+        x, y = batch(g)
+        times.append(_step(ddp, opt, x, y))
+        settled = state.tuner.settled
+        locked_at = (locked_at if locked_at is not None else step) if settled else None
+    times = _slowest(times)
+    out: dict[str, Any] = {"steps": times, "locked_at": locked_at}
+    if rank == 0:
+        out["table"] = state.table().to_json()
+        out["verdict"] = state.tuner.verdict()
+        out["duels"] = [
+            (kind, arm.describe(), o.challenger_won, o.gain.ratio, o.gain.pairs)
+            for kind, arm, o in (state.tuner.campaign.history if state.tuner.campaign else [])
+        ]
+    state.close()
+    return out
+
+
+def paired(rank: int, world_size: int, args: argparse.Namespace, plan_file: str) -> dict[str, Any]:
+    """Run 2: plain, noop_hook and the locked plan, step by step, in a rotating order."""
+    torch.set_num_threads(args.threads)
+    model, batch = model_and_batch(args.model)
+    import copy
+
+    plain = DDP(copy.deepcopy(model), **args.ddp)
+    noop = DDP(copy.deepcopy(model), **args.ddp)
+    noop.register_comm_hook(None, noop_hook)
+    tuned = DDP(copy.deepcopy(model), **args.ddp)
+    state = autotune.register(tuned, autotune.Config(plan_file=plan_file, timeout_s=120))
+    arms = {"plain": plain, "noop": noop, "autotune": tuned}
+    opts = {k: torch.optim.SGD(m.parameters(), lr=0.01) for k, m in arms.items()}
+    times: dict[str, list[float]] = {k: [] for k in arms}
+    g = torch.Generator().manual_seed(rank)
+    order = list(arms)
+    for step in range(args.paired_steps + 5):
+        x, y = batch(g)
+        for name in order[step % 3 :] + order[: step % 3]:
+            t = _step(arms[name], opts[name], x, y)
+            if step >= 5:  # warm-up: buffers, DDP's bucket rebuild
+                times[name].append(t)
+    state.close()
+    return {k: _slowest(v) for k, v in times.items()}
+
+
+def _ratio(a: list[float], b: list[float]) -> dict[str, float]:
+    r = [x / y for x, y in zip(a, b, strict=True)]
+    low, high = median_interval(r)
+    return {"median": statistics.median(r), "low": low, "high": high, "n": len(r)}
+
+
+def cell(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any]:
+    args.model = model
+    args.ddp = {"bucket_cap_mb": 1.0} if model == "mlp" else {}
+    with tempfile.TemporaryDirectory() as tmp:
+        storage = f"sqlite:///{Path(tmp) / 'tuning.db'}"
+        tune = run_local(alone, world_size, args, storage, timeout_s=1800)
+        plan_file = Path(tmp) / "plan.json"
+        plan_file.write_text(json.dumps(tune[0]["table"]))
+        pair = run_local(paired, world_size, args, str(plan_file), timeout_s=1800)[0]
+        restart = run_local(alone, world_size, args, storage, timeout_s=1800)[0]
+    plain_median = statistics.median(pair["plain"])
+    first = tune[0]
+    locked = first["locked_at"]
+    explored = first["steps"][: locked if locked is not None else len(first["steps"])]
+    return {
+        "model": model,
+        "world_size": world_size,
+        "plain_ms": plain_median * 1e3,
+        "noop": _ratio(pair["noop"], pair["plain"]),
+        "autotune": _ratio(pair["autotune"], pair["plain"]),
+        "locked_at": locked,
+        "exploring_cost_s": sum(explored) - plain_median * len(explored),
+        "plan": first["table"],
+        "verdict": first["verdict"],
+        "duels": first["duels"],
+        "restart_locked_at": restart["locked_at"],
+        "restart_verdict": restart["verdict"],
+    }
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    out = [
+        "| model | ranks | plain step | noop_hook / plain | autotune / plain (95% interval) "
+        "| locked at step | exploring cost | restart: locked at | plan |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        a, n = r["autotune"], r["noop"]
+        plan = (
+            r["verdict"].split("plan: ")[-1].rstrip(")") if "plan: " in r["verdict"] else "native"
+        )
+        out.append(
+            f"| {r['model']} | {r['world_size']} | {r['plain_ms']:.1f} ms | {n['median']:.3f} "
+            f"| {a['median']:.3f} ({a['low']:.3f}-{a['high']:.3f}) | {r['locked_at']} "
+            f"| {r['exploring_cost_s']:+.2f} s | {r['restart_locked_at']} | {plan} |"
+        )
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--world-sizes", default="2,4")
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--tune-steps", type=int, default=400, help="run 1 and run 3")
+    p.add_argument("--paired-steps", type=int, default=100, help="run 2, per model")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
+    p.add_argument("--json", default=None, help="also write every figure here")
+    args = p.parse_args(argv)
+    rows = []
+    for world_size in (int(w) for w in args.world_sizes.split(",")):
+        for model in args.models.split(","):
+            begin = time.perf_counter()
+            row = cell(model, world_size, args)
+            rows.append(row)
+            a = row["autotune"]
+            print(
+                f"{model} x{world_size}: autotune/plain {a['median']:.3f} "
+                f"({a['low']:.3f}-{a['high']:.3f}), noop/plain {row['noop']['median']:.3f}, "
+                f"locked at {row['locked_at']}; {row['verdict']} "
+                f"[{time.perf_counter() - begin:.0f} s]",
+                flush=True,
+            )
+            for duel in row["duels"]:
+                print(f"    {duel}", flush=True)
+    print(markdown(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""The paired comparison and the plan-level campaign, driven with known step times."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from autotune.plan import Choice
+from autotune.tuning.campaign import Arm, Campaign
+from autotune.tuning.duel import FUTILE_FROM, MIN_PAIRS, Duel, median_interval
+
+
+def test_median_interval_is_the_sign_tests_order_statistics() -> None:
+    # n = 6: P(X <= 0) = 1/64 <= 0.025 < P(X <= 1) = 7/64, so k = 1: the extremes.
+    assert median_interval([5, 1, 4, 2, 6, 3]) == (1, 6)
+    # n = 20: P(X <= 5) = 0.0207 <= 0.025 < P(X <= 6) = 0.0577, so k = 6.
+    values = list(range(1, 21))
+    assert median_interval(values) == (6, 15)
+    # Five values cannot exclude anything at 95%: P(X = 0) = 1/32 > 0.025.
+    assert median_interval([1, 2, 3, 4, 5]) == (0.0, math.inf)
+
+
+def run(duel: Duel, step: dict[bool, float], noise: float = 0.0, seed: int = 0) -> int:
+    """Feed the duel its schedule with the given steps until it decides; the pairs it took."""
+    rng = random.Random(seed)
+    for _ in range(1000):
+        challenger = duel.schedule()
+        if duel.measure(challenger, step[challenger] * (1 + rng.uniform(-noise, noise))):
+            break
+    assert duel.outcome is not None
+    return len(duel.ratios)
+
+
+def test_a_faster_challenger_wins_at_the_first_look() -> None:
+    duel = Duel(24, warmup=0)
+    assert run(duel, {False: 1.0, True: 0.8}) == MIN_PAIRS
+    assert duel.outcome is not None and duel.outcome.challenger_won
+    assert duel.outcome.gain.ratio == pytest.approx(0.8)
+
+
+def cycle(duel: Duel, factors: list[float]) -> int:
+    """The challenger's steps at ``factors`` (in turn) of the incumbent's 1.0, until decided."""
+    k = 0
+    while duel.outcome is None:
+        challenger = duel.schedule()
+        duel.measure(challenger, factors[k % len(factors)] if challenger else 1.0)
+        k += challenger
+    return len(duel.ratios)
+
+
+def test_a_challenger_barely_ahead_loses_at_the_pair_budget() -> None:
+    # Ahead on the median (0.98), but a third of its pairs are behind: never beyond noise.
+    duel = Duel(24, warmup=0)
+    assert cycle(duel, [0.97, 0.98, 1.01]) == 24
+    assert duel.outcome is not None and not duel.outcome.challenger_won
+    assert duel.outcome.why == "not faster beyond noise"
+
+
+def test_a_challenger_behind_on_the_median_stops_at_the_second_look() -> None:
+    duel = Duel(24, warmup=0)
+    assert cycle(duel, [1.01, 1.02, 0.99]) == FUTILE_FROM
+    assert duel.outcome is not None and duel.outcome.why == "not ahead on the median"
+
+
+def test_a_slower_challenger_loses_early_and_a_far_slower_one_at_once() -> None:
+    duel = Duel(24, warmup=0)
+    assert run(duel, {False: 1.0, True: 1.3}) == MIN_PAIRS
+    assert duel.outcome is not None and duel.outcome.why == "slower beyond noise"
+    duel = Duel(24, warmup=0)
+    assert run(duel, {False: 1.0, True: 5.0}) == 1
+
+
+def test_the_schedule_is_abba_and_warmup_and_repeats_are_not_paired() -> None:
+    duel = Duel(24, warmup=1)
+    assert [duel.schedule() for _ in range(8)] == [False, True, True, False] * 2
+    duel.measure(False, 9.0)  # warm-up: dropped
+    duel.measure(True, 9.0)  # warm-up: dropped
+    duel.measure(True, 2.0)
+    duel.measure(True, 3.0)  # replaces its unpaired neighbour
+    duel.measure(False, 1.5)
+    assert duel.ratios == [2.0]
+
+
+def test_drift_cancels_in_the_pairs() -> None:
+    # The machine slows down 3x over the duel; the challenger is 10% faster throughout.
+    duel = Duel(24, warmup=0)
+    k = 0
+    while duel.outcome is None:
+        challenger = duel.schedule()
+        drift = 1.0 + 2.0 * k / 50
+        duel.measure(challenger, (0.9 if challenger else 1.0) * drift)
+        k += 1
+    assert duel.outcome.challenger_won
+
+
+FUSION = (0, 1 << 20)
+TREE = Choice("tree")
+
+
+def campaign(**kw: int) -> Campaign:
+    return Campaign(
+        Arm(), fusion_options=FUSION, max_pairs=8, warmup=0, **{"recheck_every": 0, **kw}
+    )
+
+
+def drive(c: Campaign, step_of: object, iterations: int, start: int = 0) -> int:
+    """Run ``iterations`` scheduled iterations (each measured as it runs); the last one."""
+    assert callable(step_of)
+    for i in range(start, start + iterations):
+        arm = c.next_arm(c.incumbent.with_class(1 << 20, TREE) if c.phase == "screening" else None)
+        c.measure(arm, step_of(arm, i))
+        c.tick(i)
+    return start + iterations
+
+
+def test_a_plan_is_locked_only_after_beating_the_baseline_on_the_step() -> None:
+    c = campaign()
+    c.start(None)
+    assert c.phase == "fusion"
+
+    def step(arm: Arm, i: int) -> float:
+        return 0.8 if arm.choice(1 << 20) == TREE else 1.0  # fusion changes nothing
+
+    drive(c, step, 40)
+    assert c.phase == "screening"
+    c.screened([(1 << 20, TREE, 0.001)])
+    drive(c, step, 40)
+    assert c.settled and c.incumbent == Arm(((1 << 20, TREE),), 0)
+    assert c.gain is not None and c.gain.ratio == pytest.approx(0.8)
+
+
+def test_latency_alone_never_locks_a_plan_whose_step_is_slower() -> None:
+    c = campaign()
+    c.start(None)
+    drive(c, lambda arm, i: 1.0, 40)
+    # Screening found TREE much faster per message, but it burns the step.
+    c.screened([(1 << 20, TREE, 0.5)])
+    drive(c, lambda arm, i: 1.2 if arm.choice(1 << 20) == TREE else 1.0, 40)
+    assert c.settled and c.baseline_kept and c.gain is None
+
+
+def test_a_stored_plan_is_confirmed_against_the_baseline_or_dropped() -> None:
+    stored = Arm(((1 << 20, TREE),), 1 << 20)
+    c = campaign()
+    c.start(stored)
+    assert c.phase == "confirm"
+    drive(c, lambda arm, i: 1.1 if arm == stored else 1.0, 40)
+    assert c.baseline_kept
+    c = campaign()
+    c.start(stored)
+    drive(c, lambda arm, i: 0.9 if arm == stored else 1.0, 40)
+    assert c.settled and c.incumbent == stored
+
+
+def test_a_locked_plan_whose_gain_is_gone_falls_back_and_tuning_starts_over() -> None:
+    stored = Arm(((1 << 20, TREE),), 0)
+    c = campaign(recheck_every=30)
+    c.start(stored)
+    end = drive(c, lambda arm, i: 0.9 if arm == stored else 1.0, 40)
+    assert c.settled and c.incumbent == stored
+    # Still faster at the first re-check: kept.
+    end = drive(c, lambda arm, i: 0.9 if arm == stored else 1.0, 60, end)
+    assert c.incumbent == stored and c.duels("recheck") >= 1
+    # The advantage is gone: the next re-check falls back and re-opens the search.
+    drive(c, lambda arm, i: 1.1 if arm == stored else 1.0, 60, end)
+    assert c.incumbent == c.baseline and c.round == 1 and c.phase != "locked"
