@@ -430,6 +430,11 @@ class Tuner:
             return "autotune vs plain DDP: measured on rank 0"
         if campaign.baseline_kept:
             pairs = sum(o.gain.pairs for _, _, o in campaign.history)
+            if not pairs:
+                return (
+                    "autotune vs plain DDP: 1.00x step time (DDP's own all-reduce kept, as the "
+                    "stored plan says)"
+                )
             return (
                 "autotune vs plain DDP: 1.00x step time (DDP's own all-reduce kept: no plan "
                 f"beat it over {pairs} pairs of iterations)"
