@@ -176,6 +176,13 @@ def test_tune_writes_a_plan_the_hook_starts_from(tmp_path: Path) -> None:
     store = Store(url)
     assert store.tables()[result.plan_key].classes == result.plan.classes
     trials = store.trial_count()
+    # Every trial records the choice it measured, as the live tuner's do.
+    import optuna
+
+    for name in optuna.study.get_all_study_names(storage=store.storage):
+        if "/sweep/class=" in name:
+            study = optuna.load_study(study_name=name, storage=store.storage)
+            assert all("algorithm" in t.params for t in study.trials), name
 
     # A job with the same setting (2 gloo ranks, CPU, float32) screens nothing: it confirms the
     # sweep's plan against the baseline in one duel on the step, and keeps it. (The baseline is

@@ -7,6 +7,7 @@ slow spell on a shared machine hits every candidate alike instead of sinking whi
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from autotune.plan import Choice, Entry, Table
-from autotune.space import params_of, search_space
+from autotune.space import params_of, search_space, suggest_choice
 from autotune.store import Store, fingerprint_key, job_fingerprint, tell
 from autotune.sweep._measure import Bench, Variant
 from autotune.tuning.sampler import ask, open_study
@@ -70,7 +71,8 @@ def tune(
             # The space's first k options, in its order (every option while the budget allows).
             study = open_study(store, key, f"sweep/class={cls}")
             store.fail_stale_trials(study)
-            trials = [ask(study, params_of(space[i])) for i in range(k)]
+            suggest = functools.partial(suggest_choice, space=space)
+            trials = [ask(study, space[i], params_of(space[i]), suggest) for i in range(k)]
             for t in trials:
                 store.started(t)  # heartbeats: no other job takes them for a dead job's
             codes = torch.arange(k, dtype=torch.int64, device=bench.book_device)

@@ -11,7 +11,8 @@ Imported lazily: it imports Optuna.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import optuna
 from optuna.distributions import BaseDistribution
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
     from autotune.store import Store
 
 __all__ = ["GivenSampler", "ask", "open_study"]
+
+T = TypeVar("T", bound=Hashable)
 
 
 class GivenSampler(optuna.samplers.BaseSampler):
@@ -56,10 +59,24 @@ def open_study(store: Store, key: str, what: str) -> optuna.Study:
     return store.study(key, what, GivenSampler())
 
 
-def ask(study: optuna.Study, params: dict[str, Any]) -> optuna.Trial:
-    """A new trial of ``study`` that records ``params``: the choice the tuner made."""
+def ask(
+    study: optuna.Study,
+    option: T,
+    params: dict[str, Any],
+    suggest: Callable[[optuna.Trial], T],
+) -> optuna.Trial:
+    """A new trial of ``study`` for ``option``, the choice the tuner made.
+
+    ``params`` are the values `GivenSampler` hands out; ``suggest`` asks them of the trial (the
+    study records a parameter only when it is suggested, define-by-run) and must give ``option``
+    back.
+    """
     sampler = study.sampler
     if not isinstance(sampler, GivenSampler):
         raise TypeError(f"studies are opened with open_study, not with {type(sampler).__name__}")
     sampler.params = params
-    return study.ask()
+    trial = study.ask()
+    got = suggest(trial)
+    if got != option:
+        raise RuntimeError(f"trial parameters {params!r} read back as {got!r}, not {option!r}")
+    return trial

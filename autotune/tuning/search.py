@@ -177,8 +177,7 @@ class Search(Generic[T]):
         store.fail_stale_trials(self.study)  # only dead jobs' trials (heartbeats)
         done, running = self._study_trials(self.study)
         option = self._next(done, running)
-        trial = ask(self.study, self.params_of(option))
-        assert self.suggest(trial) == option
+        trial = ask(self.study, option, self.params_of(option), self.suggest)
         store.started(trial)
         self.tuner.post(lambda: self._begin(trial, option, done))
 
