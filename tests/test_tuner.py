@@ -84,6 +84,11 @@ def test_a_locked_plan_that_loses_its_advantage_falls_back_to_the_baseline(
     assert result.settled and result.baseline_kept, (result.progress, result.duels)
     last = max(i for i, *_ in result.messages)
     assert all(a == "native" for i, _, a, _ in result.messages if i == last)
+    # The search started over: the classes were screened again, in the next round's studies.
+    import optuna
+
+    names = optuna.study.get_all_study_names(storage=Store(config["storage"]).storage)
+    assert any(n.endswith("/r1") and "/class=" in n for n in names), names
 
 
 def test_ranks_switch_together_for_hundreds_of_steps(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ class StandIn:
         self.key = "test"
         self.frozen = False
         self.config = Config(**config)
-        self.saved = 0
+        self.screened_calls = 0
         self._inbox: deque[Callable[[], None]] = deque()
         self._store: Store | None = None
 
@@ -47,8 +47,8 @@ class StandIn:
     def post(self, job: Callable[[], None]) -> None:
         self._inbox.append(job)
 
-    def table_changed(self) -> None:
-        self.saved += 1
+    def screened(self) -> None:
+        self.screened_calls += 1
 
     def pump(self) -> None:
         """Let the worker finish what it was given, then run its answers (an exchange)."""
@@ -102,7 +102,7 @@ def test_warmup_samples_median_then_lock_to_the_best(tuner: StandIn) -> None:
     run(search, tuner, latency_of, 20)  # the others at their latency: a 1.0, b 2.0, c 3.0
     assert search.state == "locked"
     assert search.desired == ("b" if first == "a" else "a")
-    assert tuner.saved == 1
+    assert tuner.screened_calls == 1
     tuner.pump()
     assert len(trials(tuner)) == 3  # the space is exhausted: no more than its 3 options
 

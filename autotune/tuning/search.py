@@ -68,7 +68,8 @@ class Host(Protocol):
 
     def store(self) -> Store: ...
 
-    def table_changed(self) -> None: ...
+    def screened(self) -> None:
+        """A search has locked its best: its class may now be nominated."""
 
 
 class Search(Generic[T]):
@@ -253,7 +254,7 @@ class Search(Generic[T]):
     def _lock_best(self) -> None:
         best = self.best
         self.lock(best[0] if best else self.default, best[1] if best else None)
-        self.tuner.table_changed()
+        self.tuner.screened()
 
 
 class ClassSearch(Search[Choice]):

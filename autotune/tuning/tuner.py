@@ -270,7 +270,7 @@ class Tuner:
             campaign.tick(iteration)
             if campaign.settled and len(campaign.history) != self._saved:
                 self._saved = len(campaign.history)
-                self.table_changed()
+                self._store_table()
         arm = campaign.next_arm(self._screening_arm()) if self.loaded else self.arm
         codes = {cls: self._space(cls).index(c) + 1 for cls, c in arm.choices}
         state = "locked" if campaign.settled else "exploring"
@@ -354,6 +354,8 @@ class Tuner:
                     g.high,
                     outcome.why,
                 )
+        if any(s.round != campaign.round for s in self.classes.values()):
+            self.classes.clear()  # fell back: screening starts over, in the new round's studies
         if arm.fusion_bytes != campaign.incumbent.fusion_bytes:
             return  # a fusion challenger's messages: its classes are not the incumbent's
         screening = campaign.phase == "screening"
@@ -370,6 +372,8 @@ class Tuner:
         """Once every active class is screened: hand the campaign each class's challenger."""
         campaign = self.campaign
         assert campaign is not None
+        if campaign.phase != "screening":
+            return
         active = [
             (cls, s)
             for cls, s in self.classes.items()
@@ -397,7 +401,11 @@ class Tuner:
         self.classes[cls] = search
         return search
 
-    def table_changed(self) -> None:
+    def screened(self) -> None:
+        """A class search locked its best (the `Host` call): nominate now if it was the last."""
+        self._nominate()
+
+    def _store_table(self) -> None:
         """Rank 0: the plan locked (or fell back); store the table for the next job."""
         table = self.table()
         assert self.worker is not None
