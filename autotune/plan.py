@@ -113,10 +113,6 @@ class Plan:
         if default is not None:
             self.set_default(default)
 
-    @property
-    def has_default(self) -> bool:
-        return self._default is not None
-
     def set_default(self, default: Rule | Choice) -> None:
         """The choice for size classes without an explicit one: a fixed choice, or a rule."""
         if isinstance(default, Choice):
