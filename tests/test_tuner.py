@@ -87,7 +87,7 @@ def test_a_locked_plan_that_loses_its_advantage_falls_back_to_the_baseline(
     # The search started over: the classes were screened again, in the next round's studies.
     import optuna
 
-    names = optuna.study.get_all_study_names(storage=Store(config["storage"]).storage)
+    names = optuna.study.get_all_study_names(storage=Store(storage(tmp_path)).storage)
     assert any(n.endswith("/r1") and "/class=" in n for n in names), names
 
 
