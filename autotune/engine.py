@@ -5,6 +5,13 @@ every rank sees the same buckets in the same order). An issuing thread starts ea
 the plan's choice for its size class; a completing thread waits for them in the same order,
 records what it measured, and completes the buckets' futures. A message the backend runs itself
 (`native`) is in flight while the next one starts, as DDP's own all-reduces are.
+
+When the backend runs a bucket as one message (the baseline: `native` on DDP's own buckets), the
+bucket's future completes from the backend's own completion callback, as PyTorch's
+``allreduce_hook`` does, and backward never waits for the completing thread: that hop cost
+10-20% of a small model's step on a busy CPU. Plan switches stay in step on every rank because
+an iteration's first bucket waits until the completing thread has handled the previous
+iteration's end (`IterationEnd`, where the tuner switches plans); by then it nearly always has.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.distributed import ProcessGroup
 
-from autotune.algorithms import AllReduceAlgorithm, Pending, split
+from autotune.algorithms import AllReduceAlgorithm, Comm, Pending, check_tensor, split
 from autotune.events import Event, Failure, IterationDone, IterationEnd, Listener
 from autotune.plan import Choice, Plan, size_class
 from autotune.stats import IterationRecord, MessageRecord
@@ -48,6 +55,7 @@ class _Piece:
     finished: float | None  # set when the algorithm finished while starting (Python-driven)
     first_wait_s: float | None
     sent_bytes: int | None
+    early: bool = False  # the backend's callback completes the bucket's future (and sets finished)
 
 
 @dataclass(slots=True)
@@ -97,6 +105,21 @@ class Engine:
         self._last_bucket_at = 0.0  # when backward handed over its last bucket
         self._last_end: float | None = None  # when the previous iteration ended
         self._lock = threading.Lock()
+        # Iterations: whose last bucket was submitted, whose IterationEnd listeners have run, and
+        # whose IterationDone listeners have run (the latter two counted by the completing thread).
+        self._submitted = 0
+        self._ended = 0
+        self._done = 0
+        self._open = False  # an iteration's buckets are being submitted
+        self._progress = threading.Condition(threading.Lock())
+        self._completing = threading.Lock()  # one of set_result / set_exception per future
+        # Messages whose futures the backend completes, started but not yet handed to the
+        # completing thread: it gets them together (at the iteration's last bucket, or before
+        # anything else), so it wakes once an iteration instead of once a message.
+        self._held: list[_Started] = []
+        #: Per algorithm name: the algorithm and its kept connection, for `_direct` (None: the
+        #: algorithm is driven from Python and takes the general path).
+        self._lanes: dict[str, tuple[AllReduceAlgorithm, Comm] | None] = {}
         self._to_start: queue.SimpleQueue[list[_Bucket] | None] = queue.SimpleQueue()
         self._to_finish: queue.SimpleQueue[_Started | None] = queue.SimpleQueue()
         self._error: BaseException | None = None
@@ -119,6 +142,11 @@ class Engine:
 
     def submit(self, buffer: torch.Tensor, is_last: bool) -> torch.futures.Future[torch.Tensor]:
         """Queue ``buffer`` (flat) to be averaged over the group; the future completes with it."""
+        if not self._open:
+            # An iteration's first bucket: the previous iteration's end (where the plan may
+            # switch) must have been handled, so every rank runs this one on the same plan.
+            self._open = True
+            self._wait_for(lambda: self._ended >= self._submitted)
         if self.device is None:
             self.device, self.dtype = buffer.device, buffer.dtype
         cuda = buffer.is_cuda
@@ -132,7 +160,7 @@ class Engine:
         bucket = _Bucket(buffer, future, is_last, ready)
         with self._lock:
             if self._error is not None:
-                _fail(future, self._error)
+                self._fail(future, self._error)
                 return future
             limit = self.fusion_bytes
             if self._pending and (
@@ -149,12 +177,27 @@ class Engine:
             if is_last:
                 self._last_bucket_at = time.perf_counter()
                 self._flush()
+                self._release()
+        if is_last:
+            self._open = False
+            with self._progress:
+                self._submitted += 1
         return future
+
+    def settle(self, timeout_s: float | None = None) -> bool:
+        """Wait until every submitted iteration has been handled on the completing thread (its
+        records and events are out): True, or False at the timeout. A failure settles it too."""
+        return self._wait_for(lambda: self._done >= self._submitted, timeout_s)
+
+    def _wait_for(self, progress: Callable[[], bool], timeout_s: float | None = None) -> bool:
+        with self._progress:
+            return self._progress.wait_for(lambda: progress() or self._error is not None, timeout_s)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the workers once they have run what is queued (or at the timeout)."""
         with self._lock:
             self._flush()
+            self._release()
         self._to_start.put(None)
         deadline = time.monotonic() + timeout_s
         for t in self._threads:
@@ -178,16 +221,63 @@ class Engine:
         thread would cost a thread wake-up per message. Anything Python-driven goes to the start
         thread, so the autograd thread never runs it.
         """
+        if len(buckets) == 1 and self._starting == 0:
+            direct = self._direct(buckets[0])
+            if direct is not None:
+                if direct.pieces and direct.pieces[0].early:
+                    self._held.append(direct)
+                else:
+                    self._release()
+                    self._to_finish.put(direct)
+                return
         nbytes = sum(b.nbytes for b in buckets)
         inline = self._starting == 0 and all(
             self.algorithm_for(self.plan.choice(n).algorithm).asynchronous
             for n in self._piece_sizes(nbytes, buckets[0].buffer.element_size())
         )
+        self._release()  # ahead of what this puts, or the start thread will
         if inline:
             self._to_finish.put(self._started(buckets))
         else:
             self._starting += 1
             self._to_start.put(buckets)
+
+    def _direct(self, bucket: _Bucket) -> _Started | None:
+        """The baseline's lane: a CPU bucket sent as one message by an algorithm the backend
+        runs (`native`), started here on a kept connection and completed by the backend's own
+        callback, for what PyTorch's ``allreduce_hook`` costs. None where it does not apply."""
+        nbytes = bucket.nbytes
+        if bucket.ready is not None or 0 < self.fusion_bytes < nbytes:
+            return None  # CUDA (streams to order), or cut into pieces
+        choice = self.plan.choice(nbytes)
+        started = _Started([bucket], bucket.buffer, algorithm=choice.algorithm)
+        try:
+            lane = self._lanes.get(choice.algorithm)
+            if lane is None:
+                algo = self.algorithm_for(choice.algorithm)
+                if algo.asynchronous:
+                    lane = (algo, algo.connect(self.group, bucket.buffer.device))
+                self._lanes[choice.algorithm] = lane
+            if lane is None:
+                return None
+            algo, comm = lane
+            check_tensor(bucket.buffer)
+            bucket.buffer.mul_(1.0 / self.world_size)  # as `_start` explains
+            begin = time.perf_counter()
+            pending = algo.launch(bucket.buffer, comm)
+        except BaseException as exc:
+            started.error = exc
+            return started
+        piece = _Piece(nbytes, choice, pending, begin, None, None, None)
+        started.pieces.append(piece)
+        self._complete_early(bucket, piece)
+        return started
+
+    def _release(self) -> None:
+        """Hand the held messages to the completing thread (with the lock held)."""
+        for started in self._held:
+            self._to_finish.put(started)
+        self._held.clear()
 
     def _start_loop(self) -> None:
         while (buckets := self._to_start.get()) is not None:
@@ -236,6 +326,27 @@ class Engine:
                     _Piece(nbytes, choice, pending, begin, done, first_wait, sent)
                 )
 
+    def _complete_early(self, bucket: _Bucket, piece: _Piece) -> None:
+        """Have the backend's completion callback complete ``bucket``'s future, where it has one
+        (on CPU): backward then goes on without waiting for the completing thread. A failure is
+        left to that thread, which fails the future with the diagnosed error."""
+        future = piece.pending.future
+        if future is None:
+            return
+        piece.early = True
+
+        def done(fut: torch.futures.Future[list[torch.Tensor]]) -> None:
+            piece.finished = time.perf_counter()
+            try:
+                fut.value()
+            except Exception:
+                return
+            with self._completing:
+                if not bucket.future.done():
+                    bucket.future.set_result(bucket.buffer)
+
+        future.add_done_callback(done)
+
     def _finish_loop(self) -> None:
         while (started := self._to_finish.get()) is not None:
             if self._error is None and started.error is None:
@@ -256,18 +367,24 @@ class Engine:
                 error = self._error
                 stranded, self._pending = self._pending, []  # submitted after the failure
             assert error is not None
+            with self._progress:
+                self._progress.notify_all()  # a submit or settle waiting on this thread
             if first:
                 self._emit(Failure(error))
             for b in [*started.buckets, *stranded]:
-                _fail(b.future, error)
+                self._fail(b.future, error)
 
     def _finish(self, started: _Started) -> None:
         with self._stream_for(started.flat.device) as stream:
+            buckets = started.buckets
+            finished = 0.0
             for piece in started.pieces:
                 started.algorithm = piece.choice.algorithm
                 piece.pending.wait()
                 if stream is not None:
                     stream.synchronize()  # time the transfer, not the launch; surface errors here
+                if piece.early:
+                    buckets[0].future.wait()  # the callback has run: it timed the message
                 finished = piece.finished or time.perf_counter()
                 self._emit(
                     MessageRecord(
@@ -283,27 +400,36 @@ class Engine:
                         sent_bytes=piece.sent_bytes,
                     )
                 )
-            buckets = started.buckets
             if len(buckets) > 1:
                 offset = 0
                 for b in buckets:
                     n = b.buffer.numel()
                     b.buffer.copy_(started.flat[offset : offset + n])
                     offset += n
+            early = started.pieces[-1].early if started.pieces else False
             if buckets[-1].is_last:
                 self.iteration += 1
                 begin = time.perf_counter()
-                exposed = max(0.0, begin - self._last_bucket_at)
-                step = None if self._last_end is None else begin - self._last_end
-                self._last_end = begin
+                # Where backward was released: the backend's callback, or here.
+                end = finished if early else begin
+                exposed = max(0.0, end - self._last_bucket_at)
+                step = None if self._last_end is None else end - self._last_end
+                self._last_end = end
                 self._emit(IterationEnd(self.iteration, exposed, step))
                 took = time.perf_counter() - begin
                 self._emit(IterationRecord(self.iteration, exposed, took))
-            # With the comm stream current, a CUDA future records its completion on that stream.
-            for b in buckets:
-                b.future.set_result(b.buffer)
+                with self._progress:
+                    self._ended += 1
+                    self._progress.notify_all()
+            if not early:
+                # With the comm stream current, a CUDA future records its completion there.
+                for b in buckets:
+                    b.future.set_result(b.buffer)
             if buckets[-1].is_last:
                 self._emit(IterationDone(self.iteration))
+                with self._progress:
+                    self._done += 1
+                    self._progress.notify_all()
 
     def _pieces(self, flat: torch.Tensor) -> list[torch.Tensor]:
         bounds = self._piece_bounds(flat.numel(), flat.element_size())
@@ -322,6 +448,16 @@ class Engine:
         parts = -(-nbytes // limit)
         return [(a, b) for a, b in split(0, numel, parts) if b > a]
 
+    def _fail(self, future: torch.futures.Future[torch.Tensor], error: BaseException) -> None:
+        # A listener after the last bucket's result (IterationDone) can fail once its futures
+        # are complete, and the backend's callback completes some itself; those keep their
+        # result, and the failure goes to the buckets after them.
+        with self._completing:
+            if future.done():
+                return
+            # torch annotates set_exception as taking the result type; it takes the exception.
+            future.set_exception(error)  # type: ignore[arg-type]
+
     @contextlib.contextmanager
     def _stream_for(self, device: torch.device) -> Iterator[torch.cuda.Stream | None]:
         if device.type != "cuda":
@@ -333,12 +469,3 @@ class Engine:
                 stream = self._streams[device] = torch.cuda.Stream(device)
         with torch.cuda.stream(stream):
             yield stream
-
-
-def _fail(future: torch.futures.Future[torch.Tensor], error: BaseException) -> None:
-    # A listener after the last bucket's result (IterationDone) can fail once its futures
-    # are complete; those keep their result, and the failure goes to the buckets after them.
-    if future.done():
-        return
-    # torch annotates set_exception as taking the result type; it takes the exception.
-    future.set_exception(error)  # type: ignore[arg-type]

@@ -150,7 +150,11 @@ class AutotuneState:
         )
 
     def stats(self) -> dict[tuple[int, str], Summary]:
-        """(size class, algorithm) -> count, bytes, median and p99 seconds, busbw."""
+        """(size class, algorithm) -> count, bytes, median and p99 seconds, busbw.
+
+        Waits (up to 10 s) until the engine has recorded every iteration submitted so far: a
+        bucket's future can complete before the engine has written down its timing."""
+        self.engine.settle(timeout_s=10.0)
         return summarize(self.recorder.records())
 
     def close(self) -> None:

@@ -72,6 +72,7 @@ def overlap(rank: int, world_size: int, steps: int) -> Overlap:
             continue
         compute.append(c)
         step.append(s)
+        state.engine.settle(60)  # its records are written after the futures complete
         mine = [r for r in state.recorder.records() if r.iteration == i]
         comm.append(max(r.started + r.seconds for r in mine) - min(r.started for r in mine))
         last_bucket = max(t for t, _ in state.recorder.hook_calls()[-len(mine) :])

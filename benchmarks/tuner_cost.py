@@ -49,6 +49,7 @@ def _rank(rank: int, world_size: int, args: argparse.Namespace, storage: str) ->
         optimizer.zero_grad(set_to_none=True)
         steps.append((time.perf_counter() - start, state.tuner.settled))
         settled_at = (settled_at or step) if state.tuner.settled else None
+    state.engine.settle(60)
     iterations = state.recorder.iterations()
     table = state.table()
     off_path = list(state.tuner.off_path_s)

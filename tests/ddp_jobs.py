@@ -115,6 +115,7 @@ def train_pair(
             torch.nn.functional.cross_entropy(model(x, use_branch).float(), y).backward()
             opt.step()
             opt.zero_grad()
+    state.engine.settle(30)  # the engine records a message after its future completes
     records = state.recorder.records()
     state.close()
     return Trained(
@@ -198,6 +199,7 @@ def env_default_state(rank: int, world_size: int) -> tuple[set[str], int | None,
     from autotune.hook import default_state, reset_default_state
 
     state = default_state()
+    state.engine.settle(30)
     used = {r.algorithm for r in state.recorder.records()}
     fusion = state.config.fusion_bytes
     reset_default_state()
@@ -340,6 +342,7 @@ def overlap_events(rank: int, world_size: int) -> tuple[list[bool], bool, int]:
     handle = first.weight.register_hook(late)  # the first layer's gradient comes last
     ddp(x).square().mean().backward()
     handle.remove()
+    state.engine.settle(30)
     messages = sum(r.iteration == 1 for r in state.recorder.records())
     state.close()
     return GatedRing.opened, seen == [True, True], messages
@@ -353,6 +356,7 @@ def records(rank: int, world_size: int, algorithms: list[str]) -> dict[str, Any]
         model = DDP(Net(), bucket_cap_mb=0.002)
         state = autotune.register(model, autotune.Config(algorithm=algorithm, timeout_s=60))
         train_steps(model, 6)
+        state.engine.settle(30)
         out[algorithm] = (
             state.recorder.records(),
             state.stats(),

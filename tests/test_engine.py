@@ -14,7 +14,7 @@ import torch
 from autotune.algorithms import AllReduceAlgorithm, Comm, PeerError, Pending
 from autotune.engine import Engine
 from autotune.events import Event, IterationDone, IterationEnd
-from autotune.plan import Choice, Plan
+from autotune.plan import Choice, Plan, size_class
 from autotune.stats import Recorder
 
 
@@ -213,6 +213,12 @@ class Threaded(Recording):
         self.order.append(f"{self.name}:{tensor.numel()}")
         return super().start(tensor)
 
+    def connect(self, group, device):  # type: ignore[no-untyped-def]
+        return None  # no peers here; `launch` takes what `connect` gave
+
+    def launch(self, buf, comm) -> Pending:  # type: ignore[no-untyped-def]
+        return self.start(buf)
+
 
 def test_asynchronous_starts_inline_only_with_nothing_ahead() -> None:
     order: list[str] = []
@@ -245,3 +251,113 @@ def test_asynchronous_starts_inline_only_with_nothing_ahead() -> None:
     assert order == ["async:10", "sync:1000", "async:20", "async:30"]
     assert slow.threads == ["autotune-start"]
     assert fast.threads[1:] == ["autotune-start", "autotune-start"]
+
+
+class Backend(AllReduceAlgorithm):
+    """An algorithm the backend runs: each message's future is completed by the test."""
+
+    asynchronous = True
+
+    def __init__(self, name: str, launched: list[str]) -> None:
+        super().__init__()
+        self.name = name  # type: ignore[misc]
+        self.launched = launched
+        self.futures: list[torch.futures.Future[list[torch.Tensor]]] = []
+
+    def connect(self, group, device):  # type: ignore[no-untyped-def]
+        return None
+
+    def launch(self, buf, comm) -> Pending:  # type: ignore[no-untyped-def]
+        future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+        self.futures.append(future)
+        self.launched.append(f"{self.name}:{buf.numel()}")
+
+        def wait() -> None:
+            future.wait()  # raises the backend's error, as a real wait does
+
+        return Pending(wait, future=future)
+
+    def _run(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> None:
+        raise AssertionError("launch is overridden")
+
+
+def test_the_backends_callback_completes_a_lone_bucket_and_plans_switch_in_step() -> None:
+    launched: list[str] = []
+    algos = {"a": Backend("a", launched), "b": Backend("b", launched)}
+    engine = Engine(
+        group=None,  # type: ignore[arg-type]
+        world_size=2,
+        plan=Plan(Choice("a")),
+        algorithm_for=algos.__getitem__,
+    )
+    entered, release = threading.Event(), threading.Event()
+
+    def switch_at_end(event: Event) -> None:
+        if isinstance(event, IterationEnd) and event.iteration == 1:
+            entered.set()
+            assert release.wait(10)
+            engine.plan.replace({size_class(24): Choice("b")})  # as the tuner does here
+            launched.append("end:1")
+
+    engine.subscribe(switch_at_end)
+    first = engine.submit(torch.full((6,), 4.0), is_last=True)
+    algos["a"].futures[0].set_result([])
+    # Backward is released by the backend's completion, while the engine's thread is still busy
+    # in the iteration's end.
+    assert first.wait().eq(2.0).all()  # averaged: scaled by 1/2 (the fake adds nothing)
+    assert entered.wait(10)
+    # The next iteration's first bucket waits for that end: it runs on the switched plan.
+    timer = threading.Timer(0.2, release.set)
+    timer.start()
+    second = engine.submit(torch.full((6,), 4.0), is_last=True)
+    timer.join()
+    algos["b"].futures[0].set_result([])
+    assert second.wait().eq(2.0).all()
+    assert engine.settle(10)
+    engine.close()
+    assert launched == ["a:6", "end:1", "b:6"]
+
+
+def test_a_failed_backend_message_fails_its_bucket_with_the_diagnosed_error() -> None:
+    launched: list[str] = []
+    algo = Backend("a", launched)
+    engine = Engine(
+        group=None,  # type: ignore[arg-type]
+        world_size=2,
+        plan=Plan(Choice("a")),
+        algorithm_for=lambda name: algo,
+        diagnose=lambda error, name: PeerError(f"{name} failed: rank 1 died ({error})"),
+    )
+    future = engine.submit(torch.ones(4), is_last=True)
+    # torch annotates set_exception as taking the result type; it takes the exception.
+    algo.futures[0].set_exception(RuntimeError("Connection closed by peer"))  # type: ignore[arg-type]
+    with pytest.raises(PeerError, match=r"a failed: rank 1 died .*Connection closed by peer"):
+        future.wait()
+    assert engine.settle(10)  # a failure settles it
+    later = engine.submit(torch.ones(4), is_last=True)  # does not wait for a dead engine
+    with pytest.raises(PeerError, match="rank 1 died"):
+        later.wait()
+    engine.close()
+
+
+def test_settle_waits_until_every_submitted_iteration_is_recorded() -> None:
+    launched: list[str] = []
+    algo = Backend("a", launched)
+    engine = Engine(
+        group=None,  # type: ignore[arg-type]
+        world_size=2,
+        plan=Plan(Choice("a")),
+        algorithm_for=lambda name: algo,
+    )
+    recorder = Recorder()
+    engine.subscribe(recorder.record)
+    for _ in range(3):
+        futures = [engine.submit(torch.ones(n), is_last=n == 3) for n in (1, 2, 3)]
+        for backend in algo.futures[-3:]:
+            backend.set_result([])
+        for f in futures:
+            f.wait()
+    assert engine.settle(10)
+    assert [r.nbytes for r in recorder.records()] == [4, 8, 12] * 3
+    assert [r.iteration for r in recorder.iterations()] == [1, 2, 3]
+    engine.close()

@@ -180,6 +180,7 @@ def tune(
     if compare:
         for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
             rel = max(rel, float((a.double() - b.double()).norm() / b.double().norm()))
+    state.engine.settle(30)
     result = Tuned(
         plan=state.plan(),
         fusion_bytes=state.engine.fusion_bytes,
@@ -212,6 +213,7 @@ def fixed_from_file(
         torch.nn.functional.cross_entropy(state_holder(x), y).backward()
         opt.step()
         opt.zero_grad()
+    state.engine.settle(30)
     used = {r.algorithm for r in state.recorder.records() if r.iteration >= 1}
     result = (state.tuner is None, used, state.plan())
     state.close()

@@ -6,7 +6,7 @@ Built in: ``ring``, ``tree``, ``two_tree`` and ``native``; more arrive through `
 
 from __future__ import annotations
 
-from autotune.algorithms._base import SUPPORTED_DTYPES, AllReduceAlgorithm, Pending
+from autotune.algorithms._base import SUPPORTED_DTYPES, AllReduceAlgorithm, Pending, check_tensor
 from autotune.algorithms._groups import (
     Comm,
     PeerError,
@@ -67,6 +67,7 @@ __all__ = [
     "backend_for",
     "binary_tree",
     "bookkeeping_device",
+    "check_tensor",
     "connect",
     "double_binary_tree",
     "ensure_ready",

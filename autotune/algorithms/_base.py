@@ -29,16 +29,22 @@ class Pending:
 
     Waiting twice is harmless; a failure (a dead or stalled peer) raises from `wait`.
     ``traffic`` is what this rank sent for it (complete once done); None where the backend runs
-    the collective itself (`native`) and nothing is observable.
+    the collective itself (`native`) and nothing is observable. ``future`` is the backend's own
+    future for the collective, where it has one (`native`): its callbacks run as soon as the data
+    is in, on the backend's thread; `wait` is still what reports a failure.
     """
 
-    __slots__ = ("_wait", "traffic")
+    __slots__ = ("_wait", "future", "traffic")
 
     def __init__(
-        self, wait: Callable[[], None] | None = None, traffic: Traffic | None = None
+        self,
+        wait: Callable[[], None] | None = None,
+        traffic: Traffic | None = None,
+        future: torch.futures.Future[list[torch.Tensor]] | None = None,
     ) -> None:
         self._wait = wait
         self.traffic = traffic
+        self.future = future
 
     @property
     def done(self) -> bool:
@@ -113,10 +119,7 @@ class AllReduceAlgorithm(abc.ABC):
         check_tensor(tensor)
         segment_bytes = self.default_segment_bytes if segment_bytes is None else segment_bytes
         check_segment_bytes(segment_bytes)
-        if group is not None and dist.get_rank(group) < 0:
-            raise ValueError("this rank is not a member of the process group passed to all_reduce")
-        timeout = None if self.timeout_s is None else timedelta(seconds=self.timeout_s)
-        comm = connect(group, tensor.device, self.name, timeout)
+        comm = self.connect(group, tensor.device)
         size, backend = comm.size, comm.backend
         # What this rank sends is ours to count, unless the backend runs the whole collective.
         traffic = None if self.asynchronous else comm.traffic
@@ -124,7 +127,6 @@ class AllReduceAlgorithm(abc.ABC):
             _check_same_call(tensor, segment_bytes, self.name, comm)
         if size == 1 or tensor.numel() == 0:
             return Pending(traffic=traffic)
-        ensure_ready(comm, tensor.device)
         segment_elems = max(1, segment_bytes // tensor.element_size())
         flat = tensor.view(-1)
         with torch.no_grad():
@@ -141,6 +143,30 @@ class AllReduceAlgorithm(abc.ABC):
             pending = self._start(flat, comm, segment_elems)
             pending.traffic = traffic
             return pending
+
+    def connect(self, group: ProcessGroup | None, device: torch.device) -> Comm:
+        """Where this algorithm talks for ``group`` on ``device``, ready for its first message.
+
+        Once per message in `start`; a caller that sends many messages the same way may keep it
+        and `launch` on it.
+        """
+        if group is not None and dist.get_rank(group) < 0:
+            raise ValueError("this rank is not a member of the process group passed to all_reduce")
+        timeout = None if self.timeout_s is None else timedelta(seconds=self.timeout_s)
+        comm = connect(group, device, self.name, timeout)
+        if comm.size > 1:
+            ensure_ready(comm, device)
+        return comm
+
+    def launch(self, buf: torch.Tensor, comm: Comm) -> Pending:
+        """`start` for an `asynchronous` algorithm on a kept ``comm`` (of `connect`), without its
+        per-message checks: ``buf`` is flat, contiguous, of a supported dtype, on the device
+        ``comm`` was made for (CPU, or CUDA where the backend sends CUDA tensors), and non-empty.
+        """
+        assert self.asynchronous, f"{self.name} is driven from Python: use start()"
+        if comm.size == 1:
+            return Pending()
+        return self._start(buf, comm, max(1, self.default_segment_bytes // buf.element_size()))
 
     def _start(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> Pending:
         """Begin reducing ``buf``; by default run `_run` to the end, return a finished Pending."""

@@ -23,7 +23,7 @@ class NativeAllReduce(AllReduceAlgorithm):
         work = dist.all_reduce(buf, group=comm.group, async_op=True)
         assert work is not None
         what = f"{comm.backend} all_reduce of {buf.numel() * buf.element_size()} bytes"
-        return Pending(lambda: comm.wait(work, what))
+        return Pending(lambda: comm.wait(work, what), future=work.get_future())
 
     def _run(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> None:
         self._start(buf, comm, segment_elems).wait()
