@@ -2,9 +2,11 @@
 
     python benchmarks/hook_overhead.py --world-size 4 --steps 60
 
-Each rank builds identical models from examples/train_ddp.py: plain DDP, DDP with the hook in
-fixed `native` mode, and DDP with the hook in `auto` mode (the tuner on, from an empty storage:
-it explores for the first hundred steps or so, then runs what it locked in). They take turns
+Each rank builds identical models from examples/train_ddp.py: plain DDP, DDP with PyTorch's own
+``allreduce_hook`` (the floor for any hook written in Python: a 1/N pass, then the backend's
+all-reduce), DDP with the hook in fixed `native` mode, and DDP with the hook in `auto` mode (the
+tuner on, from an empty storage: it explores for the first hundred steps or so, then runs what it
+locked in). They take turns
 step by step on the same batches, so drift on a shared machine hits them alike. A step is
 forward, backward (which waits for the all-reduces) and the optimizer, timed on each rank; the
 slowest rank's time counts. Reported:
@@ -25,6 +27,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
@@ -34,7 +37,7 @@ from autotune.stats import quartiles
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from train_ddp import Teacher, add_model_arguments, build_model
 
-MODES = ("plain", "native", "auto")
+MODES = ("plain", "allreduce_hook", "native", "auto")
 
 
 def _rank(rank: int, world_size: int, args: argparse.Namespace, storage: str) -> dict[str, Any]:
@@ -44,7 +47,9 @@ def _rank(rank: int, world_size: int, args: argparse.Namespace, storage: str) ->
     states: dict[str, autotune.AutotuneState] = {}
     for mode in modes:
         models[mode] = DDP(copy.deepcopy(base), bucket_cap_mb=args.bucket_cap_mb)
-        if mode != "plain":
+        if mode == "allreduce_hook":
+            models[mode].register_comm_hook(dist.group.WORLD, allreduce_hook)
+        elif mode != "plain":
             config = autotune.Config(algorithm=mode, storage=storage)
             states[mode] = autotune.register(models[mode], config)
     optimizers = {m: torch.optim.SGD(models[m].parameters(), lr=0.1) for m in modes}
@@ -80,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=5)
     add_model_arguments(p)
     p.add_argument(
-        "--modes", default=",".join(MODES), help="which of plain,native,auto (plain is required)"
+        "--modes",
+        default=",".join(MODES),
+        help=f"which of {','.join(MODES)} (plain is required, first)",
     )
     args = p.parse_args(argv)
     args.modes = args.modes.split(",")

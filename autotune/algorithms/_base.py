@@ -144,16 +144,20 @@ class AllReduceAlgorithm(abc.ABC):
             pending.traffic = traffic
             return pending
 
-    def connect(self, group: ProcessGroup | None, device: torch.device) -> Comm:
+    def connect(
+        self, group: ProcessGroup | None, device: torch.device, *, dedicated: bool = True
+    ) -> Comm:
         """Where this algorithm talks for ``group`` on ``device``, ready for its first message.
 
         Once per message in `start`; a caller that sends many messages the same way may keep it
-        and `launch` on it.
+        and `launch` on it. ``dedicated`` False talks on ``group`` itself instead of the group
+        of autotune's own (`p2p_group`): only for collectives issued where ``group``'s others
+        are, in the same order on every rank, as DDP issues its all-reduces from backward.
         """
         if group is not None and dist.get_rank(group) < 0:
             raise ValueError("this rank is not a member of the process group passed to all_reduce")
         timeout = None if self.timeout_s is None else timedelta(seconds=self.timeout_s)
-        comm = connect(group, device, self.name, timeout)
+        comm = connect(group, device, self.name, timeout, dedicated=dedicated)
         if comm.size > 1:
             ensure_ready(comm, device)
         return comm

@@ -200,17 +200,32 @@ def connect(
     algorithm: str,
     timeout: timedelta | None,
     collective: str = "all-reduce",
+    *,
+    dedicated: bool = True,
 ) -> Comm:
-    """Where ``algorithm`` talks for ``group``: its dedicated group, this rank, the backend."""
+    """Where ``algorithm`` talks for ``group``: its dedicated group (or, ``dedicated`` False,
+    ``group`` itself), this rank, the backend."""
+    if not dedicated:
+        base = dist.group.WORLD if group is None else group
+        assert base is not None, "the default process group is not initialised"
+        return Comm(
+            base,
+            dist.get_rank(base),
+            dist.get_world_size(base),
+            backend_for(base, device),
+            algorithm,
+            timeout,
+            collective=collective,
+        )
     try:
-        dedicated = p2p_group(group, timeout)
+        dedicated_group = p2p_group(group, timeout)
     except PeerError as exc:
         raise PeerError(f"{algorithm} {collective}: {exc}", algorithm=algorithm) from exc.__cause__
     return Comm(
-        dedicated,
-        dist.get_rank(dedicated),
-        dist.get_world_size(dedicated),
-        backend_for(dedicated, device),
+        dedicated_group,
+        dist.get_rank(dedicated_group),
+        dist.get_world_size(dedicated_group),
+        backend_for(dedicated_group, device),
         algorithm,
         timeout,
         collective=collective,
