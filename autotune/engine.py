@@ -111,6 +111,7 @@ class Engine:
         self._ended = 0
         self._done = 0
         self._open = False  # an iteration's buckets are being submitted
+        self._switches: set[int] = set()  # iterations at whose end the plan may change
         self._progress = threading.Condition(threading.Lock())
         self._completing = threading.Lock()  # one of set_result / set_exception per future
         # Messages whose futures the backend completes, started but not yet handed to the
@@ -145,10 +146,8 @@ class Engine:
     def submit(self, buffer: torch.Tensor, is_last: bool) -> torch.futures.Future[torch.Tensor]:
         """Queue ``buffer`` (flat) to be averaged over the group; the future completes with it."""
         if not self._open:
-            # An iteration's first bucket: the previous iteration's end (where the plan may
-            # switch) must have been handled, so every rank runs this one on the same plan.
             self._open = True
-            self._wait_for(lambda: self._ended >= self._submitted)
+            self._wait_for_plan(self._submitted + 1)
         if self.device is None:
             self.device, self.dtype = buffer.device, buffer.dtype
         cuda = buffer.is_cuda
@@ -185,6 +184,32 @@ class Engine:
             with self._progress:
                 self._submitted += 1
         return future
+
+    def switch_at(self, iteration: int) -> None:
+        """The plan may change at the end of ``iteration`` (a listener will switch it there, at
+        `IterationEnd`): the next iteration's first bucket waits for that end. Say so by the
+        end of the iteration before it (at its `IterationDone`)."""
+        with self._progress:
+            self._switches.add(iteration)
+
+    def _wait_for_plan(self, iteration: int) -> None:
+        """Before ``iteration``'s first bucket: make sure it runs the plan every rank runs.
+
+        The completing thread is always let get two iterations behind (it has handled the
+        `IterationDone` that would have announced a switch); it must have handled the previous
+        iteration's end only where the plan may switch there. Waiting at every iteration would
+        tie each step to that thread's scheduling (milliseconds on an oversubscribed CPU).
+        """
+        previous = iteration - 1
+
+        def ready() -> bool:
+            if self._done < iteration - 2:
+                return False
+            return previous not in self._switches or self._ended >= previous
+
+        self._wait_for(ready)
+        with self._progress:
+            self._switches.discard(previous)
 
     def settle(self, timeout_s: float | None = None) -> bool:
         """Wait until every submitted iteration has been handled on the completing thread (its

@@ -1,9 +1,10 @@
 """What the engine tells its listeners, in the order it happens on its finishing thread.
 
 One stream for every consumer (the recorder, the metrics, the tuner): per message a
-`MessageRecord`; at an iteration's end `IterationEnd` (before the next iteration's first message
-starts: the same point of the bucket sequence on every rank), then its `IterationRecord`, then
-`IterationDone` (after the futures: backward is free to end); once, `Failure`.
+`MessageRecord`; at an iteration's end `IterationEnd` (the same point of the bucket sequence on
+every rank; where `Engine.switch_at` announced a plan switch, before the next iteration's first
+message starts), then its `IterationRecord`, then `IterationDone` (after the futures: backward is
+free to end); once, `Failure`.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ __all__ = ["Event", "Failure", "IterationDone", "IterationEnd", "Listener"]
 
 @dataclass(frozen=True, slots=True)
 class IterationEnd:
-    """Every message of ``iteration`` completed; the next iteration's first message waits for the
-    listeners, so a plan switched here applies from the next iteration on every rank. The
+    """Every message of ``iteration`` completed. Where `Engine.switch_at` announced it, the next
+    iteration's first message waits for the listeners, so a plan switched here applies from the
+    next iteration on every rank (elsewhere the next iteration does not wait). The
     futures of buckets the backend completes itself (`native`, one bucket per message) may have
     completed; the others complete after it. A listener may use the tuner's process group here
     (every rank is at this point); what it takes beyond the next forward delays the step."""

@@ -305,6 +305,7 @@ def test_the_backends_callback_completes_a_lone_bucket_and_plans_switch_in_step(
             launched.append("end:1")
 
     engine.subscribe(switch_at_end)
+    engine.switch_at(1)  # announced, as the tuner does when its exchange will land there
     first = engine.submit(torch.full((6,), 4.0), is_last=True)
     algos["a"].futures[0].set_result([])
     # Backward is released by the backend's completion, while the engine's thread is still busy
@@ -321,6 +322,41 @@ def test_the_backends_callback_completes_a_lone_bucket_and_plans_switch_in_step(
     assert engine.settle(10)
     engine.close()
     assert launched == ["a:6", "end:1", "b:6"]
+
+
+def test_without_a_switch_announced_the_next_iteration_does_not_wait_for_the_end() -> None:
+    launched: list[str] = []
+    algo = Backend("a", launched)
+    engine = Engine(
+        group=None,  # type: ignore[arg-type]
+        world_size=2,
+        plan=Plan(Choice("a")),
+        algorithm_for=lambda name: algo,
+    )
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_end(event: Event) -> None:
+        if isinstance(event, IterationEnd) and event.iteration == 1:
+            entered.set()
+            assert release.wait(10)
+            launched.append("end:1")
+
+    engine.subscribe(slow_end)
+    first = engine.submit(torch.ones(4), is_last=True)
+    algo.futures[0].set_result([])
+    first.wait()
+    assert entered.wait(10)
+    timer = threading.Timer(5.0, release.set)  # only so that a broken engine cannot hang here
+    timer.start()
+    second = engine.submit(torch.ones(4), is_last=True)  # launched while the end still runs
+    launched.append("submitted:2")
+    release.set()
+    timer.cancel()
+    algo.futures[1].set_result([])
+    second.wait()
+    assert engine.settle(10)
+    engine.close()
+    assert launched == ["a:4", "a:4", "submitted:2", "end:1"]
 
 
 def test_a_failed_backend_message_fails_its_bucket_with_the_diagnosed_error() -> None:

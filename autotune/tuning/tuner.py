@@ -152,6 +152,7 @@ class Tuner:
             orders = self._decide(iteration) if self.rank == 0 else None
             row = wire.write(wire.Window(latencies, step), orders)
             self._exchange = (*self._start_all_reduce_max(row), self._window_arm)
+            self.engine.switch_at(iteration + 1)  # where the orders it carries take effect
             self._new_window()
         self.off_path_s.append(time.perf_counter() - begin)
 
