@@ -104,6 +104,7 @@ class Engine:
         self._starting = 0  # messages queued for, or being started by, the start thread
         self._last_bucket_at = 0.0  # when backward handed over its last bucket
         self._last_end: float | None = None  # when the previous iteration ended
+        self._completed_at = 0.0  # when the latest bucket's future completed (completing thread)
         self._lock = threading.Lock()
         # Iterations: whose last bucket was submitted, whose IterationEnd listeners have run, and
         # whose IterationDone listeners have run (the latter two counted by the completing thread).
@@ -453,8 +454,10 @@ class Engine:
             if buckets[-1].is_last:
                 self.iteration += 1
                 begin = time.perf_counter()
-                # Where backward was released: the backend's callback, or here.
-                end = finished if early else begin
+                # Where backward was released: at this bucket's completion (the backend's
+                # callback, or here), or later at an earlier bucket's, whose message the lane's
+                # overtook: that wait belongs to this iteration's step, not the next one's.
+                end = max(finished if early else begin, self._completed_at)
                 exposed = max(0.0, end - self._last_bucket_at)
                 step = None if self._last_end is None else end - self._last_end
                 self._last_end = end
@@ -468,6 +471,9 @@ class Engine:
                 # With the comm stream current, a CUDA future records its completion there.
                 for b in buckets:
                     b.future.set_result(b.buffer)
+                self._completed_at = time.perf_counter()
+            else:
+                self._completed_at = max(self._completed_at, finished)
             if buckets[-1].is_last:
                 self._emit(IterationDone(self.iteration))
                 with self._progress:

@@ -7,6 +7,7 @@ peers, so every decision the engine makes is visible and checkable.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -322,6 +323,40 @@ def test_the_backends_callback_completes_a_lone_bucket_and_plans_switch_in_step(
     assert engine.settle(10)
     engine.close()
     assert launched == ["a:6", "end:1", "b:6"]
+
+
+def test_an_iteration_ends_when_its_last_message_is_done_not_its_last_bucket() -> None:
+    # The last bucket takes the lane and the backend completes it first; a Python-driven message
+    # before it is still running. Backward goes on only once both are done, so that is where the
+    # iteration ends: stamped at the lane's completion, a challenger's slow first bucket would
+    # count in the next iteration's step, which a duel gives to the other plan.
+    launched: list[str] = []
+    held = threading.Event()
+    lane = Backend("a", launched)
+    algos = {"a": lane, "sync": Threaded("sync", False, launched, held)}
+    engine = Engine(
+        group=None,  # type: ignore[arg-type]
+        world_size=1,
+        plan=Plan(lambda cls: Choice("a" if cls <= 1024 else "sync")),
+        algorithm_for=algos.__getitem__,
+    )
+    ends: list[IterationEnd] = []
+    engine.subscribe(lambda e: ends.append(e) if isinstance(e, IterationEnd) else None)
+    futures = [engine.submit(torch.ones(1000), is_last=False)]
+    futures.append(engine.submit(torch.ones(30), is_last=True))
+    submitted = time.perf_counter()  # after submit stamped the last bucket's hand-over
+    lane.futures[0].set_result([])
+    futures[1].wait()  # the backend's callback completed the lane's bucket
+    time.sleep(0.05)  # not timed: only so that an iteration ended too early shows by far
+    released = time.perf_counter()
+    held.set()
+    futures[0].wait()
+    assert engine.settle(10)
+    engine.close()
+    assert launched == ["a:30", "sync:1000"]
+    (end,) = ends
+    # Causal, not timed: the iteration cannot have ended before its first message was let run.
+    assert end.exposed_s >= released - submitted, (end, released - submitted)
 
 
 def test_without_a_switch_announced_the_next_iteration_does_not_wait_for_the_end() -> None:
