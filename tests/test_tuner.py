@@ -16,6 +16,9 @@ from autotune.plan import Choice, Entry, Table, size_class
 from autotune.store import Store
 
 QUICK = {"tune_warmup": 1, "tune_samples": 2, "fusion_bytes": 0, "duel_pairs": 10}
+#: Jobs that only need the tuner to settle train until it has (``until_settled``), up to this
+#: cap: the step count tuning takes grows when a loaded machine slows the Optuna worker.
+SETTLE_CAP = 600
 
 
 def storage(tmp_path: Path) -> str:
@@ -26,7 +29,7 @@ def test_with_a_baseline_that_is_always_best_the_tuner_locks_the_baseline(
     tmp_path: Path,
 ) -> None:
     config = {**QUICK, "algorithms": ("slow_ring",), "storage": storage(tmp_path)}
-    result = run_local(tune, 2, 80, config, False, timeout_s=600)[0]
+    result = run_local(tune, 2, SETTLE_CAP, config, False, False, None, True, timeout_s=600)[0]
     assert result.settled, result.progress
     # slow_ring was nominated for each class (no other candidate) and lost every duel.
     assert result.duels and not any(won for _, _, won in result.duels), result.duels
@@ -42,7 +45,7 @@ def test_a_plan_whose_messages_look_fast_but_whose_step_is_slower_is_not_locked(
 ) -> None:
     # gil_hog's messages take a ring's time; after each it holds the GIL from training.
     config = {**QUICK, "algorithms": ("gil_hog",), "storage": storage(tmp_path)}
-    result = run_local(tune, 2, 80, config, False, timeout_s=600)[0]
+    result = run_local(tune, 2, SETTLE_CAP, config, False, False, None, True, timeout_s=600)[0]
     assert result.settled, result.progress
     nominated = [(kind, arm) for kind, arm, _ in result.duels if "gil_hog" in arm]
     assert nominated, result.duels  # screening put it forward on its latency
@@ -54,7 +57,7 @@ def test_a_plan_whose_messages_look_fast_but_whose_step_is_slower_is_not_locked(
 def test_the_best_algorithm_differs_between_size_classes(tmp_path: Path) -> None:
     # Against a baseline slowed down per message, each class's fast choice wins its duel.
     config = {**QUICK, "algorithms": ("fast_small", "fast_large"), "storage": storage(tmp_path)}
-    result = run_local(tune, 2, 120, config, False, True, timeout_s=600)[0]
+    result = run_local(tune, 2, SETTLE_CAP, config, False, True, None, True, timeout_s=600)[0]
     assert result.settled, (result.progress, result.duels)
     sizes: dict[int, set[int]] = {}
     for _, nbytes, _, _ in result.messages:
@@ -77,7 +80,7 @@ def test_a_locked_plan_that_loses_its_advantage_falls_back_to_the_baseline(
         "recheck_every": 30,
         "storage": storage(tmp_path),
     }
-    result = run_local(tune, 2, 260, config, False, True, 120, timeout_s=600)[0]
+    result = run_local(tune, 2, 120 + SETTLE_CAP, config, False, True, 120, True, timeout_s=600)[0]
     assert ("class", True) in {(kind, won) for kind, _, won in result.duels}, result.duels
     rechecks = [won for kind, _, won in result.duels if kind == "recheck"]
     assert False in rechecks, result.duels  # the re-check after the flip found the gain gone
@@ -118,12 +121,12 @@ def test_a_restarted_job_confirms_the_stored_plan_without_exploring(tmp_path: Pa
     config = {"tune_warmup": 0, "tune_samples": 2, "duel_pairs": 6, "algorithms": ("tree",)}
     config["storage"] = url
     # fusion_bytes is left to the tuner too; the baseline is slowed so that tree wins.
-    first = run_local(tune, 2, 150, config, False, True, timeout_s=600)[0]
+    first = run_local(tune, 2, SETTLE_CAP, config, False, True, None, True, timeout_s=600)[0]
     assert first.settled, (first.progress, first.duels)
     assert not first.baseline_kept
     trials = Store(url).trial_count()
     assert trials > 0
-    second = run_local(tune, 2, 40, config, False, True, timeout_s=600)[0]
+    second = run_local(tune, 2, SETTLE_CAP, config, False, True, None, True, timeout_s=600)[0]
     assert Store(url).trial_count() == trials  # nothing screened again
     assert [(kind, won) for kind, _, won in second.duels] == [("confirm", True)]
     assert second.settled

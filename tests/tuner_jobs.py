@@ -141,6 +141,7 @@ class Tuned:
     hooked: str  # digest of the parameters
     plain_rel: float  # largest relative distance from DDP without the hook, per parameter
     settled: bool
+    steps_run: int
 
 
 def tune(
@@ -151,10 +152,14 @@ def tune(
     compare: bool,
     slow_native: bool = False,
     flip_at: int | None = None,
+    until_settled: bool = False,
 ) -> Tuned:
     """Train with the tuner on (and, if ``compare``, beside DDP without a hook). With
     ``slow_native`` the baseline is `SlowNative`; at step ``flip_at`` it turns fast and
-    `QuickRing` slow."""
+    `QuickRing` slow. With ``until_settled``, ``steps`` is a cap: training stops once every
+    rank knows the plan is locked (with ``flip_at``: after the flip, locked on the baseline).
+    How many iterations tuning takes depends on how soon the tuner's Optuna worker answers,
+    which a loaded machine slows; a fixed count would not."""
     for cls in (SlowRing, FastSmall, FastLarge, GilHog, QuickRing):
         register(cls.name, cls, replace=True)
     register("native", SlowNative if slow_native else NativeAllReduce, replace=True)
@@ -167,7 +172,12 @@ def tune(
     )
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in models]
     g = torch.Generator().manual_seed(rank)
+    steps_run = 0
     for step in range(steps):
+        after_flip = flip_at is None or step > flip_at
+        if until_settled and after_flip and _all_settled(state, flip_at is not None):
+            break
+        steps_run += 1
         if step == flip_at:
             CONDITIONS.update(native_slow=False, quick_ring_slow=True)
         x, y = torch.randn(32, 256, generator=g), torch.randint(0, 8, (32,), generator=g)
@@ -191,6 +201,7 @@ def tune(
         hooked=digest(list(hooked.parameters())),
         plain_rel=rel,
         settled=state.tuner.settled,
+        steps_run=steps_run,
         duels=[
             (kind, arm.describe(), outcome.challenger_won)
             for kind, arm, outcome in (state.tuner.campaign.history if state.tuner.campaign else [])
@@ -199,6 +210,19 @@ def tune(
     )
     state.close()
     return result
+
+
+def _all_settled(state: autotune.AutotuneState, on_baseline: bool) -> bool:
+    """Whether every rank's tuner is settled (ranks learn it at different steps; this agrees),
+    and with ``on_baseline``, on the baseline (which rank 0, the one deciding, knows)."""
+    tuner = state.tuner
+    assert tuner is not None
+    done = tuner.settled
+    if on_baseline and tuner.campaign is not None:
+        done = done and tuner.campaign.baseline_kept
+    flag = torch.tensor([1 if done else 0])
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+    return bool(flag.item())
 
 
 def fixed_from_file(
