@@ -84,6 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads per rank (default: cores / ranks, as torchrun; torch's own "
+        "default, one per core, is what mp.spawn users get)",
+    )
     parser.add_argument("--markdown", action="store_true", help="print a markdown table")
     parser.add_argument("--json", help="write every measurement to this file")
     args = parser.parse_args(argv)
@@ -112,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for n in world_sizes:
         timed = [Variant(f"{name}/{seg}", name, seg) for name, seg in variants]
-        per_size = run_local(_rank, n, sizes, timed, args.iters, args.warmup, timeout_s=3600)[0]
+        per_size = run_local(
+            _rank, n, sizes, timed, args.iters, args.warmup, threads=args.threads, timeout_s=3600
+        )[0]
         for size in sizes:
             table = [[wall for wall, _ in row] for row in per_size[str(size)]]
             cpu = {

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from autotune.algorithms._groups import Comm, Traffic, connect, ensure_ready
+from autotune.algorithms._threads import one_thread
 
 __all__ = ["SUPPORTED_DTYPES", "AllReduceAlgorithm", "Pending"]
 
@@ -173,8 +174,14 @@ class AllReduceAlgorithm(abc.ABC):
         return self._start(buf, comm, max(1, self.default_segment_bytes // buf.element_size()))
 
     def _start(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> Pending:
-        """Begin reducing ``buf``; by default run `_run` to the end, return a finished Pending."""
-        self._run(buf, comm, segment_elems)
+        """Begin reducing ``buf``; by default run `_run` to the end, return a finished Pending.
+
+        On CPU its sums run on this thread alone (`one_thread`), as gloo's own do."""
+        if buf.is_cuda:
+            self._run(buf, comm, segment_elems)
+        else:
+            with one_thread():
+                self._run(buf, comm, segment_elems)
         return Pending()
 
     @abc.abstractmethod
