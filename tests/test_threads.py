@@ -2,7 +2,8 @@
 
 With torch's default of one intra-op thread per core, each ``add_`` of a ring's segment was an
 OpenMP parallel region whose threads then spun on cores that gloo and the other ranks needed: the
-ring ran at 0.62x native at 16 MiB on 2 ranks and 2 cores, 0.98x with this (docs/BENCHMARKS.md).
+ring ran at 0.65x native at 16 MiB on 2 ranks and 2 cores, 1.10-1.15x with this
+(docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations

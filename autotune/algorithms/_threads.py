@@ -4,7 +4,7 @@ A ring or a tree sums segments with ``Tensor.add_`` on the thread that drives it
 default intra-op threads (one per core: what ``mp.spawn`` users get; torchrun sets 1), each such
 add is an OpenMP parallel region, and the team of threads it wakes spins on after it, on cores
 that gloo's threads and the other ranks need. At 16 MiB and 2 ranks on 2 cores that made the ring
-0.62x as fast as native, against 0.91x with one thread (docs/BENCHMARKS.md). gloo sums on one
+0.65x as fast as native; summing on one thread, 1.10-1.15x (docs/BENCHMARKS.md). gloo sums on one
 thread of its own; so does this, for the thread running the algorithm only.
 
 OpenMP's thread count is per thread (``omp_set_num_threads`` sets the calling thread's), and
