@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -287,6 +288,17 @@ class Backend(AllReduceAlgorithm):
         raise AssertionError("launch is overridden")
 
 
+def on_backend(algo: Backend, **options: Any) -> Engine:
+    """An engine of 2 ranks whose every message runs ``algo`` (named "a")."""
+    return Engine(
+        group=None,  # type: ignore[arg-type]
+        world_size=2,
+        plan=Plan(Choice("a")),
+        algorithm_for=lambda name: algo,
+        **options,
+    )
+
+
 def test_the_backends_callback_completes_a_lone_bucket_and_plans_switch_in_step() -> None:
     launched: list[str] = []
     algos = {"a": Backend("a", launched), "b": Backend("b", launched)}
@@ -362,12 +374,7 @@ def test_an_iteration_ends_when_its_last_message_is_done_not_its_last_bucket() -
 def test_without_a_switch_announced_the_next_iteration_does_not_wait_for_the_end() -> None:
     launched: list[str] = []
     algo = Backend("a", launched)
-    engine = Engine(
-        group=None,  # type: ignore[arg-type]
-        world_size=2,
-        plan=Plan(Choice("a")),
-        algorithm_for=lambda name: algo,
-    )
+    engine = on_backend(algo)
     entered, release = threading.Event(), threading.Event()
 
     def slow_end(event: Event) -> None:
@@ -397,12 +404,8 @@ def test_without_a_switch_announced_the_next_iteration_does_not_wait_for_the_end
 def test_a_failed_backend_message_fails_its_bucket_with_the_diagnosed_error() -> None:
     launched: list[str] = []
     algo = Backend("a", launched)
-    engine = Engine(
-        group=None,  # type: ignore[arg-type]
-        world_size=2,
-        plan=Plan(Choice("a")),
-        algorithm_for=lambda name: algo,
-        diagnose=lambda error, name: PeerError(f"{name} failed: rank 1 died ({error})"),
+    engine = on_backend(
+        algo, diagnose=lambda error, name: PeerError(f"{name} failed: rank 1 died ({error})")
     )
     future = engine.submit(torch.ones(4), is_last=True)
     # torch annotates set_exception as taking the result type; it takes the exception.
@@ -419,12 +422,7 @@ def test_a_failed_backend_message_fails_its_bucket_with_the_diagnosed_error() ->
 def test_settle_waits_until_every_submitted_iteration_is_recorded() -> None:
     launched: list[str] = []
     algo = Backend("a", launched)
-    engine = Engine(
-        group=None,  # type: ignore[arg-type]
-        world_size=2,
-        plan=Plan(Choice("a")),
-        algorithm_for=lambda name: algo,
-    )
+    engine = on_backend(algo)
     recorder = Recorder()
     engine.subscribe(recorder.record)
     for _ in range(3):
