@@ -9,9 +9,10 @@ records what it measured, and completes the buckets' futures. A message the back
 When the backend runs a bucket as one message (the baseline: `native` on DDP's own buckets), the
 bucket's future completes from the backend's own completion callback, as PyTorch's
 ``allreduce_hook`` does, and backward never waits for the completing thread: that hop cost
-10-20% of a small model's step on a busy CPU. Plan switches stay in step on every rank because
-an iteration's first bucket waits until the completing thread has handled the previous
-iteration's end (`IterationEnd`, where the tuner switches plans); by then it nearly always has.
+10-20% of a small model's step on a busy CPU. Plan switches stay in step on every rank because,
+where the tuner announced one (`Engine.switch_at`), an iteration's first bucket waits until the
+completing thread has handled the previous iteration's end (`IterationEnd`, where the switch
+happens); elsewhere it lets that thread fall up to two iterations behind.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class _Piece:
     choice: Choice
     pending: Pending
     started: float
-    finished: float | None  # set when the algorithm finished while starting (Python-driven)
+    finished: float | None  # when it finished: while starting (Python-driven), or at the callback
     first_wait_s: float | None
     sent_bytes: int | None
     early: bool = False  # the backend's callback completes the bucket's future (and sets finished)
@@ -256,8 +257,8 @@ class Engine:
             direct = self._direct(buckets[0])
             if direct is not None:
                 if self._starting:
-                    # Launched now (its own group has nothing of the start thread's), finished
-                    # in order: it queues behind the messages the start thread has yet to start.
+                    # Launched now (the start thread never uses the job's group), finished in
+                    # order: it queues behind the messages the start thread has yet to start.
                     self._release()
                     self._starting += 1
                     self._to_start.put(direct)
