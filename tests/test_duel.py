@@ -9,7 +9,7 @@ import pytest
 
 from autotune.plan import Choice
 from autotune.tuning.campaign import Arm, Campaign
-from autotune.tuning.duel import FUTILE_FROM, MIN_PAIRS, Duel, median_interval
+from autotune.tuning.duel import FUTILE_FROM, MIN_PAIRS, PROMISING, Duel, median_interval
 
 
 def test_median_interval_is_the_sign_tests_order_statistics() -> None:
@@ -51,11 +51,39 @@ def cycle(duel: Duel, factors: list[float]) -> int:
 
 
 def test_a_challenger_barely_ahead_loses_at_the_pair_budget() -> None:
-    # Ahead on the median (0.98), but a third of its pairs are behind: never beyond noise.
+    # Ahead on the median (0.98), but a third of its pairs are behind: never beyond noise. Not
+    # promising enough to be extended either.
+    for extend_to in (None, 48):
+        duel = Duel(24, warmup=0, extend_to=extend_to)
+        assert cycle(duel, [0.97, 0.98, 1.01]) == 24
+        assert duel.outcome is not None and not duel.outcome.challenger_won
+        assert duel.outcome.why == "not faster beyond noise"
+
+
+def test_a_promising_challenger_gets_more_pairs_and_wins_where_its_gain_is_real() -> None:
+    # Two pairs in three ahead by 10-15%, one behind: at 24 pairs the interval still reaches 1
+    # (16 below it, the sign test's bound is the 18th smallest), the median is 0.9.
+    factors = [0.85, 0.9, 1.02]
     duel = Duel(24, warmup=0)
-    assert cycle(duel, [0.97, 0.98, 1.01]) == 24
+    assert cycle(duel, factors) == 24
+    assert duel.outcome is not None and not duel.outcome.challenger_won
+    assert duel.outcome.gain.ratio == pytest.approx(0.9) and duel.outcome.gain.ratio <= PROMISING
+    # Given the room, the same evidence goes on and wins before twice the pairs.
+    duel = Duel(24, warmup=0, extend_to=48)
+    pairs = cycle(duel, factors)
+    assert 24 < pairs <= 48 and (pairs - MIN_PAIRS) % 4 == 0
+    assert duel.outcome is not None and duel.outcome.challenger_won
+    assert duel.outcome.why == "faster beyond noise" and duel.outcome.gain.high < 1.0
+
+
+def test_an_extended_duel_the_challenger_cannot_win_ends_at_its_limit() -> None:
+    # Three pairs in five ahead (median 0.9), two behind: never beyond noise, however long.
+    duel = Duel(24, warmup=0, extend_to=48)
+    assert cycle(duel, [0.8, 0.9, 1.1, 1.05, 0.85]) == 48
     assert duel.outcome is not None and not duel.outcome.challenger_won
     assert duel.outcome.why == "not faster beyond noise"
+    with pytest.raises(ValueError, match="extend_to"):
+        Duel(24, extend_to=12)
 
 
 def test_a_challenger_behind_on_the_median_stops_at_the_second_look() -> None:
@@ -152,6 +180,20 @@ def test_a_stored_plan_is_confirmed_against_the_baseline_or_dropped() -> None:
     c.start(stored)
     drive(c, lambda arm, i: 0.9 if arm == stored else 1.0, 40)
     assert c.settled and c.incumbent == stored
+
+
+def test_search_duels_may_be_extended_and_re_checks_may_not() -> None:
+    stored = Arm(((1 << 20, TREE),), 0)
+    c = campaign(recheck_every=30)
+    c.start(stored)
+    assert c.match is not None and c.match.kind == "confirm"
+    assert (c.match.duel.max_pairs, c.match.duel.extend_to) == (8, 16)
+    end = drive(c, lambda arm, i: 0.9 if arm == stored else 1.0, 40)
+    assert c.settled
+    while c.match is None:
+        end = drive(c, lambda arm, i: 0.9 if arm == stored else 1.0, 1, end)
+    assert c.match.kind == "recheck"
+    assert c.match.duel.extend_to == c.match.duel.max_pairs
 
 
 def test_a_locked_plan_whose_gain_is_gone_falls_back_and_tuning_starts_over() -> None:

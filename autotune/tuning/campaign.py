@@ -222,7 +222,11 @@ class Campaign:
                 self._lock()
 
     def _begin(self, reference: Arm, challenger: Arm, kind: str, pairs: int = 0) -> None:
-        duel = Duel(max(pairs or self.max_pairs, MIN_PAIRS), warmup=self.warmup)
+        """A duel of ``max_pairs`` (or ``pairs``); a search's may go on to twice that for a
+        promising challenger (`autotune.tuning.duel`), a re-check is kept short."""
+        max_pairs = max(pairs or self.max_pairs, MIN_PAIRS)
+        extend_to = None if kind == "recheck" else 2 * max_pairs
+        duel = Duel(max_pairs, warmup=self.warmup, extend_to=extend_to)
         self.match = _Match(reference, challenger, duel, kind)
 
     def _settle(self, m: _Match, outcome: Outcome) -> None:
