@@ -188,6 +188,7 @@ def cell(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any
         "duels": first["duels"],
         "restart_locked_at": restart["locked_at"],
         "restart_verdict": restart["verdict"],
+        "restart_duels": restart["duels"],
     }
 
 
@@ -234,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             for duel in row["duels"]:
+                print(f"    {duel}", flush=True)
+            print(f"  restart: locked at {row['restart_locked_at']}", flush=True)
+            for duel in row["restart_duels"]:
                 print(f"    {duel}", flush=True)
     print(markdown(rows))
     if args.json:
