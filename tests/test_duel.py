@@ -186,13 +186,13 @@ def test_search_duels_may_be_extended_and_re_checks_may_not() -> None:
     stored = Arm(((1 << 20, TREE),), 0)
     c = campaign(recheck_every=30)
     c.start(stored)
-    assert c.match is not None and c.match.kind == "confirm"
+    assert c.match is not None and c.match.kind == "confirm" and not c.rechecking
     assert (c.match.duel.max_pairs, c.match.duel.extend_to) == (8, 16)
     end = drive(c, lambda arm, i: 0.9 if arm == stored else 1.0, 40)
     assert c.settled
     while c.match is None:
         end = drive(c, lambda arm, i: 0.9 if arm == stored else 1.0, 1, end)
-    assert c.match.kind == "recheck"
+    assert c.match.kind == "recheck" and c.rechecking and not c.settled
     assert c.match.duel.extend_to == c.match.duel.max_pairs
 
 

@@ -122,6 +122,11 @@ class Campaign:
         return self.phase == "locked" and self.match is None
 
     @property
+    def rechecking(self) -> bool:
+        """Locked, and the locked plan meeting the baseline again (it stays locked if it wins)."""
+        return self.match is not None and self.match.kind == "recheck"
+
+    @property
     def baseline_kept(self) -> bool:
         return self.phase == "locked" and self.incumbent == self.baseline
 
