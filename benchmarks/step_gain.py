@@ -114,10 +114,14 @@ def alone(rank: int, world_size: int, args: argparse.Namespace, storage: str) ->
     for step in range(args.tune_steps):
         x, y = batch(g)
         times.append(_step(ddp, opt, x, y))
-        # Locked from the first settled step on; a re-check of the locked plan (rank 0 sees
-        # it, and rank 0's figure is the one reported) leaves it locked unless it falls back.
+        # Locked from the first settled step on; a re-check of the locked plan leaves it locked
+        # unless it falls back. Rank 0's figure is the one reported: it reads its campaign,
+        # which the cadence the ranks agree on (`Tuner.settled`) follows an exchange later.
         campaign = state.tuner.campaign
-        settled = state.tuner.settled or (campaign is not None and campaign.rechecking)
+        if campaign is None:
+            settled = state.tuner.settled
+        else:
+            settled = campaign.settled or campaign.rechecking
         locked_at = (locked_at if locked_at is not None else step) if settled else None
     times = _slowest(times)
     out: dict[str, Any] = {"steps": times, "locked_at": locked_at}
