@@ -1,12 +1,14 @@
-"""Each algorithm sends exactly the bytes per rank that docs/ALGORITHMS.md says it does."""
+"""Each algorithm sends exactly the bytes per rank that the cost model (and docs/ALGORITHMS.md)
+says it does."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from autotune.algorithms import binary_tree, double_binary_tree, get_algorithm
+from autotune.algorithms import get_algorithm
 from autotune.launch import run_local
+from autotune.model import bytes_sent
 
 NAMES = ["ring", "tree", "two_tree", "direct", "star"]
 
@@ -25,20 +27,6 @@ def _traffic(rank: int, world_size: int, numel: int) -> dict[str, tuple[int, int
     return out
 
 
-def expected(name: str, rank: int, n: int, size_bytes: int) -> int:
-    """Bytes rank ``rank`` of ``n`` sends to all-reduce ``size_bytes`` (divisible by 2n)."""
-    if name == "ring":
-        return 2 * (n - 1) * size_bytes // n
-    if name == "direct":
-        return (n - 1) * size_bytes
-    if name == "star":
-        return (n - 1) * size_bytes if rank == 0 else size_bytes
-    trees = [binary_tree(n)] if name == "tree" else list(double_binary_tree(n))
-    share = size_bytes // len(trees)
-    # Up once to the parent (unless root), down once to each child.
-    return sum(share * ((t.parent[rank] is not None) + len(t.children[rank])) for t in trees)
-
-
 @pytest.mark.parametrize("world_size", [2, 3, 5, 8])
 def test_bytes_sent_per_rank(world_size: int) -> None:
     numel = 2 * world_size * 96
@@ -46,7 +34,7 @@ def test_bytes_sent_per_rank(world_size: int) -> None:
     for rank, per_algo in enumerate(got):
         for name in NAMES:
             sent, _ = per_algo[name]
-            assert sent == expected(name, rank, world_size, numel * 4), (name, rank)
+            assert sent == bytes_sent(name, rank, world_size, numel * 4), (name, rank)
     # The ring's bandwidth optimum: every rank sends the same 2(N-1)/N of the data.
     assert len({per_algo["ring"][0] for per_algo in got}) == 1
 

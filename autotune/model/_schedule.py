@@ -1,0 +1,107 @@
+"""Each algorithm's schedule, counted: rounds on the critical path and the busiest rank's load.
+
+The counts follow the schedules the algorithms run (autotune/algorithms): the ring's 2(N-1)
+steps of one chunk each, cut into segments; the trees' pipelined reduce then broadcast
+(`autotune.algorithms._trees`), whose heights and fan-outs are read off the very trees they
+build; the baselines' one or two rounds of whole buffers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from autotune.algorithms import Tree, binary_tree, double_binary_tree
+
+__all__ = ["MODELLED", "Schedule", "bytes_sent", "schedule"]
+
+#: The algorithms the model covers (`native` is the backend's own, and not modelled yet).
+MODELLED = ("ring", "tree", "two_tree", "direct", "star")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """An all-reduce's critical path, in rounds (each a message's latency on the path).
+
+    ``round_bytes`` is what the busiest rank sends in one round, ``reduce_rounds`` how many of the
+    rounds sum data, and ``reduce_bytes`` what the busiest rank sums in one of them.
+    """
+
+    rounds: int
+    round_bytes: float
+    reduce_rounds: int
+    reduce_bytes: float
+
+
+def schedule(name: str, nbytes: int, ranks: int, segment_bytes: int) -> Schedule:
+    """The critical path of all-reducing ``nbytes`` over ``ranks`` with ``segment_bytes``."""
+    if ranks < 1 or nbytes < 0 or segment_bytes < 1:
+        raise ValueError(
+            f"need ranks >= 1, nbytes >= 0 and segment_bytes >= 1, got {ranks}, {nbytes}, "
+            f"{segment_bytes}"
+        )
+    if name not in MODELLED:
+        raise ValueError(f"no cost model for {name!r}; modelled: {', '.join(MODELLED)}")
+    if ranks == 1 or nbytes == 0:
+        return Schedule(0, 0.0, 0, 0.0)
+    n = ranks
+    if name == "ring":
+        # Chunk c = S/N moves one step at a time: N-1 steps that sum, N-1 that copy, each cut
+        # into the same number of segments (one round each).
+        chunk = nbytes / n
+        depth = max(1, math.ceil(chunk / segment_bytes))
+        return Schedule(2 * (n - 1) * depth, chunk / depth, (n - 1) * depth, chunk / depth)
+    if name in ("tree", "two_tree"):
+        trees = _trees(name, n)
+        share = nbytes / len(trees)  # each tree carries its part
+        k = max(1, math.ceil(share / segment_bytes))
+        seg = share / k
+        height = max(t.height[t.root] for t in trees)
+        sends, sums = _fan(name, n)
+        # Segment s leaves a rank of height h in round s + h and comes back down from the root
+        # in round s + H + depth: k - 1 + 2H rounds in all, k - 1 + H of them going up (summing).
+        rounds = k - 1 + 2 * height
+        return Schedule(rounds, seg * sends, k - 1 + height, seg * sums)
+    if name == "direct":
+        # One round: every rank sends its buffer to the N-1 others, then sums N-1 of them.
+        return Schedule(1, (n - 1) * nbytes, 1, (n - 1) * nbytes)
+    # star: everyone to rank 0, which sums them and sends the sum back; rank 0's link carries
+    # (N-1) buffers each way.
+    return Schedule(2, (n - 1) * nbytes, 1, (n - 1) * nbytes)
+
+
+def bytes_sent(name: str, rank: int, ranks: int, nbytes: int) -> float:
+    """What ``rank`` sends in all, one segment per message (the algorithms' `Traffic` counts)."""
+    if name not in MODELLED:
+        raise ValueError(f"no cost model for {name!r}; modelled: {', '.join(MODELLED)}")
+    n = ranks
+    if n == 1:
+        return 0.0
+    if name == "ring":
+        return 2 * (n - 1) * nbytes / n
+    if name == "direct":
+        return (n - 1) * nbytes
+    if name == "star":
+        return (n - 1) * nbytes if rank == 0 else nbytes
+    trees = _trees(name, n)
+    share = nbytes / len(trees)
+    # Up once to the parent (unless the root), down once to each child.
+    return sum(share * ((t.parent[rank] is not None) + len(t.children[rank])) for t in trees)
+
+
+@lru_cache(maxsize=64)
+def _trees(name: str, ranks: int) -> tuple[Tree, ...]:
+    return (binary_tree(ranks),) if name == "tree" else double_binary_tree(ranks)
+
+
+@lru_cache(maxsize=64)
+def _fan(name: str, ranks: int) -> tuple[int, int]:
+    """The busiest rank's segments sent, and summed, per round in the steady state (all its
+    trees' up and down traffic at once): max over ranks of parent + children, and of children."""
+    trees = _trees(name, ranks)
+    sends = max(
+        sum((t.parent[r] is not None) + len(t.children[r]) for t in trees) for r in range(ranks)
+    )
+    sums = max(sum(len(t.children[r]) for t in trees) for r in range(ranks))
+    return sends, sums
