@@ -1,5 +1,5 @@
-"""The ``autotune`` command line: ``sweep``, ``report``, ``show``, ``daemon``, ``dashboards``,
-``algorithms``, ``trees N``."""
+"""The ``autotune`` command line: ``sweep``, ``model``, ``report``, ``show``, ``daemon``,
+``dashboards``, ``algorithms``, ``trees N``."""
 
 from __future__ import annotations
 
@@ -96,6 +96,12 @@ def _sweep(args: argparse.Namespace) -> int:
     from autotune.sweep._cli import main as sweep_main
 
     return sweep_main(args)
+
+
+def _model(args: argparse.Namespace) -> int:
+    from autotune.model._cli import main as model_main
+
+    return model_main(args)
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -220,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="autotune", description="Profiling and autotuning of all-reduce for PyTorch DDP."
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    from autotune.model._cli import add_arguments as model_arguments
     from autotune.sweep._cli import add_arguments as sweep_arguments
 
     p = sub.add_parser(
@@ -230,6 +237,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     sweep_arguments(p)
     p.set_defaults(func=_sweep)
+    p = sub.add_parser(
+        "model",
+        help="predict all-reduce time per algorithm at any scale (cost model)",
+        description="Predicted time and busbw of each algorithm, nccl-tests style, from the "
+        "cost model (autotune.model): NCCL's own latencies, or a fit to a sweep's JSON.",
+    )
+    model_arguments(p)
+    p.set_defaults(func=_model)
     p = sub.add_parser(
         "report",
         help="plot sweep results (busbw, latency, the tuned plan), or the dashboards from a "

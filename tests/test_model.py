@@ -31,28 +31,40 @@ def test_two_ranks_on_one_node_by_hand() -> None:
     assert cost("star") == pytest.approx(2 * a + 2 * 8 * MIB * b + 8 * MIB * g)
 
 
-def test_eight_ranks_on_two_nodes_are_priced_on_the_link_between_them() -> None:
+def test_eight_ranks_on_two_nodes_by_hand() -> None:
     params = Params(
         intra=Link(1 * US, 0.1 * NS), inter=Link(10 * US, 1 * NS), gamma_s_per_byte=0.5 * NS
     )
-    a, b, g = 10 * US, 1 * NS, 0.5 * NS
+    ai, ae, b, g = 1 * US, 10 * US, 1 * NS, 0.5 * NS
     s, seg = 8 * MIB, 1 * MIB
     two_nodes, one_node = Shape(8, 4), Shape(8, 8)
     assert two_nodes.nodes == 2 and one_node.nodes == 1
-    # Ring: 2(N-1) = 14 steps of a 1 MiB chunk, 7 of them summing.
-    ring = 14 * (a + 1 * MIB * b) + 7 * 1 * MIB * g
-    # Tree on 8 (0 -> 4 -> {2, 6} -> leaves): height 3, 8 segments, 8 - 1 + 2 * 3 = 13 rounds;
-    # an interior rank sends 3 segments a round (up one, down two) and sums 2.
-    tree = 13 * (a + 3 * MIB * b) + 10 * 2 * MIB * g
-    # Two trees of 4 MiB: 4 segments, 4 - 1 + 6 = 9 rounds; the busiest rank is interior in one
-    # tree (3 segments out) and a leaf in the other (1), and sums 2.
-    two_tree = 9 * (a + 4 * MIB * b) + 6 * 2 * MIB * g
+    # Ring (ranks 0-3 and 4-7): 2(N-1) = 14 steps of a 1 MiB chunk, 7 of them summing. A chunk's
+    # chain of 14 hops crosses each of the two node boundaries twice: 4 slow hops, 10 fast.
+    ring = 10 * ai + 4 * ae + 14 * 1 * MIB * b + 7 * 1 * MIB * g
+    # Tree 0 -> 4 -> {2 -> {1, 3}, 6 -> {5, 7}}: height 3, 8 segments, 8 - 1 + 2 * 3 = 13 rounds.
+    # Its deepest path 0 -> 4 -> 2 -> 1 crosses twice (0 -> 4, 4 -> 2) each way; the 7 further
+    # rounds of the pipeline go at the slow link. An interior rank sends 3 segments a round (up
+    # one, down two) and sums 2.
+    tree = 2 * ai + 4 * ae + 7 * ae + 13 * 3 * MIB * b + 10 * 2 * MIB * g
+    # Two trees of 4 MiB: 4 segments, 4 - 1 + 6 = 9 rounds, the mirror tree crossing twice too.
+    # The busiest rank is interior in one tree (3 segments out) and a leaf in the other (1).
+    two_tree = 2 * ai + 4 * ae + 3 * ae + 9 * 4 * MIB * b + 6 * 2 * MIB * g
     for name, expected in (("ring", ring), ("tree", tree), ("two_tree", two_tree)):
         assert predict(name, s, two_nodes, params, seg) == pytest.approx(expected), name
-    # The same on one node is priced on the faster link inside it.
-    fast = Params(intra=params.inter, inter=Link(1.0, 1.0), gamma_s_per_byte=g)
-    assert predict("ring", s, one_node, fast, seg) == pytest.approx(ring)
-    assert predict("ring", s, one_node, params, seg) < ring
+    # On one node every hop is a fast one.
+    assert predict("ring", s, one_node, params, seg) == pytest.approx(
+        14 * ai + 14 * 1 * MIB * 0.1 * NS + 7 * 1 * MIB * g
+    )
+
+
+@pytest.mark.parametrize("n", range(2, 13))
+def test_the_rings_node_crossings_are_the_worst_chains(n: int) -> None:
+    for per_node in range(1, n + 1):
+        node = [r // per_node for r in range(n)]
+        crosses = [node[r] != node[(r + 1) % n] for r in range(n)]  # hop r -> r + 1
+        worst = max(sum(crosses[(a + i) % n] for i in range(2 * (n - 1))) for a in range(n))
+        assert schedule("ring", 1 << 20, n, 1 << 20, per_node).inter_hops == worst, per_node
 
 
 def _rounds_the_trees_run(name: str, n: int, numel: int, seg: int) -> tuple[int, int]:
@@ -96,3 +108,83 @@ def test_one_rank_or_no_bytes_costs_nothing_and_bad_input_is_refused() -> None:
         Shape(0, 1)
     with pytest.raises(ValueError, match=">= 0"):
         Link(-1.0, 0.0)
+
+
+def test_the_nccl_preset_holds_tuning_cc_s_numbers() -> None:
+    from autotune.model import nccl_params
+
+    ring = nccl_params("ring", "LL", multi_node=True, intra_gbps=50, inter_gbps=12.5)
+    assert ring.base_s == pytest.approx(3.6 * US)
+    assert ring.intra.alpha_s == pytest.approx(0.47 * 1.8 * US)  # LL across nodes: x1.8
+    assert ring.inter.alpha_s == pytest.approx(2.7 * US)
+    assert ring.inter.beta_s_per_byte == pytest.approx(1 / 12.5e9)
+    tree = nccl_params("two_tree", "LL128", intra="pci", multi_node=False)
+    assert (tree.base_s, tree.intra.alpha_s, tree.inter.alpha_s) == pytest.approx(
+        (4.4 * US, 1.9 * US, 8.5 * US)
+    )
+    with pytest.raises(ValueError, match="protocol"):
+        nccl_params("ring", "LL64")
+
+
+def test_the_ring_at_summits_shape_matches_nccls_own_latency() -> None:
+    from autotune.model import nccl_params
+
+    # NCCL: baseLat + (nsteps - nInterSteps) intraLat + nInterSteps interLat, nsteps = 2(N-1),
+    # nInterSteps = 2(nodes-1). The ring's chain here crosses each of the 4096 boundaries twice
+    # (2 more network hops than NCCL counts); an 8 B message has no byte term worth the name.
+    n, nodes = 24576, 4096
+    nccl = 3.6 + (2 * (n - 1) - 2 * (nodes - 1)) * 0.47 * 1.8 + 2 * (nodes - 1) * 2.7
+    ours = predict("ring", 8, Shape(n, 6), nccl_params("ring", "LL"), segment_bytes=8)
+    expected = nccl + 2 * (2.7 - 0.47 * 1.8)  # the 2 hops that cross instead of staying
+    assert ours * 1e6 == pytest.approx(expected, rel=1e-4)
+
+
+def test_a_fit_to_times_the_model_made_recovers_its_prices() -> None:
+    from autotune.model import Sample, fit
+
+    truth = Params(
+        intra=Link(30 * US, 0.25 * NS),
+        inter=Link(30 * US, 0.25 * NS),
+        gamma_s_per_byte=0.8 * NS,
+        base_s=200 * US,
+    )
+    samples = [
+        Sample(name, size, n, predict(name, size, Shape(n, n), truth, 1 << 20), 1 << 20)
+        for name in ("ring", "tree", "two_tree", "direct", "star")
+        for size in (1 << 10, 1 << 16, 1 << 20, 1 << 24)
+        for n in (2, 4, 8)
+    ]
+    fitted = fit(samples)
+    p = fitted.params
+    assert (p.base_s, p.intra.alpha_s, p.intra.beta_s_per_byte, p.gamma_s_per_byte) == (
+        pytest.approx((200 * US, 30 * US, 0.25 * NS, 0.8 * NS), rel=1e-6)
+    )
+    assert fitted.worst_error() < 1e-9 and fitted.median_error("ring") < 1e-9
+    # Noise the prices cannot explain shows up as error, and no price goes negative.
+    noisy = [
+        Sample(s.algorithm, s.nbytes, s.ranks, s.seconds * (1.5 if i % 2 else 1.0), s.segment_bytes)
+        for i, s in enumerate(samples)
+    ]
+    rough = fit(noisy)
+    assert rough.worst_error() > 0.1
+    q = rough.params
+    assert min(q.base_s, q.intra.alpha_s, q.intra.beta_s_per_byte, q.gamma_s_per_byte) >= 0
+    with pytest.raises(ValueError, match="at least 4"):
+        fit(samples[:3])
+
+
+def test_autotune_model_prints_a_table_per_world_size(capsys: pytest.CaptureFixture[str]) -> None:
+    from autotune.cli import main
+
+    argv = ["model", "--ranks", "8,24576", "--ranks-per-node", "6", "-b", "8", "-e", "8M"]
+    assert main([*argv, "-f", "1024", "--algorithms", "ring,two_tree"]) == 0
+    out = capsys.readouterr().out
+    assert "NCCL LL latencies" in out and "tuning.cc" in out
+    tables = out.split("\n\n# ")[1:]  # each table opens after a blank line
+    assert [t.split(",")[0] for t in tables] == ["8 ranks", "24576 ranks"]
+    small = [line.split() for line in tables[1].splitlines() if line.strip().startswith("8 ")]
+    assert small and small[0][-1] == "two_tree"  # latency wins at scale for tiny messages
+    ring_us, tree_us = float(small[0][1]), float(small[0][3])
+    assert ring_us / tree_us > 100
+    assert main(["model", "--algorithms", "native"]) == 2
+    assert "no model for native" in capsys.readouterr().err

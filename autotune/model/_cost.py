@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from autotune.algorithms import AllReduceAlgorithm
 from autotune.model._schedule import schedule
 
-__all__ = ["Link", "Params", "Shape", "predict"]
+__all__ = ["DEFAULT_SEGMENT_BYTES", "Link", "Params", "Shape", "predict"]
 
-#: The segment the Python-driven algorithms use when none is given
-#: (`AllReduceAlgorithm.default_segment_bytes`).
-DEFAULT_SEGMENT_BYTES = 4 << 20
+#: The segment the algorithms use when none is given.
+DEFAULT_SEGMENT_BYTES = AllReduceAlgorithm.default_segment_bytes
 
 
 @dataclass(frozen=True)
@@ -29,12 +29,17 @@ class Link:
 
 @dataclass(frozen=True)
 class Params:
-    """A machine's prices: ``intra`` between ranks of a node, ``inter`` between nodes, and
-    ``gamma_s_per_byte`` to sum a byte."""
+    """A machine's prices: ``intra`` between ranks of a node, ``inter`` between nodes,
+    ``gamma_s_per_byte`` to sum a byte, and ``base_s`` once per all-reduce (launching it)."""
 
     intra: Link
     inter: Link
     gamma_s_per_byte: float = 0.0
+    base_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.gamma_s_per_byte >= 0 and self.base_s >= 0):
+            raise ValueError(f"gamma and base must be >= 0, got {self}")
 
 
 @dataclass(frozen=True)
@@ -62,14 +67,23 @@ def predict(
 ) -> float:
     """Seconds to all-reduce ``nbytes`` with algorithm ``name`` over ``shape``.
 
-    A round takes as long as its slowest hop. In the steady state of these pipelined schedules
-    every round moves data over every hop they use, and with ranks on more than one node some of
-    those hops cross nodes (ranks in node order), so every round is priced on ``inter`` there.
-    For a tree's first and last rounds, where fewer hops are busy, that is an upper bound.
+    Latency is summed along the longest chain of dependent messages, each hop at its own link's
+    alpha (as NCCL's tuning model sums its ring's and tree's hops); every further round of the
+    pipeline adds one message at the slowest link's alpha. The bytes go at the slowest link's
+    beta: in the steady state every link carries a round at once, and with ranks on more than
+    one node some of them cross nodes (ranks in node order).
     """
-    plan = schedule(name, nbytes, shape.ranks, segment_bytes or DEFAULT_SEGMENT_BYTES)
-    link = params.inter if shape.nodes > 1 else params.intra
+    plan = schedule(
+        name, nbytes, shape.ranks, segment_bytes or DEFAULT_SEGMENT_BYTES, shape.ranks_per_node
+    )
+    if plan.rounds == 0:
+        return 0.0  # one rank, or nothing to send: no collective runs
+    slow = params.inter if shape.nodes > 1 else params.intra
     return (
-        plan.rounds * (link.alpha_s + link.beta_s_per_byte * plan.round_bytes)
+        params.base_s
+        + (plan.chain_hops - plan.inter_hops) * params.intra.alpha_s
+        + plan.inter_hops * params.inter.alpha_s
+        + (plan.rounds - plan.chain_hops) * slow.alpha_s
+        + plan.rounds * plan.round_bytes * slow.beta_s_per_byte
         + plan.reduce_rounds * plan.reduce_bytes * params.gamma_s_per_byte
     )

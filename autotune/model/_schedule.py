@@ -22,20 +22,28 @@ MODELLED = ("ring", "tree", "two_tree", "direct", "star")
 
 @dataclass(frozen=True)
 class Schedule:
-    """An all-reduce's critical path, in rounds (each a message's latency on the path).
+    """An all-reduce's critical path.
 
-    ``round_bytes`` is what the busiest rank sends in one round, ``reduce_rounds`` how many of the
-    rounds sum data, and ``reduce_bytes`` what the busiest rank sums in one of them.
+    ``rounds`` is how many rounds it takes, ``round_bytes`` what the busiest rank sends in one,
+    ``reduce_rounds`` how many of them sum data and ``reduce_bytes`` what the busiest rank sums
+    in one. ``chain_hops`` is the longest chain of messages that wait for each other (a message
+    waits only for those it needs, not for a whole round; the pipeline's other rounds follow it
+    one by one), and ``inter_hops`` of them cross nodes.
     """
 
     rounds: int
     round_bytes: float
     reduce_rounds: int
     reduce_bytes: float
+    chain_hops: int = 0
+    inter_hops: int = 0
 
 
-def schedule(name: str, nbytes: int, ranks: int, segment_bytes: int) -> Schedule:
-    """The critical path of all-reducing ``nbytes`` over ``ranks`` with ``segment_bytes``."""
+def schedule(
+    name: str, nbytes: int, ranks: int, segment_bytes: int, ranks_per_node: int | None = None
+) -> Schedule:
+    """The critical path of all-reducing ``nbytes`` over ``ranks`` with ``segment_bytes``, the
+    ranks in order on nodes of ``ranks_per_node`` (None: one node)."""
     if ranks < 1 or nbytes < 0 or segment_bytes < 1:
         raise ValueError(
             f"need ranks >= 1, nbytes >= 0 and segment_bytes >= 1, got {ranks}, {nbytes}, "
@@ -46,12 +54,17 @@ def schedule(name: str, nbytes: int, ranks: int, segment_bytes: int) -> Schedule
     if ranks == 1 or nbytes == 0:
         return Schedule(0, 0.0, 0, 0.0)
     n = ranks
+    per_node = n if ranks_per_node is None else min(ranks_per_node, n)
+    nodes = math.ceil(n / per_node)
     if name == "ring":
         # Chunk c = S/N moves one step at a time: N-1 steps that sum, N-1 that copy, each cut
         # into the same number of segments (one round each).
         chunk = nbytes / n
         depth = max(1, math.ceil(chunk / segment_bytes))
-        return Schedule(2 * (n - 1) * depth, chunk / depth, (n - 1) * depth, chunk / depth)
+        rounds = 2 * (n - 1) * depth
+        # One chain per chunk: its 2(N-1) steps, each waiting for the one before.
+        hops = _ring_inter_hops(n, per_node)
+        return Schedule(rounds, chunk / depth, (n - 1) * depth, chunk / depth, 2 * (n - 1), hops)
     if name in ("tree", "two_tree"):
         trees = _trees(name, n)
         share = nbytes / len(trees)  # each tree carries its part
@@ -62,13 +75,15 @@ def schedule(name: str, nbytes: int, ranks: int, segment_bytes: int) -> Schedule
         # Segment s leaves a rank of height h in round s + h and comes back down from the root
         # in round s + H + depth: k - 1 + 2H rounds in all, k - 1 + H of them going up (summing).
         rounds = k - 1 + 2 * height
-        return Schedule(rounds, seg * sends, k - 1 + height, seg * sums)
+        hops = 2 * max(_tree_inter_hops(t, per_node) for t in trees)
+        return Schedule(rounds, seg * sends, k - 1 + height, seg * sums, 2 * height, hops)
+    cross = 1 if nodes > 1 else 0
     if name == "direct":
         # One round: every rank sends its buffer to the N-1 others, then sums N-1 of them.
-        return Schedule(1, (n - 1) * nbytes, 1, (n - 1) * nbytes)
+        return Schedule(1, (n - 1) * nbytes, 1, (n - 1) * nbytes, 1, cross)
     # star: everyone to rank 0, which sums them and sends the sum back; rank 0's link carries
     # (N-1) buffers each way.
-    return Schedule(2, (n - 1) * nbytes, 1, (n - 1) * nbytes)
+    return Schedule(2, (n - 1) * nbytes, 1, (n - 1) * nbytes, 2, 2 * cross)
 
 
 def bytes_sent(name: str, rank: int, ranks: int, nbytes: int) -> float:
@@ -88,6 +103,32 @@ def bytes_sent(name: str, rank: int, ranks: int, nbytes: int) -> float:
     share = nbytes / len(trees)
     # Up once to the parent (unless the root), down once to each child.
     return sum(share * ((t.parent[rank] is not None) + len(t.children[rank])) for t in trees)
+
+
+def _ring_inter_hops(ranks: int, per_node: int) -> int:
+    """Node crossings on the ring's longest chain: 2(N-1) consecutive hops of the ring 0 -> 1 ->
+    ... -> N-1 -> 0, whose node boundaries (ranks in order, ``per_node`` a node) are crossed.
+
+    Two laps less two hops cross every one of the n boundaries twice, less those among the two
+    hops left out; the longest chain leaves out two hops inside a node where a node has three
+    ranks or more (2n), one where it has two (2n - 1), none where every node has one (2n - 2).
+    """
+    nodes = math.ceil(ranks / per_node)
+    if nodes == 1:
+        return 0
+    largest = min(per_node, ranks)
+    return 2 * nodes - (0 if largest >= 3 else 1 if largest == 2 else 2)
+
+
+def _tree_inter_hops(tree: Tree, per_node: int) -> int:
+    """Node crossings on ``tree``'s longest root-to-leaf path (ranks in order on nodes)."""
+    crossings = [0] * tree.size
+    order = [tree.root]
+    for r in order:
+        for c in tree.children[r]:
+            crossings[c] = crossings[r] + (c // per_node != r // per_node)
+            order.append(c)
+    return max(crossings)
 
 
 @lru_cache(maxsize=64)

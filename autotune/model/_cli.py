@@ -1,0 +1,155 @@
+"""``autotune model``: predicted all-reduce time and busbw per algorithm, nccl-tests style."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from autotune.model._cost import DEFAULT_SEGMENT_BYTES, Params, Shape, predict
+from autotune.model._fit import Fit, fit, samples_from_sweep
+from autotune.model._nccl import NCCL_SOURCE, PROTOCOLS, nccl_params
+from autotune.model._schedule import MODELLED
+from autotune.stats import bus_factor
+from autotune.units import parse_bytes
+
+__all__ = ["add_arguments", "main"]
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of whole numbers: {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"need whole numbers >= 1, got {text!r}")
+    return values
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ranks", type=_ints, default=[8, 64, 1024, 24576], help="e.g. 8,64,1024")
+    p.add_argument("--ranks-per-node", type=int, default=8, help="ranks on each node (8)")
+    p.add_argument("-b", "--minbytes", type=_size, default=8, help="smallest size (8)")
+    p.add_argument("-e", "--maxbytes", type=_size, default=256 << 20, help="largest (256M)")
+    p.add_argument("-f", "--stepfactor", type=int, default=4, help="multiply size by this (4)")
+    p.add_argument("--algorithms", default=",".join(MODELLED), help=f"any of {','.join(MODELLED)}")
+    p.add_argument(
+        "--segment-bytes",
+        type=_size,
+        default=DEFAULT_SEGMENT_BYTES,
+        help=f"pipeline segment of ring and trees ({DEFAULT_SEGMENT_BYTES >> 20}M, as they run)",
+    )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument(
+        "--nccl",
+        choices=PROTOCOLS,
+        default="LL",
+        help="price with NCCL's latencies for this protocol (the default: LL)",
+    )
+    src.add_argument("--fit", metavar="SWEEP_JSON", help="price with a fit to this sweep")
+    p.add_argument("--intra", choices=("nvlink", "pci"), default="nvlink", help="NCCL preset")
+    p.add_argument("--intra-gbps", type=float, default=50.0, help="NCCL preset: GB/s (50)")
+    p.add_argument("--inter-gbps", type=float, default=12.5, help="NCCL preset: GB/s (12.5)")
+
+
+def _sizes(args: argparse.Namespace) -> list[int]:
+    out, size = [], args.minbytes
+    while size <= args.maxbytes:
+        out.append(size)
+        size *= args.stepfactor
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    names = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    unknown = [a for a in names if a not in MODELLED]
+    problems = [f"no model for {', '.join(unknown)} (modelled: {', '.join(MODELLED)})"] * bool(
+        unknown
+    )
+    if args.ranks_per_node < 1:
+        problems.append(f"--ranks-per-node must be >= 1, got {args.ranks_per_node}")
+    if args.stepfactor < 2 or args.minbytes < 1 or args.maxbytes < args.minbytes:
+        problems.append("sizes: need -b >= 1, -e >= -b and -f >= 2")
+    if args.segment_bytes < 1:
+        problems.append(f"--segment-bytes must be >= 1, got {args.segment_bytes}")
+    if problems:
+        for problem in problems:
+            print(f"autotune model: {problem}", file=sys.stderr)
+        return 2
+    if args.fit:
+        from autotune.sweep import SweepResult
+
+        try:
+            fitted = fit(samples_from_sweep(SweepResult.load(args.fit)))
+        except (OSError, ValueError) as exc:
+            print(f"autotune model: {exc}", file=sys.stderr)
+            return 1
+        print(f"# prices: fitted to {args.fit}; {_describe(fitted)}")
+
+        def prices(name: str, multi_node: bool) -> Params:
+            return fitted.params
+
+    else:
+        print(
+            f"# prices: NCCL {args.nccl} latencies ({NCCL_SOURCE}); links assumed "
+            f"{args.intra} {args.intra_gbps:g} GB/s inside a node, {args.inter_gbps:g} GB/s "
+            "between nodes"
+        )
+
+        def prices(name: str, multi_node: bool) -> Params:
+            return nccl_params(
+                name,
+                args.nccl,
+                intra=args.intra,
+                multi_node=multi_node,
+                intra_gbps=args.intra_gbps,
+                inter_gbps=args.inter_gbps,
+            )
+
+    for ranks in args.ranks:
+        _table(ranks, args.ranks_per_node, _sizes(args), names, prices, args.segment_bytes)
+    return 0
+
+
+def _describe(f: Fit) -> str:
+    p = f.params
+    gbps = 1 / p.intra.beta_s_per_byte / 1e9 if p.intra.beta_s_per_byte else float("inf")
+    return (
+        f"base {p.base_s * 1e6:.1f} us, alpha {p.intra.alpha_s * 1e6:.1f} us a round, "
+        f"{gbps:.2f} GB/s, gamma {p.gamma_s_per_byte * 1e9:.3f} ns/B; error on the sweep: "
+        f"median {f.median_error():.0%}, worst {f.worst_error():.0%} "
+        "(one node: the fit says nothing of links between nodes)"
+    )
+
+
+def _table(
+    ranks: int,
+    per_node: int,
+    sizes: list[int],
+    names: list[str],
+    prices: Callable[[str, bool], Params],
+    segment_bytes: int,
+) -> None:
+    shape = Shape(ranks, per_node)
+    print(
+        f"\n# {ranks} ranks, {shape.nodes} node(s) of {min(per_node, ranks)}, "
+        f"{segment_bytes} B segments"
+    )
+    head = "".join(f" {n + ' time(us)':>18} {'busbw':>7}" for n in names)
+    print(f"# {'size(B)':>12}{head}  fastest")
+    for size in sizes:
+        cells, times = [], {}
+        for name in names:
+            t = predict(name, size, shape, prices(name, shape.nodes > 1), segment_bytes)
+            times[name] = t
+            bw = size / t * bus_factor(ranks) / 1e9 if t > 0 else 0.0
+            cells.append(f" {t * 1e6:18.1f} {bw:7.2f}")
+        fastest = min(times, key=lambda n: times[n])
+        print(f"  {size:>12}{''.join(cells)}  {fastest}")

@@ -1,0 +1,122 @@
+"""Fit the model's prices to measured all-reduce times (an `autotune sweep --json` result).
+
+One node only, so one link: ``base`` per all-reduce, ``alpha`` per round, ``beta`` per byte sent
+and ``gamma`` per byte summed, shared by every algorithm, each counted from its schedule
+(`autotune.model.schedule`). Least squares on relative error, since the times span five orders
+of magnitude; every price held at zero or above (an exact non-negative solution: with four
+unknowns, every subset of them is tried).
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from autotune.model._cost import DEFAULT_SEGMENT_BYTES, Link, Params, Shape, predict
+from autotune.model._schedule import MODELLED, schedule
+
+__all__ = ["Fit", "Sample", "fit", "samples_from_sweep"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured all-reduce: ``seconds`` for ``nbytes`` with ``algorithm`` over ``ranks``."""
+
+    algorithm: str
+    nbytes: int
+    ranks: int
+    seconds: float
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The fitted prices and, per sample, the prediction's relative error (signed)."""
+
+    params: Params
+    samples: tuple[Sample, ...]
+    errors: tuple[float, ...]
+
+    def median_error(self, algorithm: str | None = None) -> float:
+        """Median of |predicted / measured - 1| (over one algorithm, or all)."""
+        return statistics.median(abs(e) for e in self._errors(algorithm))
+
+    def worst_error(self, algorithm: str | None = None) -> float:
+        return max(abs(e) for e in self._errors(algorithm))
+
+    def _errors(self, algorithm: str | None) -> list[float]:
+        out = [
+            e
+            for s, e in zip(self.samples, self.errors, strict=True)
+            if algorithm is None or s.algorithm == algorithm
+        ]
+        if not out:
+            raise ValueError(f"no samples of {algorithm!r}")
+        return out
+
+
+def _features(s: Sample) -> list[float]:
+    plan = schedule(s.algorithm, s.nbytes, s.ranks, s.segment_bytes)
+    return [
+        1.0,
+        float(plan.rounds),
+        plan.rounds * plan.round_bytes,
+        plan.reduce_rounds * plan.reduce_bytes,
+    ]
+
+
+def fit(samples: Sequence[Sample]) -> Fit:
+    """The prices (one node) that predict ``samples`` with the least squared relative error."""
+    usable = [s for s in samples if s.algorithm in MODELLED and s.ranks > 1 and s.nbytes > 0]
+    if len(usable) < 4:
+        raise ValueError(
+            f"need at least 4 measurements of modelled algorithms ({', '.join(MODELLED)}) over "
+            f"2 ranks or more, got {len(usable)}"
+        )
+    x = torch.tensor([_features(s) for s in usable], dtype=torch.float64)
+    t = torch.tensor([s.seconds for s in usable], dtype=torch.float64)
+    a, b = x / t[:, None], torch.ones_like(t)  # relative error: (x @ theta) / t - 1
+    best: tuple[float, torch.Tensor] | None = None
+    columns = range(x.shape[1])
+    for k in range(1, len(columns) + 1):
+        for subset in itertools.combinations(columns, k):
+            sol = torch.linalg.lstsq(a[:, list(subset)], b[:, None]).solution[:, 0]
+            if (sol < 0).any():
+                continue
+            theta = torch.zeros(x.shape[1], dtype=torch.float64)
+            theta[list(subset)] = sol
+            residual = float(((a @ theta - b) ** 2).sum())
+            if best is None or residual < best[0]:
+                best = (residual, theta)
+    assert best is not None  # a single column always has a non-negative solution or none...
+    base, alpha, beta, gamma = (float(v) for v in best[1])
+    link = Link(alpha, beta)
+    params = Params(intra=link, inter=link, gamma_s_per_byte=gamma, base_s=base)
+    errors = tuple(
+        predict(s.algorithm, s.nbytes, Shape(s.ranks, s.ranks), params, s.segment_bytes) / s.seconds
+        - 1.0
+        for s in usable
+    )
+    return Fit(params, tuple(usable), errors)
+
+
+def samples_from_sweep(result: object) -> list[Sample]:
+    """The modelled algorithms' rows of a `autotune.sweep.SweepResult` (one node)."""
+    from autotune.sweep import SweepResult
+
+    assert isinstance(result, SweepResult)
+    return [
+        Sample(
+            r.algorithm,
+            r.bytes,
+            result.world_size,
+            r.time_us * 1e-6,
+            r.segment_bytes or DEFAULT_SEGMENT_BYTES,
+        )
+        for r in result.rows
+        if r.algorithm in MODELLED and r.time_us > 0
+    ]
