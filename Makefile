@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/tuner_cost.py --world-size 4 --steps 300
 	$(PY) benchmarks/step_gain.py --world-sizes 2,4 --tune-steps 450 --paired-steps 80
 	$(PY) benchmarks/metrics_cost.py --world-size 4 --steps 100
+	$(PY) benchmarks/model_fit.py docs/sweeps/sweep-2.json docs/sweeps/sweep-4.json docs/sweeps/sweep-8.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
