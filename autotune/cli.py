@@ -122,7 +122,23 @@ def _report(args: argparse.Namespace) -> int:
         print(f"autotune report: {exc}", file=sys.stderr)
         return 2
     output = args.output or "busbw.png"
-    plot_sweeps(results, output)
+    fits = None
+    if args.model:
+        from autotune.model import MODELLED, fit, samples_from_sweep
+
+        try:
+            fits = [fit(samples_from_sweep(r)) for r in results]
+        except ValueError as exc:
+            print(f"autotune report: --model: {exc}", file=sys.stderr)
+            return 2
+        for path, f in zip(args.results, fits, strict=True):
+            errors = ", ".join(
+                f"{a} {f.median_error(a):.0%}/{f.worst_error(a):.0%}"
+                for a in MODELLED
+                if any(s.algorithm == a for s in f.samples)
+            )
+            print(f"model fitted to {path}: median/worst error {errors}")
+    plot_sweeps(results, output, fits)
     print(f"wrote {output}")
     for result in results:
         table = plan_markdown(result)
@@ -251,6 +267,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "Prometheus",
     )
     p.add_argument("results", nargs="*", metavar="RESULTS.json", help="from autotune sweep --json")
+    p.add_argument(
+        "--model",
+        action="store_true",
+        help="also fit the cost model to each sweep and draw its predictions (docs/MODEL.md)",
+    )
     p.add_argument(
         "-o",
         "--output",

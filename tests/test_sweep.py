@@ -273,3 +273,16 @@ def test_torchrun_ranks_are_used(tmp_path: Path) -> None:
         ("1024", "native", "0"),
     ]
     assert io.StringIO(out.stdout).read().count("# autotune sweep") == 1  # rank 0 prints alone
+
+
+def test_report_draws_the_models_fit_and_prints_its_error(tmp_path: Path) -> None:
+    from autotune.model import fit, samples_from_sweep
+
+    sweep = Path(__file__).resolve().parents[1] / "docs" / "sweeps" / "sweep-4.json"
+    out = run_cli("report", str(sweep), "--model", "-o", "fit.png", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "fit.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    fitted = fit(samples_from_sweep(SweepResult.load(str(sweep))))
+    tree = f"tree {fitted.median_error('tree'):.0%}/{fitted.worst_error('tree'):.0%}"
+    assert f"model fitted to {sweep}: median/worst error ring" in out.stdout
+    assert tree in out.stdout

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+    from autotune.model import Fit
+
 __all__ = ["plan_markdown", "plot_sweeps"]
 
 _BUILTIN_NAMES = {cls.name for cls in BUILTINS}
@@ -45,8 +47,13 @@ def _size_axis(ax: Axes) -> None:
     ax.grid(True, which="major", alpha=0.3)
 
 
-def plot_sweeps(results: Sequence[SweepResult], path: str) -> None:
-    """Draw each result as a column: busbw and latency against size; the plan as a table."""
+def plot_sweeps(
+    results: Sequence[SweepResult], path: str, fits: Sequence[Fit | None] | None = None
+) -> None:
+    """Draw each result as a column: busbw and latency against size; the plan as a table.
+
+    ``fits`` (one per result, or None): the cost model fitted to it (`autotune.model.fit`),
+    whose predicted times are drawn dotted over the measured ones, in the algorithm's color."""
     names: list[str] = []
     for result in results:
         names += [a for a in result.algorithms() if a not in names and a != "tuned"]
@@ -88,6 +95,9 @@ def plot_sweeps(results: Sequence[SweepResult], path: str) -> None:
                 xs, [r.busbw_gbps for r in pts], style, marker=".", color=color[name], label=name
             )
             lat.plot(xs, [r.time_us for r in pts], style, marker=".", color=color[name], label=name)
+        fitted = fits[col] if fits is not None else None
+        if fitted is not None:
+            _predictions(lat, fitted, color)
         if result.p2p:
             pts = [r for r in result.p2p if r.count > 0]
             bw.plot(
@@ -104,12 +114,34 @@ def plot_sweeps(results: Sequence[SweepResult], path: str) -> None:
         where = f"{result.world_size} ranks, {result.backend}, {result.device}, {result.dtype}"
         bw.set_title(f"bus bandwidth: {where}", fontsize=9)
         bw.set_ylabel("busbw (GB/s)")
-        lat.set_title("latency (median of the slowest rank)", fontsize=9)
+        lat.set_title(
+            "latency (median of the slowest rank)"
+            + (
+                ""
+                if fitted is None
+                else f"; dotted: model, median error {fitted.median_error():.0%}"
+            ),
+            fontsize=9,
+        )
         lat.set_ylabel("time (us)")
         bw.legend(fontsize=7, loc="upper left")
         if with_plan:
             _plan_table(axes[2][col], result)
     fig.savefig(path, dpi=110)
+
+
+def _predictions(ax: Axes, fitted: Fit, color: dict[str, str]) -> None:
+    """The fitted model's time for each sample's algorithm and size, dotted."""
+    from autotune.model import Shape, predict
+
+    by_name: dict[str, list[tuple[int, float]]] = {}
+    for sample in fitted.samples:
+        shape = Shape(sample.ranks, sample.ranks)
+        t = predict(sample.algorithm, sample.nbytes, shape, fitted.params, sample.segment_bytes)
+        by_name.setdefault(sample.algorithm, []).append((sample.nbytes, t * 1e6))
+    for name, points in by_name.items():
+        points.sort()
+        ax.plot(*zip(*points, strict=True), ":", lw=1.4, color=color.get(name, "black"))
 
 
 def _plan_table(ax: Axes, result: SweepResult) -> None:
