@@ -102,6 +102,8 @@ def test_one_rank_or_no_bytes_costs_nothing_and_bad_input_is_refused() -> None:
     assert predict("ring", 1 << 20, Shape(1, 1), params) == 0.0
     assert predict("tree", 0, Shape(4, 4), params) == 0.0
     assert bytes_sent("star", 0, 1, 100) == 0.0
+    with pytest.raises(ValueError, match=r"rank must be in \[0, 4\)"):
+        bytes_sent("tree", 4, 4, 100)
     with pytest.raises(ValueError, match="no cost model for 'native'"):
         schedule("native", 1 << 20, 4, 1 << 20)
     with pytest.raises(ValueError, match="ranks"):

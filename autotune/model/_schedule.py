@@ -87,9 +87,11 @@ def schedule(
 
 
 def bytes_sent(name: str, rank: int, ranks: int, nbytes: int) -> float:
-    """What ``rank`` sends in all, one segment per message (the algorithms' `Traffic` counts)."""
+    """What ``rank`` sends in all, however it is segmented (the algorithms' `Traffic` counts)."""
     if name not in MODELLED:
         raise ValueError(f"no cost model for {name!r}; modelled: {', '.join(MODELLED)}")
+    if not 0 <= rank < ranks:
+        raise ValueError(f"rank must be in [0, {ranks}), got {rank}")
     n = ranks
     if n == 1:
         return 0.0
