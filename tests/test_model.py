@@ -188,5 +188,7 @@ def test_autotune_model_prints_a_table_per_world_size(capsys: pytest.CaptureFixt
     assert small and small[0][-1] == "two_tree"  # latency wins at scale for tiny messages
     ring_us, tree_us = float(small[0][1]), float(small[0][3])
     assert ring_us / tree_us > 100
+    assert main(["model", "--ranks", "1", "-b", "8", "-e", "8"]) == 0
+    assert "1 rank: nothing to all-reduce" in capsys.readouterr().out
     assert main(["model", "--algorithms", "native"]) == 2
     assert "no model for native" in capsys.readouterr().err

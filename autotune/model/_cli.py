@@ -137,6 +137,9 @@ def _table(
     prices: Callable[[str, bool], Params],
     segment_bytes: int,
 ) -> None:
+    if ranks == 1:
+        print("\n# 1 rank: nothing to all-reduce (every algorithm returns at once)")
+        return
     shape = Shape(ranks, per_node)
     print(
         f"\n# {ranks} ranks, {shape.nodes} node(s) of {min(per_node, ranks)}, "
