@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 
-__all__ = ["format_bytes", "parse_bytes"]
+__all__ = ["byte_count", "format_bytes", "parse_bytes"]
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -23,6 +24,14 @@ def parse_bytes(text: str) -> int:
     if value < 0 or value * _UNITS[unit] != int(value * _UNITS[unit]):
         raise ValueError(f"not a whole, non-negative byte count: {text!r}")
     return int(value * _UNITS[unit])
+
+
+def byte_count(text: str) -> int:
+    """`parse_bytes` as an argparse ``type``: a bad count is a usage error naming the problem."""
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def format_bytes(nbytes: int) -> str:

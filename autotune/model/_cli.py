@@ -11,16 +11,9 @@ from autotune.model._fit import Fit, fit, samples_from_sweep
 from autotune.model._nccl import NCCL_SOURCE, PROTOCOLS, nccl_params
 from autotune.model._schedule import MODELLED
 from autotune.stats import bus_factor
-from autotune.units import parse_bytes
+from autotune.units import byte_count
 
 __all__ = ["add_arguments", "main"]
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_bytes(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _ints(text: str) -> list[int]:
@@ -36,13 +29,13 @@ def _ints(text: str) -> list[int]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", type=_ints, default=[8, 64, 1024, 24576], help="e.g. 8,64,1024")
     p.add_argument("--ranks-per-node", type=int, default=8, help="ranks on each node (8)")
-    p.add_argument("-b", "--minbytes", type=_size, default=8, help="smallest size (8)")
-    p.add_argument("-e", "--maxbytes", type=_size, default=256 << 20, help="largest (256M)")
+    p.add_argument("-b", "--minbytes", type=byte_count, default=8, help="smallest size (8)")
+    p.add_argument("-e", "--maxbytes", type=byte_count, default=256 << 20, help="largest (256M)")
     p.add_argument("-f", "--stepfactor", type=int, default=4, help="multiply size by this (4)")
     p.add_argument("--algorithms", default=",".join(MODELLED), help=f"any of {','.join(MODELLED)}")
     p.add_argument(
         "--segment-bytes",
-        type=_size,
+        type=byte_count,
         default=DEFAULT_SEGMENT_BYTES,
         help=f"pipeline segment of ring and trees ({DEFAULT_SEGMENT_BYTES >> 20}M, as they run)",
     )
@@ -70,9 +63,9 @@ def _sizes(args: argparse.Namespace) -> list[int]:
 def main(args: argparse.Namespace) -> int:
     names = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     unknown = [a for a in names if a not in MODELLED]
-    problems = [f"no model for {', '.join(unknown)} (modelled: {', '.join(MODELLED)})"] * bool(
-        unknown
-    )
+    problems = []
+    if unknown:
+        problems.append(f"no model for {', '.join(unknown)} (modelled: {', '.join(MODELLED)})")
     if args.ranks_per_node < 1:
         problems.append(f"--ranks-per-node must be >= 1, got {args.ranks_per_node}")
     if args.stepfactor < 2 or args.minbytes < 1 or args.maxbytes < args.minbytes:

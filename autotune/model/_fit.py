@@ -92,7 +92,7 @@ def fit(samples: Sequence[Sample]) -> Fit:
             residual = float(((a @ theta - b) ** 2).sum())
             if best is None or residual < best[0]:
                 best = (residual, theta)
-    assert best is not None  # a single column always has a non-negative solution or none...
+    assert best is not None  # a one-column fit is never negative: features and targets are not
     base, alpha, beta, gamma = (float(v) for v in best[1])
     link = Link(alpha, beta)
     params = Params(intra=link, inter=link, gamma_s_per_byte=gamma, base_s=base)

@@ -12,16 +12,9 @@ from typing import Any, NoReturn
 from autotune.sweep._options import SweepOptions
 from autotune.sweep._result import SweepResult
 from autotune.topology import local_rank
-from autotune.units import parse_bytes
+from autotune.units import byte_count
 
 __all__ = ["add_arguments", "main"]
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_bytes(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -29,10 +22,12 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-b", "--minbytes", type=_size, default=8, help="smallest size (8); K/M/G")
-    p.add_argument("-e", "--maxbytes", type=_size, default=32 << 20, help="largest size (32M)")
+    p.add_argument("-b", "--minbytes", type=byte_count, default=8, help="smallest size (8); K/M/G")
+    p.add_argument("-e", "--maxbytes", type=byte_count, default=32 << 20, help="largest size (32M)")
     p.add_argument("-f", "--stepfactor", type=int, default=None, help="multiply size by this (2)")
-    p.add_argument("-i", "--stepbytes", type=_size, default=None, help="or add this to the size")
+    p.add_argument(
+        "-i", "--stepbytes", type=byte_count, default=None, help="or add this to the size"
+    )
     p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations (20)")
     p.add_argument("-w", "--warmup_iters", type=int, default=5, help="warm-up iterations (5)")
     p.add_argument("-c", "--check", type=int, default=1, help="checked iterations (1; 0: none)")
@@ -46,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: by backend")
     p.add_argument("--algorithms", type=_names, default=None, help="comma-separated (all)")
-    p.add_argument("--segment-bytes", type=_size, default=None, help="pipeline segment")
+    p.add_argument("--segment-bytes", type=byte_count, default=None, help="pipeline segment")
     p.add_argument("--p2p", action="store_true", help="also measure the point-to-point ceiling")
     p.add_argument(
         "--tune",
