@@ -17,7 +17,7 @@ import uuid
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autotune.plan import Entry, Table
 
@@ -231,6 +231,21 @@ class Store:
         """Store this job's plan for ``key``, beside other jobs' (no job overwrites another's)."""
         record = {"saved_at": time.time(), "job": self.job_id, "table": table.to_json()}
         self.study(key, "plan").set_user_attr(f"table/{self.job_id}", record)
+
+    def save_prior(self, key: str, prior: dict[str, Any]) -> None:
+        """Store the cost model's fit for fingerprint ``key`` (a later sweep's replaces it)."""
+        self.study(key, "plan").set_user_attr("model", {"saved_at": time.time(), **prior})
+
+    def load_prior(self, key: str) -> dict[str, Any] | None:
+        """The cost model's fit stored for ``key``, as saved, if a sweep stored one."""
+        import optuna
+
+        try:
+            study = optuna.load_study(study_name=f"autotune/{key}/plan", storage=self.storage)
+        except KeyError:
+            return None
+        raw = study.user_attrs.get("model")
+        return raw if isinstance(raw, dict) else None
 
     def tables(self) -> dict[str, Table]:
         """Every stored plan, by fingerprint key."""

@@ -1,6 +1,7 @@
 """The live tuner's own cost per iteration, and how many steps it takes to lock in a plan.
 
     python benchmarks/tuner_cost.py --world-size 4 --steps 300
+    python benchmarks/tuner_cost.py --world-size 4 --steps 300 --prior docs/sweeps/sweep-4.json
 
 Trains examples/train_ddp.py's model with ``algorithm="auto"`` from an empty tuning storage (a
 temporary SQLite file). The tuner's cost comes in two parts. On the step's path: finishing the
@@ -9,6 +10,11 @@ Beside the next step: learning, deciding and starting the next exchange, after t
 reported against the median step time, while exploring and once everything is locked. Rank 0's
 numbers are reported (it also decides, so its cost is the highest); the step counts are the same
 on every rank.
+
+With ``--prior SWEEP.json`` the job runs twice, each from an empty storage: without a prior, then
+with the cost model's fit to that sweep stored as a sweep with ``--tune`` stores it (the prior
+alone, no plan), so only the prior differs. Each run's step to lock, trials and total step time
+while exploring are printed.
 """
 
 from __future__ import annotations
@@ -64,17 +70,48 @@ def _rank(rank: int, world_size: int, args: argparse.Namespace, storage: str) ->
     }
 
 
+def _store_prior(storage: str, sweep_path: str, world_size: int) -> str:
+    """Store the fit to ``sweep_path`` as the prior of this job's fingerprint; describe it."""
+    from autotune.model import Prior, fit, samples_from_sweep
+    from autotune.store import Store, device_model, fingerprint, fingerprint_key
+    from autotune.sweep import SweepResult
+
+    result = SweepResult.load(sweep_path)
+    if result.world_size != world_size or result.backend != "gloo":
+        raise SystemExit(f"{sweep_path}: a gloo sweep at {world_size} ranks is needed")
+    fitted = fit(samples_from_sweep(result))
+    fp = fingerprint(
+        backend="gloo", world_size=world_size, nodes=1, device=device_model("cpu"), dtype="float32"
+    )
+    Store(storage).save_prior(fingerprint_key(fp), Prior.from_fit(fitted).to_json())
+    return f"prior: fit to {sweep_path}, worst error {fitted.worst_error():.0%}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--world-size", type=int, default=4)
     p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--prior", metavar="SWEEP_JSON", help="also run with the model's fit as prior")
     add_model_arguments(p)
     args = p.parse_args(argv)
+    _run(args, None)
+    if args.prior:
+        print()
+        _run(args, args.prior)
+    return 0
+
+
+def _run(args: argparse.Namespace, prior: str | None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         storage = f"sqlite:///{Path(tmp) / 'tuning.db'}"
+        how = "empty storage"
+        if prior is not None:
+            how = "empty storage but a " + _store_prior(storage, prior, args.world_size)
         r = run_local(_rank, args.world_size, args, storage, timeout_s=3600)[0]
     steps, tuner_s = r["steps"], r["tuner_s"]
-    print(f"{args.world_size} ranks, {args.steps} steps, empty storage")
+    print(f"{args.world_size} ranks, {args.steps} steps, {how}")
+    explored = [t for t, settled in steps if not settled]
+    print(f"step time while exploring: {sum(explored):.2f} s over {len(explored)} steps")
     if r["settled_at"] is None:
         print("not settled by the end: run more steps")
     else:
@@ -105,7 +142,6 @@ def main(argv: list[str] | None = None) -> int:
             f"  {format_bytes(cls):>8}: {e.choice.algorithm} ({seg}) {e.state}, {e.trials} "
             f"trials, best {best}"
         )
-    return 0
 
 
 if __name__ == "__main__":

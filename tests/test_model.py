@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from autotune.algorithms import binary_tree, double_binary_tree, split
@@ -192,3 +194,33 @@ def test_autotune_model_prints_a_table_per_world_size(capsys: pytest.CaptureFixt
     assert "1 rank: nothing to all-reduce" in capsys.readouterr().out
     assert main(["model", "--algorithms", "native"]) == 2
     assert "no model for native" in capsys.readouterr().err
+
+
+def test_the_prior_orders_by_prediction_and_leaves_out_only_what_cannot_win() -> None:
+    from autotune.model import Prior
+    from autotune.plan import Choice
+    from autotune.space import search_space
+
+    # Every round 10 ms, bytes free: fewer rounds is faster. At 2 ranks and 1 MiB, unsegmented
+    # ring, tree and two_tree take 2 rounds; with 256 KiB segments two_tree 3, ring 4, tree 5.
+    rounds_only = Params(Link(0.01, 0.0), Link(0.01, 0.0))
+    space = search_space(1 << 20, ("native", "ring", "tree", "two_tree"))
+    native = Choice("native")
+    tight = Prior(rounds_only, worst_error=0.05)  # cut (1.05 / 0.95) = 1.105x the best
+    assert tight.cut == pytest.approx(1.05 / 0.95)
+    kept = tight.order(1 << 20, 2, space, keep=native)
+    assert kept[0] == native  # unmodelled first: measured, never predicted
+    assert set(kept[1:]) == {Choice("ring"), Choice("tree"), Choice("two_tree")}
+    # The incumbent stays, however slow its prediction.
+    slow = Choice("tree", 256 << 10)
+    assert slow in tight.order(1 << 20, 2, space, keep=slow)
+    # Asked for (prune=False), or with a fit too rough to bound anything, all stay, in order.
+    everything = tight.order(1 << 20, 2, space, keep=native, prune=False)
+    assert everything[-3:] == [Choice("two_tree", 256 << 10), Choice("ring", 256 << 10), slow]
+    rough = Prior(rounds_only, worst_error=1.2)
+    assert rough.cut == math.inf
+    assert rough.order(1 << 20, 2, space, keep=native) == everything
+    # Stored and read back as the sweep stores it.
+    assert Prior.from_json(tight.to_json()) == tight
+    with pytest.raises(ValueError, match="not a stored cost-model fit"):
+        Prior.from_json({"alpha_s": 1.0})

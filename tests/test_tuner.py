@@ -168,3 +168,63 @@ def test_a_bad_plan_file_fails_at_register_naming_the_file(
         path.write_text(content)
     for message in run_local(register_with_plan_file, 2, str(path)):
         assert f"plan file {str(path)!r}" in message and words in message, message
+
+
+@pytest.mark.parametrize(
+    ("alpha_s", "beta_s_per_byte", "worst_error", "prunes"),
+    [
+        # Every round 10 ms, bytes free, 5% worst error: a choice with more rounds than the
+        # fewest (a segmented one, in the classes large enough to have segments) is left out.
+        (0.01, 0.0, 0.05, True),
+        # Bytes dear, rounds cheap, a fit too rough to bound anything: nothing is left out, but
+        # the order differs by algorithm (the ring unsegmented first, the tree segmented first),
+        # which the study's parameters must still accept.
+        (1e-4, 1e-8, 1.5, False),
+    ],
+)
+def test_a_stored_prior_orders_screening_and_leaves_out_what_cannot_win(
+    tmp_path: Path, alpha_s: float, beta_s_per_byte: float, worst_error: float, prunes: bool
+) -> None:
+    import optuna
+
+    from autotune.config import Config
+    from autotune.model import Link, Params, Prior
+    from autotune.space import search_space
+    from autotune.store import device_model, fingerprint, fingerprint_key
+
+    url = storage(tmp_path)
+    fp = fingerprint(
+        backend="gloo", world_size=2, nodes=1, device=device_model("cpu"), dtype="float32"
+    )
+    key = fingerprint_key(fp)
+    link = Link(alpha_s, beta_s_per_byte)
+    prior = Prior(Params(link, link), worst_error=worst_error)
+    Store(url).save_prior(key, prior.to_json())
+    config = {**QUICK, "storage": url}  # the built-in candidates: the prior may leave some out
+    result = run_local(tune, 2, SETTLE_CAP, config, False, False, None, True, timeout_s=600)[0]
+    assert result.settled, result.progress
+    left_out: set[Choice] = set()
+    reordered = False
+    classes = 0
+    for name in optuna.study.get_all_study_names(storage=url):
+        if not name.startswith(f"autotune/{key}/class="):
+            continue
+        classes += 1
+        cls = int(name.split("class=")[1].split("/")[0])
+        study = optuna.load_study(study_name=name, storage=url)
+        tried = {
+            Choice(t.params["algorithm"], t.params.get("segment_bytes") or None)
+            for t in study.trials
+        }
+        space = search_space(cls, Config().candidates)
+        kept = prior.order(cls, 2, space, keep=Choice("native"))
+        # Every choice kept is measured (the search ran to its end), none left out is.
+        assert tried == set(kept), (cls, tried, kept)
+        left_out |= set(space) - set(kept)
+        firsts = {c.algorithm: c.segment_bytes for c in reversed(kept)}  # each one's first
+        reordered |= firsts.get("ring", 0) != firsts.get("tree", 0)
+    assert classes >= 2
+    if prunes:
+        assert left_out and all(c.segment_bytes is not None for c in left_out), left_out
+    else:
+        assert not left_out and reordered

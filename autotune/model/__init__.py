@@ -13,6 +13,7 @@ from __future__ import annotations
 from autotune.model._cost import DEFAULT_SEGMENT_BYTES, Link, Params, Shape, predict
 from autotune.model._fit import Fit, Sample, fit, samples_from_sweep
 from autotune.model._nccl import NCCL_SOURCE, PROTOCOLS, nccl_params
+from autotune.model._prior import Prior
 from autotune.model._schedule import MODELLED, Schedule, bytes_sent, schedule
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "Fit",
     "Link",
     "Params",
+    "Prior",
     "Sample",
     "Schedule",
     "Shape",

@@ -219,6 +219,8 @@ def run_sweep(
     for line in footer(result):
         printer.line(line)
     if rank == 0:
+        if options.tune and result.plan_key is not None:
+            _store_prior(result, storage, printer)
         if json_path:
             result.save(json_path)
             printer.line(f"# wrote {json_path}")
@@ -227,6 +229,24 @@ def run_sweep(
                 f.write(result.csv())
             printer.line(f"# wrote {csv_path}")
     return result
+
+
+def _store_prior(result: SweepResult, storage: str, printer: _Out) -> None:
+    """Fit the cost model to the sweep and store it as the live tuner's prior (docs/MODEL.md)."""
+    from autotune.model import Prior, fit, samples_from_sweep
+    from autotune.store import Store
+
+    assert result.plan_key is not None
+    try:
+        fitted = fit(samples_from_sweep(result))
+    except ValueError as exc:  # too few modelled measurements to fit
+        printer.line(f"# no cost-model prior stored: {exc}")
+        return
+    Store(storage).save_prior(result.plan_key, Prior.from_fit(fitted).to_json())
+    printer.line(
+        f"# stored the cost model's fit as the tuner's prior (median error "
+        f"{fitted.median_error():.0%}, worst {fitted.worst_error():.0%})"
+    )
 
 
 def _tune(

@@ -249,7 +249,9 @@ class Search(Generic[T]):
         self.desired = option
 
     def _spent(self) -> bool:
-        return self.finished >= self.tuner.config.tune_trials or len(self.tried) >= len(self.space)
+        # Another job may have measured choices this one leaves out: they do not count here.
+        tried = len(self.tried.intersection(self.space))
+        return self.finished >= self.tuner.config.tune_trials or tried >= len(self.space)
 
     def _lock_best(self) -> None:
         best = self.best
@@ -258,13 +260,30 @@ class Search(Generic[T]):
 
 
 class ClassSearch(Search[Choice]):
-    """Algorithm x segment for one size class, as readable study parameters."""
+    """Algorithm x segment for one size class, as readable study parameters.
+
+    ``universe`` is every choice the class has (None: ``space``): trials are written over it,
+    so a study's parameters keep the same choices whichever job asks (Optuna refuses a
+    parameter whose choices change). ``space`` is what this job tries, in order: a prior
+    (`autotune.model.Prior`) may order it and leave some out.
+    """
+
+    def __init__(
+        self,
+        tuner: Host,
+        what: str,
+        space: list[Choice],
+        default: Choice,
+        universe: list[Choice] | None = None,
+    ) -> None:
+        super().__init__(tuner, what, space, default)
+        self.universe = list(space) if universe is None else universe
 
     def option_of(self, params: dict[str, Any]) -> Choice | None:
-        return choice_of(params, self.space)
+        return choice_of(params, self.universe)
 
     def params_of(self, option: Choice) -> dict[str, Any]:
         return params_of(option)
 
     def suggest(self, trial: optuna.Trial) -> Choice:
-        return suggest_choice(trial, self.space)
+        return suggest_choice(trial, self.universe)

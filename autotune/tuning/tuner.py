@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from autotune.algorithms import bookkeeping_device
 from autotune.events import Event, Failure, IterationDone, IterationEnd
+from autotune.model import Prior
 from autotune.plan import Choice, Entry, Gain, Table
 from autotune.space import search_space
 from autotune.stats import MessageRecord
@@ -73,6 +74,8 @@ class Tuner:
         self.phase = "loading"
         self.gain: Gain | None = None
         self.key = ""
+        #: The cost model's prior for this fingerprint (rank 0, once loaded), if a sweep stored it.
+        self.prior: Prior | None = None
         self.loaded = False
         self.exchanges = 0
         self.classes: dict[int, ClassSearch] = {}
@@ -304,15 +307,26 @@ class Tuner:
         self.fingerprint = job_fingerprint(self.process_group, device, dtype)
         self.key = fingerprint_key(self.fingerprint)
         assert self.worker is not None
-        self.worker.submit(lambda: self._load(self.store().load_table(self.key)))
+        self.worker.submit(self._load)
 
-    def _load(self, table: Table | None) -> None:
-        self.post(lambda: self._loaded(table))
+    def _load(self) -> None:
+        """On the worker: the stored plan, and the cost model's prior if a sweep stored one."""
+        store = self.store()
+        table = store.load_table(self.key)
+        raw = store.load_prior(self.key)
+        prior = None
+        if raw is not None:
+            try:
+                prior = Prior.from_json(raw)
+            except ValueError:
+                prior = None  # an unreadable prior is no prior: tuning goes on without one
+        self.post(lambda: self._loaded(table, prior))
 
-    def _loaded(self, table: Table | None) -> None:
+    def _loaded(self, table: Table | None, prior: Prior | None = None) -> None:
         """The stored plan, as far as this job can run it, is confirmed before it is locked."""
         assert self.campaign is not None
         self.loaded = True
+        self.prior = prior
         stored = None
         if table is not None:
             choices = {
@@ -396,8 +410,16 @@ class Tuner:
     def _class_search(self, cls: int) -> ClassSearch:
         assert self.campaign is not None
         default = self.campaign.incumbent.choice(cls)
-        space = self._space(cls)
-        search = ClassSearch(self, f"class={cls}", space, default if default in space else space[0])
+        universe = self._space(cls)
+        default = default if default in universe else universe[0]
+        space = universe
+        if self.prior is not None:
+            # Rank 0's order only: the wire's codes index the whole space, the same everywhere.
+            # Choices the user listed (Config.algorithms) are all tried: ordered, never cut.
+            asked = self.config.algorithms is not None
+            ranks = dist.get_world_size(self.process_group)
+            space = self.prior.order(cls, ranks, universe, default, prune=not asked)
+        search = ClassSearch(self, f"class={cls}", space, default, universe)
         search.round = self.campaign.round
         self.classes[cls] = search
         return search

@@ -1,0 +1,80 @@
+"""The model as the tuner's prior: which choices a size class tries first, and which not at all.
+
+A stored fit (`autotune sweep --storage` writes one per fingerprint) predicts each choice's
+time for a class. The tuner tries choices in that order, the unmodelled ones (the backend's own)
+first, as measured ground truth. It leaves out a choice only where the fit's own error cannot
+make it the fastest: with w the fit's worst relative error on its sweep, a true time lies
+within [p / (1 + w), p / (1 - w)] of a prediction p. A choice predicted over (1 + w) / (1 - w)
+times the best prediction is then slower at its fastest than the best at its slowest. With
+w >= 1 there is no such bound, and nothing is left out. The prior only orders and prunes:
+what runs is still decided by measurement.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.model._cost import Link, Params, Shape, predict
+from autotune.model._fit import Fit
+from autotune.model._schedule import MODELLED
+from autotune.plan import Choice
+
+__all__ = ["Prior"]
+
+
+@dataclass(frozen=True)
+class Prior:
+    """Fitted prices for one node, and the fit's worst relative error on the sweep it came from."""
+
+    params: Params
+    worst_error: float
+
+    @classmethod
+    def from_fit(cls, fit: Fit) -> Prior:
+        return cls(fit.params, fit.worst_error())
+
+    @property
+    def cut(self) -> float:
+        """How many times the best prediction a choice may be predicted and still be tried."""
+        w = self.worst_error
+        return math.inf if w >= 1 else (1 + w) / (1 - w)
+
+    def order(
+        self, cls: int, ranks: int, space: Sequence[Choice], keep: Choice, prune: bool = True
+    ) -> list[Choice]:
+        """``space`` for size class ``cls``: unmodelled choices first, then by predicted time;
+        without those beyond `cut` where ``prune``. ``keep`` (what runs now) always stays."""
+        shape = Shape(ranks, ranks)
+        unmodelled = [c for c in space if c.algorithm not in MODELLED]
+        predicted = {
+            c: predict(c.algorithm, cls, shape, self.params, c.segment_bytes)
+            for c in space
+            if c.algorithm in MODELLED
+        }
+        ranked = sorted(predicted, key=lambda c: predicted[c])
+        if prune and ranked:
+            limit = self.cut * predicted[ranked[0]]
+            ranked = [c for c in ranked if predicted[c] <= limit or c == keep]
+        return unmodelled + ranked
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.params
+        return {
+            "base_s": p.base_s,
+            "alpha_s": p.intra.alpha_s,
+            "beta_s_per_byte": p.intra.beta_s_per_byte,
+            "gamma_s_per_byte": p.gamma_s_per_byte,
+            "worst_error": self.worst_error,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Prior:
+        try:
+            link = Link(float(raw["alpha_s"]), float(raw["beta_s_per_byte"]))
+            params = Params(link, link, float(raw["gamma_s_per_byte"]), float(raw["base_s"]))
+            return cls(params, float(raw["worst_error"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a stored cost-model fit: {raw!r} ({exc})") from None
