@@ -13,11 +13,15 @@ import itertools
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from autotune.model._cost import DEFAULT_SEGMENT_BYTES, Link, Params, Shape, predict
-from autotune.model._schedule import MODELLED, schedule
+from autotune.model._schedule import MODELLED
+
+if TYPE_CHECKING:
+    from autotune.sweep import SweepResult
 
 __all__ = ["Fit", "Sample", "fit", "samples_from_sweep"]
 
@@ -35,11 +39,16 @@ class Sample:
 
 @dataclass(frozen=True)
 class Fit:
-    """The fitted prices and, per sample, the prediction's relative error (signed)."""
+    """The fitted prices and, per sample, the predicted seconds."""
 
     params: Params
     samples: tuple[Sample, ...]
-    errors: tuple[float, ...]
+    predicted: tuple[float, ...]
+
+    @property
+    def errors(self) -> tuple[float, ...]:
+        """Per sample, predicted / measured - 1 (signed)."""
+        return tuple(p / s.seconds - 1.0 for s, p in zip(self.samples, self.predicted, strict=True))
 
     def median_error(self, algorithm: str | None = None) -> float:
         """Median of |predicted / measured - 1| (over one algorithm, or all)."""
@@ -59,14 +68,19 @@ class Fit:
         return out
 
 
+#: One price at 1 and the others at 0, in the fit's order (base, alpha, beta, gamma): `predict`
+#: is linear in the prices, so at each it gives that price's coefficient for a sample.
+_UNIT_PRICES = (
+    Params(Link(0.0, 0.0), Link(0.0, 0.0), base_s=1.0),
+    Params(Link(1.0, 0.0), Link(1.0, 0.0)),
+    Params(Link(0.0, 1.0), Link(0.0, 1.0)),
+    Params(Link(0.0, 0.0), Link(0.0, 0.0), gamma_s_per_byte=1.0),
+)
+
+
 def _features(s: Sample) -> list[float]:
-    plan = schedule(s.algorithm, s.nbytes, s.ranks, s.segment_bytes)
-    return [
-        1.0,
-        float(plan.rounds),
-        plan.rounds * plan.round_bytes,
-        plan.reduce_rounds * plan.reduce_bytes,
-    ]
+    shape = Shape(s.ranks, s.ranks)
+    return [predict(s.algorithm, s.nbytes, shape, p, s.segment_bytes) for p in _UNIT_PRICES]
 
 
 def fit(samples: Sequence[Sample]) -> Fit:
@@ -93,22 +107,15 @@ def fit(samples: Sequence[Sample]) -> Fit:
             if best is None or residual < best[0]:
                 best = (residual, theta)
     assert best is not None  # a one-column fit is never negative: features and targets are not
-    base, alpha, beta, gamma = (float(v) for v in best[1])
+    theta = best[1]
+    base, alpha, beta, gamma = (float(v) for v in theta)
     link = Link(alpha, beta)
     params = Params(intra=link, inter=link, gamma_s_per_byte=gamma, base_s=base)
-    errors = tuple(
-        predict(s.algorithm, s.nbytes, Shape(s.ranks, s.ranks), params, s.segment_bytes) / s.seconds
-        - 1.0
-        for s in usable
-    )
-    return Fit(params, tuple(usable), errors)
+    return Fit(params, tuple(usable), tuple(float(v) for v in x @ theta))
 
 
-def samples_from_sweep(result: object) -> list[Sample]:
-    """The modelled algorithms' rows of a `autotune.sweep.SweepResult` (one node)."""
-    from autotune.sweep import SweepResult
-
-    assert isinstance(result, SweepResult)
+def samples_from_sweep(result: SweepResult) -> list[Sample]:
+    """The modelled algorithms' rows of a sweep's result (one node)."""
     return [
         Sample(
             r.algorithm,

@@ -1,6 +1,6 @@
 """The model as the tuner's prior: which choices a size class tries first, and which not at all.
 
-A stored fit (`autotune sweep --storage` writes one per fingerprint) predicts each choice's
+A stored fit (`autotune sweep --tune` writes one per fingerprint) predicts each choice's
 time for a class. The tuner tries choices in that order, the unmodelled ones (the backend's own)
 first, as measured ground truth. It leaves out a choice only where the fit's own error cannot
 make it the fastest: with w the fit's worst relative error on its sweep, a true time lies

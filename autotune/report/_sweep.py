@@ -114,15 +114,10 @@ def plot_sweeps(
         where = f"{result.world_size} ranks, {result.backend}, {result.device}, {result.dtype}"
         bw.set_title(f"bus bandwidth: {where}", fontsize=9)
         bw.set_ylabel("busbw (GB/s)")
-        lat.set_title(
-            "latency (median of the slowest rank)"
-            + (
-                ""
-                if fitted is None
-                else f"; dotted: model, median error {fitted.median_error():.0%}"
-            ),
-            fontsize=9,
-        )
+        model = ""
+        if fitted is not None:
+            model = f"; dotted: model, median error {fitted.median_error():.0%}"
+        lat.set_title(f"latency (median of the slowest rank){model}", fontsize=9)
         lat.set_ylabel("time (us)")
         bw.legend(fontsize=7, loc="upper left")
         if with_plan:
@@ -132,12 +127,8 @@ def plot_sweeps(
 
 def _predictions(ax: Axes, fitted: Fit, color: dict[str, str]) -> None:
     """The fitted model's time for each sample's algorithm and size, dotted."""
-    from autotune.model import Shape, predict
-
     by_name: dict[str, list[tuple[int, float]]] = {}
-    for sample in fitted.samples:
-        shape = Shape(sample.ranks, sample.ranks)
-        t = predict(sample.algorithm, sample.nbytes, shape, fitted.params, sample.segment_bytes)
+    for sample, t in zip(fitted.samples, fitted.predicted, strict=True):
         by_name.setdefault(sample.algorithm, []).append((sample.nbytes, t * 1e6))
     for name, points in by_name.items():
         points.sort()

@@ -12,6 +12,7 @@ ask, tell and storage writes run on a worker thread on rank 0, off the training'
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import statistics
@@ -316,13 +317,12 @@ class Tuner:
         raw = store.load_prior(self.key)
         prior = None
         if raw is not None:
-            try:
+            # An unreadable prior is no prior: tuning goes on without one.
+            with contextlib.suppress(ValueError):
                 prior = Prior.from_json(raw)
-            except ValueError:
-                prior = None  # an unreadable prior is no prior: tuning goes on without one
         self.post(lambda: self._loaded(table, prior))
 
-    def _loaded(self, table: Table | None, prior: Prior | None = None) -> None:
+    def _loaded(self, table: Table | None, prior: Prior | None) -> None:
         """The stored plan, as far as this job can run it, is confirmed before it is locked."""
         assert self.campaign is not None
         self.loaded = True
