@@ -16,21 +16,30 @@ from autotune.plan import Choice
 if TYPE_CHECKING:
     import optuna
 
+    from autotune.topology import Topology
+
 __all__ = ["SEGMENT_OPTIONS", "choice_of", "params_of", "search_space", "suggest_choice"]
 
 #: Segment sizes searched for a segmented algorithm, those below the message's size class.
 SEGMENT_OPTIONS = (256 << 10, 1 << 20, 4 << 20)
 
 
-def search_space(cls: int, candidates: Sequence[str]) -> list[Choice]:
+def search_space(
+    cls: int, candidates: Sequence[str], topology: Topology | None = None
+) -> list[Choice]:
     """What is tried for a size class: each candidate, at each segment size below the class.
 
     A segmented algorithm is also tried unsegmented (its default) where its default segment
-    holds the whole class, so pipelining has to earn its place.
+    holds the whole class, so pipelining has to earn its place. A topology-aware algorithm is
+    left out where ``topology`` (None: one node) gives it nothing to use and its flat schedule
+    (`AllReduceAlgorithm.flat_twin`) is a candidate itself: it would run that very schedule.
     """
+    flat = topology is None or topology.nodes in (1, topology.size)
     space = []
     for name in candidates:
         algo = ALGORITHMS[name]
+        if flat and algo.flat_twin in candidates:
+            continue
         segments: list[int | None] = [s for s in SEGMENT_OPTIONS if s < cls]
         if not algo.segmented:
             segments = [None]

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     import torch
     from torch.distributed import ProcessGroup
 
+    from autotune.topology import Topology
+
 __all__ = [
     "Store",
     "device_model",
@@ -66,38 +68,48 @@ def device_model(device_type: str, index: int | None = None) -> str:
 
 
 def fingerprint(
-    *, backend: str, world_size: int, nodes: int, device: str, dtype: str
+    *,
+    backend: str,
+    world_size: int,
+    nodes: int,
+    device: str,
+    dtype: str,
+    ranks_per_node: str | None = None,
 ) -> dict[str, str | int]:
-    """What a tuned plan depends on; a job with the same fingerprint can reuse it."""
+    """What a tuned plan depends on; a job with the same fingerprint can reuse it.
+
+    ``ranks_per_node``: "4" where every node runs 4 ranks, "2+2+1" where they differ; None: an
+    even split of ``world_size`` over ``nodes``.
+    """
+    if ranks_per_node is None:
+        if world_size % nodes:
+            raise ValueError(f"{world_size} ranks do not split evenly over {nodes} nodes")
+        ranks_per_node = str(world_size // nodes)
     return {
         "backend": backend,
         "world_size": world_size,
         "nodes": nodes,
+        "ranks_per_node": ranks_per_node,
         "device": device,
         "dtype": dtype,
     }
 
 
 def job_fingerprint(
-    group: ProcessGroup, device: torch.device, dtype: torch.dtype
+    group: ProcessGroup, device: torch.device, dtype: torch.dtype, topology: Topology
 ) -> dict[str, str | int]:
-    """The fingerprint of all-reduces of ``dtype`` tensors on ``device`` over ``group``.
-
-    Nodes come from the launcher: torchrun's ``GROUP_WORLD_SIZE``, else world size over
-    ``LOCAL_WORLD_SIZE`` (one node when neither is set).
-    """
+    """The fingerprint of all-reduces of ``dtype`` tensors on ``device`` over ``group``, whose
+    ranks sit on nodes as ``topology`` (of `autotune.topology.detect`) says."""
     import torch.distributed as dist
 
     from autotune.algorithms import backend_for
 
-    world_size = dist.get_world_size(group)
-    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "0")) or max(
-        1, world_size // int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    )
+    counts = topology.ranks_per_node
     return fingerprint(
         backend=backend_for(group, device),
-        world_size=world_size,
-        nodes=nodes,
+        world_size=dist.get_world_size(group),
+        nodes=topology.nodes,
+        ranks_per_node=str(counts[0]) if len(set(counts)) == 1 else "+".join(map(str, counts)),
         device=device_model(device.type, device.index),
         dtype=str(dtype).removeprefix("torch."),
     )

@@ -14,6 +14,7 @@ it is locked (and after how many trials), its median and p99 latency and bus ban
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
 import time
@@ -145,6 +146,13 @@ def scrape_once(port: int, host: str) -> str:
     return f"metrics: rank 0 served {samples} samples in {families} metric families at {url}"
 
 
+def _digest(parameters: list[torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for t in parameters:
+        h.update(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def summary(result: Result, world_size: int, args: argparse.Namespace) -> str:
     """A readable report of one rank's result."""
     first, last = sum(result.losses[:5]) / 5, sum(result.losses[-5:]) / 5
@@ -236,20 +244,27 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group(args.backend)
         rank, world_size = dist.get_rank(), dist.get_world_size()
         result = train(rank, world_size, args)
+        digests: list[Any] = [None] * world_size
+        dist.all_gather_object(digests, _digest(result.parameters))
         dist.destroy_process_group()
+        same = len(set(digests)) == 1
         if rank == 0:
             print(summary(result, world_size, args))
+            print(
+                f"parameters bitwise identical on all {world_size} ranks: {'yes' if same else 'NO'}"
+            )
             if result.verdict is not None:
                 print(result.verdict)
-        return 0
+        # Skip interpreter teardown, as autotune's own launchers do: gloo's teardown there
+        # aborts now and then ("terminate called without an active exception").
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0 if same else 1)
     world_size = args.world_size or 4
     results: list[Any] = run_local(
         train, world_size, args, backend=args.backend, timeout_s=1800, pg_timeout_s=600
     )
-    same = all(
-        all(torch.equal(a, b) for a, b in zip(results[0].parameters, r.parameters, strict=True))
-        for r in results[1:]
-    )
+    same = len({_digest(r.parameters) for r in results}) == 1
     print(summary(results[0], world_size, args))
     print(f"parameters bitwise identical on all {world_size} ranks: {'yes' if same else 'NO'}")
     if results[0].verdict is not None:

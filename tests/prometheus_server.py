@@ -5,7 +5,6 @@ what to install) and fail it under CI=true."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -16,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import pytest
+from needs import unmet
 
 INSTALL = "apt-get update && apt-get install -y prometheus"
 
@@ -27,10 +26,7 @@ def require(binary: str, install: str = INSTALL, path: str | None = None) -> str
     ``path``: where else to look (Debian keeps PostgreSQL's programs off PATH)."""
     path = shutil.which(binary, path=path) or shutil.which(binary)
     if path is None:
-        message = f"{binary} is not installed (Debian: {install})"
-        if os.environ.get("CI"):
-            pytest.fail(message + "; .ci/run installs it")
-        pytest.skip(message)
+        unmet(f"{binary} is not installed (Debian: {install})")
     return path
 
 

@@ -33,7 +33,9 @@ def outcomes(world_size: int) -> tuple[Outcome, ...]:
 
 def test_plugins_are_among_the_algorithms_under_test() -> None:
     # If the baselines plugin were not installed, the suite would quietly test fewer algorithms.
-    assert {"native", "ring", "tree", "two_tree", "direct", "star"} <= set(ALGORITHMS)
+    assert {"native", "ring", "tree", "two_tree", "hierarchical_ring", "direct", "star"} <= set(
+        ALGORITHMS
+    )
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
@@ -42,6 +44,21 @@ def test_conformance(algorithm: str, world_size: int) -> None:
     mine = [o for o in outcomes(world_size) if o.algorithm == algorithm]
     assert len(mine) == world_size * len(cases(world_size))
     problems = failures(mine)
+    assert not problems, "\n".join(problems[:20])
+
+
+#: Node layouts (each rank's node) one host cannot have, named through AUTOTUNE_NODE_ID: 3 x 2,
+#: 2 x 3, uneven, a node with one rank, nodes interleaved in rank order.
+LAYOUTS = [(0, 0, 1, 1, 2, 2), (0, 0, 0, 1, 1, 1), (0, 0, 1, 1, 1), (0, 1, 1, 1), (0, 1, 0, 1)]
+#: The algorithms whose schedule depends on the layout.
+TOPOLOGY_AWARE = ["hierarchical_ring"]
+
+
+@pytest.mark.parametrize("node_of", LAYOUTS, ids=lambda n: "".join(map(str, n)))
+def test_topology_aware_conformance_across_node_layouts(node_of: tuple[int, ...]) -> None:
+    got = run_conformance(len(node_of), TOPOLOGY_AWARE, node_of=node_of)
+    assert len(got) == len(node_of) * len(cases(len(node_of))) * len(TOPOLOGY_AWARE)
+    problems = failures(got)
     assert not problems, "\n".join(problems[:20])
 
 

@@ -1,7 +1,8 @@
 """Swappable all-reduce algorithms on torch.distributed point-to-point operations; their registry.
 
-Built in: ``ring``, ``tree``, ``two_tree`` and ``native``; more arrive through `register` or the
-``autotune.algorithms`` entry-point group (the ``direct`` and ``star`` baselines ship that way).
+Built in: ``ring``, ``tree``, ``two_tree``, ``hierarchical_ring`` and ``native``; more arrive
+through `register` or the ``autotune.algorithms`` entry-point group (the ``direct`` and ``star``
+baselines ship that way).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from autotune.algorithms._groups import (
     forget_p2p_group,
     p2p_group,
 )
+from autotune.algorithms._hierarchical_ring import HierarchicalRingAllReduce
 from autotune.algorithms._native import NativeAllReduce
 from autotune.algorithms._registry import (
     ALGORITHMS,
@@ -50,6 +52,7 @@ __all__ = [
     "SUPPORTED_DTYPES",
     "AllReduceAlgorithm",
     "Comm",
+    "HierarchicalRingAllReduce",
     "NativeAllReduce",
     "PeerError",
     "Pending",
@@ -87,6 +90,7 @@ BUILTINS: tuple[type[AllReduceAlgorithm], ...] = (
     RingAllReduce,
     TreeAllReduce,
     TwoTreeAllReduce,
+    HierarchicalRingAllReduce,
 )
 for _cls in BUILTINS:
     register(_cls.name, _cls)

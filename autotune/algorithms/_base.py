@@ -81,6 +81,9 @@ class AllReduceAlgorithm(abc.ABC):
     segmented: ClassVar[bool] = True
     #: Pipeline segment used when the caller gives none.
     default_segment_bytes: ClassVar[int] = 4 << 20
+    #: The algorithm whose schedule this one runs where the nodes give it nothing to use (one
+    #: node, or one rank per node); the tuner then leaves this one out. None: not topology-aware.
+    flat_twin: ClassVar[str | None] = None
     #: Whether `start` only launches work the backend runs by itself (so it is cheap to call
     #: from any thread, and returns before the data has moved).
     asynchronous: ClassVar[bool] = False

@@ -6,16 +6,17 @@ import statistics
 
 from autotune.plan import PLAN_COLUMNS, Choice, Table, plan_rows, segment_text
 from autotune.sweep._result import Row, SweepResult
+from autotune.topology import Topology
 from autotune.units import format_bytes
 
 __all__ = ["columns", "footer", "header", "plan_lines", "row_line"]
 
 _HEAD = (
-    f"#{'size':>11} {'count':>12} {'type':>8} {'algorithm':>14} {'segment':>9} "
+    f"#{'size':>11} {'count':>12} {'type':>8} {'algorithm':>18} {'segment':>9} "
     f"{'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7}"
 )
 _UNITS = (
-    f"#{'(B)':>11} {'(elements)':>12} {'':>8} {'':>14} {'(B)':>9} "
+    f"#{'(B)':>11} {'(elements)':>12} {'':>8} {'':>18} {'(B)':>9} "
     f"{'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}"
 )
 
@@ -31,7 +32,8 @@ def header(result: SweepResult, ranks: list[str]) -> list[str]:
     check = f"check {o['check']} iteration(s)" if o["check"] else "no check (-c 0)"
     lines = [
         f"# autotune sweep: all-reduce (sum, in place), {result.world_size} ranks, "
-        f"{result.backend}, {result.device}, {result.dtype}",
+        f"{result.backend}, {result.device}, {result.dtype}"
+        + ("" if result.node_of is None else f", {Topology(tuple(result.node_of)).describe()}"),
         f"# {o['iters']} timed iterations after {o['warmup']} warm-up, the algorithms taking "
         f"turns in each; {check}",
         "# time: median over iterations of the slowest rank's; busbw = algbw * 2(n-1)/n",
@@ -49,7 +51,7 @@ def row_line(row: Row) -> str:
     label = f"{row.algorithm}:{row.chosen}" if row.chosen else row.algorithm
     wrong = "N/A" if row.wrong is None else str(row.wrong)
     return (
-        f"{row.bytes:>12} {row.count:>12} {row.type:>8} {label:>14} "
+        f"{row.bytes:>12} {row.count:>12} {row.type:>8} {label:>18} "
         f"{_segment(row).replace(' ', ''):>9} {row.time_us:>10.2f} {row.algbw_gbps:>8.2f} "
         f"{row.busbw_gbps:>8.2f} {wrong:>7}"
     )

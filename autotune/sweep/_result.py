@@ -64,6 +64,7 @@ class SweepResult:
     plan_key: str | None = None  # its fingerprint key in the storage
     storage: str | None = None  # where it was stored
     candidates: list[str] | None = None  # what tuning chose among
+    node_of: list[int] | None = None  # each rank's node, as the ranks found (autotune.topology)
 
     @property
     def wrong(self) -> int:
@@ -126,6 +127,7 @@ class SweepResult:
             "plan_key": self.plan_key,
             "storage": self.storage,
             "candidates": self.candidates,
+            "node_of": self.node_of,
         }
 
     @classmethod
@@ -152,6 +154,7 @@ class SweepResult:
                 plan_key=data.get("plan_key"),
                 storage=data.get("storage"),
                 candidates=data.get("candidates"),
+                node_of=data.get("node_of"),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed sweep result: {exc!r}") from None

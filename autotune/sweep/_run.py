@@ -8,12 +8,14 @@ import platform
 import socket
 import statistics
 import sys
+from datetime import timedelta
 from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+from autotune import topology
 from autotune.algorithms import ALGORITHMS, backend_for
 from autotune.plan import Entry, size_class
 from autotune.store import device_model, storage_url
@@ -22,7 +24,7 @@ from autotune.sweep._measure import P2P, Bench, Measured, Variant, exact_limit
 from autotune.sweep._options import SweepOptions
 from autotune.sweep._result import Row, SweepResult, bus_factor
 from autotune.sweep._tune import Tuned, class_trials, tune
-from autotune.topology import local_rank
+from autotune.topology import Topology, local_rank
 from autotune.units import format_bytes
 
 __all__ = ["machine", "run_sweep", "tune_candidates"]
@@ -154,6 +156,7 @@ def run_sweep(
     ]
     p2p = options.p2p and n > 1
     candidates = tune_candidates(options) if options.tune else ()
+    topo = topology.detect(group, timedelta(seconds=options.timeout_s))
     classes = sorted({size_class(c * dtype.itemsize) for c in counts if c})
     per_size = options.check + options.warmup + options.iters
     total = sum(
@@ -161,7 +164,8 @@ def run_sweep(
     )
     total *= per_size
     total += sum(
-        class_trials(cls, candidates, options.tune_trials) * (1 + options.warmup + options.iters)
+        class_trials(cls, candidates, options.tune_trials, topo)
+        * (1 + options.warmup + options.iters)
         for cls in (classes if options.tune else [])
     )
     printer = _Out(out or sys.stdout, total, rank == 0)
@@ -177,6 +181,7 @@ def run_sweep(
         command=command,
         machine=machine(device),
         options=dataclasses.asdict(options),
+        node_of=list(topo.node_of),
     )
     try:
         ranks: list[Any] = [None] * n
@@ -191,7 +196,7 @@ def run_sweep(
             printer.line(line)
         tuned = Tuned({})
         if options.tune:
-            tuned = _tune(bench, options, classes, candidates, storage, printer)
+            tuned = _tune(bench, options, classes, candidates, storage, printer, topo)
             result.plan, result.plan_key = tuned.table, tuned.key
             result.storage = storage
             result.candidates = list(candidates)
@@ -256,6 +261,7 @@ def _tune(
     candidates: tuple[str, ...],
     storage: str,
     printer: _Out,
+    topo: Topology,
 ) -> Tuned:
     printer.line(
         f"# Tuning {len(classes)} size classes over {', '.join(candidates)} x segment sizes "
@@ -275,5 +281,6 @@ def _tune(
         iters=options.iters,
         warmup=options.warmup,
         storage=storage,
+        topo=topo,
         on_class=on_class,
     )

@@ -19,6 +19,7 @@ from autotune.plan import Choice, Entry, Table
 from autotune.space import params_of, search_space, suggest_choice
 from autotune.store import Store, fingerprint_key, job_fingerprint, tell
 from autotune.sweep._measure import Bench, Variant
+from autotune.topology import Topology
 from autotune.tuning.sampler import ask, open_study
 
 __all__ = ["Tuned", "class_trials", "tune"]
@@ -33,9 +34,9 @@ class Tuned:
     key: str | None = None
 
 
-def class_trials(cls: int, candidates: Sequence[str], budget: int) -> int:
+def class_trials(cls: int, candidates: Sequence[str], budget: int, topo: Topology) -> int:
     """How many trials a class gets: its whole space, or the budget if smaller."""
-    return min(budget, len(search_space(cls, candidates)))
+    return min(budget, len(search_space(cls, candidates, topo)))
 
 
 def tune(
@@ -47,6 +48,7 @@ def tune(
     iters: int,
     warmup: int,
     storage: str,
+    topo: Topology,
     on_class: Callable[[int, Entry | None], None] | None = None,
 ) -> Tuned:
     """Tune each size class in ``classes`` (collective over the bench's group)."""
@@ -54,7 +56,7 @@ def tune(
 
     rank = dist.get_rank(bench.group)
     store: Store | None = None
-    fp = job_fingerprint(bench.group, bench.device, bench.dtype)
+    fp = job_fingerprint(bench.group, bench.device, bench.dtype, topo)
     key = fingerprint_key(fp)
     if rank == 0:
         store = Store(storage)
@@ -62,8 +64,8 @@ def tune(
     entries: dict[int, Entry] = {}
     elem = bench.dtype.itemsize
     for cls in classes:
-        space = search_space(cls, candidates)
-        k = class_trials(cls, candidates, budget)
+        space = search_space(cls, candidates, topo)
+        k = class_trials(cls, candidates, budget, topo)
         codes = torch.zeros(k, dtype=torch.int64, device=bench.book_device)
         trials: list[optuna.Trial] = []
         study: optuna.Study | None = None

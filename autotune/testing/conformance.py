@@ -30,6 +30,7 @@ __all__ = [
     "make_input",
     "reference",
     "run_conformance",
+    "run_in_group",
 ]
 
 
@@ -156,9 +157,15 @@ def _rank(
     extra: Mapping[str, str],
     timeout_s: float,
     device: str,
+    node_of: Sequence[int] | None,
 ) -> list[Outcome]:
     import importlib
+    import os
 
+    from autotune.topology import NODE_ID_ENV
+
+    if node_of is not None:  # emulated nodes: the ranks' own node ids say who shares one
+        os.environ[NODE_ID_ENV] = f"conformance-node-{node_of[rank]}"
     if device == "cuda":
         # Ranks may share one GPU (gloo with CUDA tensors, or NCCL_MULTI_RANK_GPU_ENABLE=1).
         torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -216,6 +223,7 @@ def run_conformance(
     device: str = "cpu",
     backend: str = "gloo",
     env: Mapping[str, str] | None = None,
+    node_of: Sequence[int] | None = None,
 ) -> list[Outcome]:
     """Run every case on every algorithm in ``names`` across ``world_size`` spawned ranks.
 
@@ -223,7 +231,12 @@ def run_conformance(
     be importable there). All ranks run the same calls in the same order; each rank checks its
     result against the exact reference itself. ``device="cuda"`` runs on CUDA tensors (ranks
     share GPUs round-robin), over ``backend`` "gloo" (staged through host memory) or "nccl".
+    ``node_of``: the node of each rank, to check topology-aware algorithms on a layout one host
+    cannot have (the ranks name their nodes through `autotune.topology.NODE_ID_ENV`); None: as
+    the ranks find themselves.
     """
+    if node_of is not None and len(node_of) != world_size:
+        raise ValueError(f"node_of names {len(node_of)} ranks' nodes, the world has {world_size}")
     chosen = list(case_list) if case_list is not None else cases(world_size, seed)
     per_rank = run_local(
         _rank,
@@ -234,11 +247,29 @@ def run_conformance(
         dict(extra or {}),
         timeout_s,
         device,
+        None if node_of is None else list(node_of),
         timeout_s=max(300.0, 4 * timeout_s),
         backend=backend,
         env=env,
     )
     return [o for outcomes in per_rank for o in outcomes]
+
+
+def run_in_group(
+    names: Sequence[str],
+    *,
+    seed: int = 0,
+    case_list: Sequence[Case] | None = None,
+    timeout_s: float = 60.0,
+    device: str = "cpu",
+) -> list[Outcome]:
+    """`run_conformance` for ranks another launcher started (torchrun, across nodes): run on
+    this rank, in the default process group; gather every rank's outcomes for `failures`."""
+    import torch.distributed as dist
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    chosen = list(case_list) if case_list is not None else cases(world_size, seed)
+    return _rank(rank, world_size, list(names), chosen, seed, {}, timeout_s, device, None)
 
 
 def failures(outcomes: Sequence[Outcome]) -> list[str]:

@@ -1,6 +1,7 @@
-"""A pytest plugin that fails a test which leaves a thread, a child process or a process group
-behind, and checks the whole run once more at its end: a leaked non-daemon thread makes the
-interpreter wait forever after pytest's summary, and a leaked rank or server outlives the suite.
+"""A pytest plugin that fails a test which leaves a thread, a child process, a process group or an
+emulated cluster's network namespace behind, and checks the whole run once more at its end: a
+leaked non-daemon thread makes the interpreter wait forever after pytest's summary, and a leaked
+rank or server outlives the suite.
 
 Enable it with ``-p autotune.testing.leaks`` (autotune's own suite does, in ``conftest.py``).
 """
@@ -15,6 +16,8 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
+
+from autotune.testing.cluster import namespaces
 
 __all__ = ["leftovers"]
 
@@ -63,6 +66,7 @@ def leftovers(
     children_before: set[int],
     group_before: bool = False,
     grace_s: float = GRACE_S,
+    namespaces_before: frozenset[str] = frozenset(),
 ) -> list[str]:
     """What exists now that did not before (after ``grace_s`` to wind down), described."""
     deadline = time.monotonic() + grace_s
@@ -82,14 +86,20 @@ def leftovers(
             found.append(f"child process {p.pid} still running: {' '.join(p.cmdline())[:200]}")
     if _process_group() and not group_before:
         found.append("the default process group is still initialised (destroy_process_group)")
+    found += [
+        f"network namespace {ns!r} still exists (ip netns del {ns})"
+        for ns in namespaces()
+        if ns not in namespaces_before
+    ]
     return found
 
 
 @pytest.fixture(autouse=True)
 def _leaves_nothing_behind() -> Iterator[None]:
     threads, children, group = _threads(), set(_children()), _process_group()
+    netns = frozenset(namespaces())
     yield
-    found = leftovers(threads, children, group)
+    found = leftovers(threads, children, group, namespaces_before=netns)
     if found:
         pytest.fail("the test left things behind:\n  " + "\n  ".join(found), pytrace=False)
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from autotune import topology
 from autotune.algorithms import bookkeeping_device
 from autotune.events import Event, Failure, IterationDone, IterationEnd
 from autotune.model import Prior
@@ -98,6 +99,8 @@ class Tuner:
         # collectives on a shared group would have to be issued in the same order everywhere.
         # Made before the storage is opened, which can fail on rank 0 alone.
         self.group = _exchange_group(group, config.timeout_s)
+        # Which ranks share a node, for the fingerprint: learnt here, where every rank is.
+        self.topology = topology.detect(self.group, timedelta(seconds=config.timeout_s))
         self.worker = Worker(self._beat) if self.rank == 0 else None
         if self.worker is not None:
             self.campaign = Campaign(
@@ -217,7 +220,7 @@ class Tuner:
     def _space(self, cls: int) -> list[Choice]:
         space = self._spaces.get(cls)
         if space is None:
-            space = self._spaces[cls] = search_space(cls, self.candidates)
+            space = self._spaces[cls] = search_space(cls, self.candidates, self.topology)
         return space
 
     # -- rank 0 -----------------------------------------------------------------------------
@@ -305,7 +308,7 @@ class Tuner:
         """At the first exchange: fingerprint the job, load what a previous job stored."""
         device, dtype = self.engine.device, self.engine.dtype
         assert device is not None and dtype is not None
-        self.fingerprint = job_fingerprint(self.process_group, device, dtype)
+        self.fingerprint = job_fingerprint(self.process_group, device, dtype, self.topology)
         self.key = fingerprint_key(self.fingerprint)
         assert self.worker is not None
         self.worker.submit(self._load)

@@ -1,0 +1,130 @@
+"""The emulated cluster for real (network namespaces, a bridge, rate-limited links, a torchrun
+agent per node): built and always removed, ranks finding their nodes across it, every algorithm
+conforming across it, the example job training across it with the tuner, and a lost node.
+
+Needs root (CI runs as root); elsewhere these skip, saying so.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from needs import unmet
+
+from autotune.algorithms import available
+from autotune.testing.cluster import Cluster, namespaces, unavailable
+from autotune.testing.conformance import failures
+
+JOBS = str(Path(__file__).with_name("cluster_jobs.py"))
+EXAMPLE = str(Path(__file__).parents[1] / "examples" / "train_ddp.py")
+
+
+@pytest.fixture(autouse=True)
+def _needs_namespaces() -> None:
+    reason = unavailable()
+    if reason is not None:
+        unmet(f"the emulated cluster cannot be built here: {reason}")
+
+
+@pytest.fixture
+def two_by_two() -> Iterator[Cluster]:
+    with Cluster(2, 2, rate_mbit=1000) as cluster:
+        yield cluster
+
+
+def ranks_wrote(out: Path) -> list[dict[str, Any]]:
+    rows = []
+    for path in sorted(out.glob("rank*.pkl"), key=lambda p: int(p.stem[4:])):
+        with open(path, "rb") as f:
+            rows.append(pickle.load(f))
+    return rows
+
+
+def test_cluster_is_limited_and_removed_even_when_the_body_fails() -> None:
+    made: list[str] = []
+    with pytest.raises(ValueError, match="the body failed"), Cluster(2, 1, rate_mbit=800) as c:
+        made = namespaces()
+        assert len(made) == 3  # two nodes and the switch
+        assert "rate 800Mbit" in c.qdisc(0)
+        sleeper = c.popen(1, ["sleep", "600"])
+        raise ValueError("the body failed")
+    assert not set(made) & set(namespaces())
+    assert sleeper.poll() is not None  # killed, not orphaned
+
+
+def test_bad_shapes_are_refused() -> None:
+    with pytest.raises(ValueError, match="1\\+ ranks"):
+        Cluster(2, [2])
+    with pytest.raises(ValueError, match="rate_mbit"):
+        Cluster(2, 1, rate_mbit=0)
+
+
+@pytest.mark.parametrize(
+    ("per_node", "node_of", "fp_per_node"),
+    [([2, 2], (0, 0, 1, 1), "2"), ([1, 2], (0, 1, 1), "1+2")],
+)
+def test_ranks_find_their_nodes_across_namespaces(
+    tmp_path: Path, per_node: list[int], node_of: tuple[int, ...], fp_per_node: str
+) -> None:
+    with Cluster(len(per_node), per_node) as cluster:
+        cluster.torchrun([JOBS, "topology", str(tmp_path)], timeout_s=180)
+    rows = ranks_wrote(tmp_path)
+    assert [r["rank"] for r in rows] == list(range(len(node_of)))
+    for row in rows:
+        seen = row["value"]
+        assert seen["node_of"] == node_of
+        assert seen["warnings"] == []  # torchrun's GROUP_RANK agrees with the namespaces
+        assert seen["fingerprint"]["nodes"] == len(per_node)
+        assert seen["fingerprint"]["ranks_per_node"] == fp_per_node
+    # torchrun's node order is the namespaces' order: node k's ranks come from node k's agent.
+    assert [int(r["host"]) for r in rows] == list(node_of)
+
+
+@pytest.mark.parametrize("per_node", [[2, 2], [1, 2]], ids=["2x2", "1+2"])
+def test_every_algorithm_conforms_across_namespaces(tmp_path: Path, per_node: list[int]) -> None:
+    names = available()
+    with Cluster(len(per_node), per_node, rate_mbit=1000) as cluster:
+        cluster.torchrun([JOBS, "conformance", str(tmp_path), ",".join(names)], timeout_s=300)
+    outcomes = [o for row in ranks_wrote(tmp_path) for o in row["value"]]
+    assert {o.algorithm for o in outcomes} == set(names)
+    assert {o.rank for o in outcomes} == set(range(sum(per_node)))
+    problems = failures(outcomes)
+    assert not problems, "\n".join(problems[:20])
+
+
+def test_the_example_trains_across_nodes_with_the_tuner(
+    two_by_two: Cluster, tmp_path: Path
+) -> None:
+    env = {"AUTOTUNE_STORAGE": f"sqlite:///{tmp_path / 'plans.db'}"}
+    runs = two_by_two.torchrun([EXAMPLE, "--steps", "120"], timeout_s=400, env=env)
+    out = runs[0].output
+    assert "parameters bitwise identical on all 4 ranks: yes" in out, out[-3000:]
+    assert "autotune vs plain DDP:" in out
+
+
+@pytest.mark.parametrize("how", ["killed", "cut"])
+def test_a_lost_node_gives_every_survivor_the_clear_error(two_by_two: Cluster, how: str) -> None:
+    # Killed: its sockets close and the survivors hear at once. Cut (link down): nothing
+    # reaches them, and the timeout is what must end their wait.
+    timeout_s = 10
+    env = {"AUTOTUNE_TIMEOUT_S": str(timeout_s)}
+    agents = two_by_two.start_torchrun([EXAMPLE, "--steps", "100000", "--algorithm", "ring"], env)
+    time.sleep(12)  # started, and training
+    assert all(a.poll() is None for a in agents), "the job ended before the fault"
+    if how == "killed":
+        two_by_two.kill(1)
+    else:
+        two_by_two.cut(1)
+    # Past this, wait kills the agent: no error lines, and the test fails.
+    survivor = two_by_two.wait(agents[:1], timeout_s=timeout_s + 60, check=False)[0]
+    assert survivor.returncode != 0
+    errors = [line for line in survivor.output.splitlines() if "PeerError: ring all-reduce" in line]
+    # Both of node 0's ranks (0 and 1) report it.
+    assert {line.split("]")[0] for line in errors} >= {"[rank0", "[rank1"}, survivor.output[-3000:]
+    if how == "cut":
+        assert f"within 0:00:{timeout_s}" in survivor.output
