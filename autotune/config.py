@@ -12,11 +12,15 @@ from typing import Any
 
 from autotune.algorithms import BUILTINS, available
 from autotune.plan import check_fusion_bytes
+from autotune.topology import NODE_ID_ENV
 from autotune.units import parse_bytes
 
-__all__ = ["ENV_PREFIX", "Config"]
+__all__ = ["ENV_PREFIX", "OTHER_VARIABLES", "Config"]
 
 ENV_PREFIX = "AUTOTUNE_"
+
+#: Variables of ours that are not Config fields, and who reads them.
+OTHER_VARIABLES = {NODE_ID_ENV: "autotune.topology: which ranks share a node"}
 
 
 @dataclass(frozen=True)
@@ -156,12 +160,13 @@ class Config:
         env = os.environ if environ is None else environ
         known = {ENV_PREFIX + f.name.upper(): f for f in fields(cls)}
         for key in env:
-            if key.startswith(ENV_PREFIX) and key not in known:
+            if key.startswith(ENV_PREFIX) and key not in known and key not in OTHER_VARIABLES:
                 # A misspelt setting silently ignored is a setting the user believes is on.
-                close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+                ours = [*known, *OTHER_VARIABLES]
+                close = difflib.get_close_matches(key, ours, n=1, cutoff=0.6)
                 hint = f"; did you mean {close[0]}?" if close else ""
                 raise ValueError(
-                    f"{key} is not an autotune setting{hint} (settings: {', '.join(sorted(known))})"
+                    f"{key} is not an autotune setting{hint} (settings: {', '.join(sorted(ours))})"
                 )
         values: dict[str, Any] = {}
         for key, f in known.items():

@@ -14,7 +14,14 @@ def test_defaults() -> None:
     assert (c.tune_warmup, c.tune_samples, c.tune_trials) == (2, 5, 20)
     assert (c.duel_pairs, c.recheck_every) == (24, 200)
     assert c.metrics_port is None
-    assert c.candidates == ("native", "ring", "tree", "two_tree")
+    assert c.candidates == (
+        "native",
+        "ring",
+        "tree",
+        "two_tree",
+        "hierarchical_ring",
+        "hierarchical_two_tree",
+    )
 
 
 @pytest.mark.parametrize(
@@ -120,6 +127,13 @@ def test_environment_none_and_overrides() -> None:
 def test_bad_environment_says_which_variable(env: dict[str, str], words: str) -> None:
     with pytest.raises(ValueError, match=words):
         Config.from_env(env)
+
+
+def test_our_variables_that_are_not_fields_are_not_misspellings() -> None:
+    # AUTOTUNE_NODE_ID is read by autotune.topology, not by Config.
+    assert Config.from_env({"AUTOTUNE_NODE_ID": "rack1-host7"}) == Config()
+    with pytest.raises(ValueError, match="did you mean AUTOTUNE_NODE_ID"):
+        Config.from_env({"AUTOTUNE_NODE_IDS": "x"})
 
 
 def test_replace_checks_again() -> None:

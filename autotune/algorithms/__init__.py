@@ -1,8 +1,8 @@
 """Swappable all-reduce algorithms on torch.distributed point-to-point operations; their registry.
 
-Built in: ``ring``, ``tree``, ``two_tree``, ``hierarchical_ring`` and ``native``; more arrive
-through `register` or the ``autotune.algorithms`` entry-point group (the ``direct`` and ``star``
-baselines ship that way).
+Built in: ``ring``, ``tree``, ``two_tree``, ``hierarchical_ring``, ``hierarchical_two_tree`` and
+``native``; more arrive through `register` or the ``autotune.algorithms`` entry-point group (the
+``direct`` and ``star`` baselines ship that way).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from autotune.algorithms._groups import (
     p2p_group,
 )
 from autotune.algorithms._hierarchical_ring import HierarchicalRingAllReduce
+from autotune.algorithms._hierarchical_two_tree import HierarchicalTwoTreeAllReduce
 from autotune.algorithms._native import NativeAllReduce
 from autotune.algorithms._registry import (
     ALGORITHMS,
@@ -41,7 +42,13 @@ from autotune.algorithms._transport import (
     split,
 )
 from autotune.algorithms._tree import TreeAllReduce
-from autotune.algorithms._trees import Tree, binary_tree, double_binary_tree, render
+from autotune.algorithms._trees import (
+    Tree,
+    binary_tree,
+    double_binary_tree,
+    node_double_binary_tree,
+    render,
+)
 from autotune.algorithms._two_tree import TwoTreeAllReduce
 
 __all__ = [
@@ -53,6 +60,7 @@ __all__ = [
     "AllReduceAlgorithm",
     "Comm",
     "HierarchicalRingAllReduce",
+    "HierarchicalTwoTreeAllReduce",
     "NativeAllReduce",
     "PeerError",
     "Pending",
@@ -77,6 +85,7 @@ __all__ = [
     "forget_p2p_group",
     "get_algorithm",
     "load_plugins",
+    "node_double_binary_tree",
     "p2p_group",
     "register",
     "render",
@@ -91,6 +100,7 @@ BUILTINS: tuple[type[AllReduceAlgorithm], ...] = (
     TreeAllReduce,
     TwoTreeAllReduce,
     HierarchicalRingAllReduce,
+    HierarchicalTwoTreeAllReduce,
 )
 for _cls in BUILTINS:
     register(_cls.name, _cls)

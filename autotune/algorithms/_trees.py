@@ -7,6 +7,7 @@ leaf in one tree is interior in the other.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,7 +18,14 @@ import torch
 from autotune.algorithms._groups import Comm
 from autotune.algorithms._transport import Recv, Send, Transport, segments
 
-__all__ = ["Tree", "binary_tree", "double_binary_tree", "render", "run_trees"]
+__all__ = [
+    "Tree",
+    "binary_tree",
+    "double_binary_tree",
+    "node_double_binary_tree",
+    "render",
+    "run_trees",
+]
 
 
 @dataclass(frozen=True)
@@ -107,6 +115,38 @@ def double_binary_tree(size: int) -> tuple[Tree, Tree]:
     else:
         second = binary_tree(size, lambda p: (p + 1) % size)
     return first, second
+
+
+def node_double_binary_tree(members: Sequence[Sequence[int]]) -> tuple[Tree, Tree]:
+    """NCCL 2.4's trees across nodes: `double_binary_tree` over the nodes, a chain inside each.
+
+    ``members``: each node's ranks (nodes in order). In the first tree a node's chain runs from
+    its first rank, which links to the other nodes; in the second it runs the other way, from
+    its last rank, so the two trees cross nodes from different ranks (different NICs, on a real
+    node). On one node it is `double_binary_tree` over the ranks: a chain of the whole world
+    would be the deepest tree there is.
+    """
+    size = sum(len(m) for m in members)
+    if len(members) == 1:
+        return double_binary_tree(size)
+    out = []
+    for tree, flip in zip(double_binary_tree(len(members)), (False, True), strict=True):
+        parent: list[int | None] = [None] * size
+        chains = [list(reversed(m)) if flip else list(m) for m in members]
+        for k, chain in enumerate(chains):
+            up = tree.parent[k]
+            parent[chain[0]] = None if up is None else chains[up][0]
+            for a, b in itertools.pairwise(chain):
+                parent[b] = a
+        children: list[list[int]] = [[] for _ in range(size)]
+        # Chain first, then the other nodes' heads, in node order: the same on every rank.
+        for k, chain in enumerate(chains):
+            for a, b in itertools.pairwise(chain):
+                children[a].append(b)
+            for child in tree.children[k]:
+                children[chain[0]].append(chains[child][0])
+        out.append(Tree(tuple(parent), tuple(tuple(c) for c in children)))
+    return out[0], out[1]
 
 
 def _tree_rounds(

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from autotune.algorithms import ALGORITHMS, BUILTINS
 from autotune.plan import PLAN_COLUMNS, plan_rows
 from autotune.sweep import P2P, SweepResult
+from autotune.topology import Topology
 from autotune.units import format_bytes
 
 if TYPE_CHECKING:
@@ -112,6 +113,8 @@ def plot_sweeps(
             _size_axis(ax)
             ax.set_yscale("log")
         where = f"{result.world_size} ranks, {result.backend}, {result.device}, {result.dtype}"
+        if result.node_of is not None and max(result.node_of) > 0:
+            where = f"{Topology(tuple(result.node_of)).describe()}, {where}"
         bw.set_title(f"bus bandwidth: {where}", fontsize=9)
         bw.set_ylabel("busbw (GB/s)")
         model = ""
