@@ -37,6 +37,9 @@ bench: $(STAMP)
 	$(PY) benchmarks/step_gain.py --world-sizes 2,4 --tune-steps 450 --paired-steps 80
 	$(PY) benchmarks/metrics_cost.py --world-size 4 --steps 100
 	$(PY) benchmarks/model_fit.py docs/sweeps/sweep-2.json docs/sweeps/sweep-4.json docs/sweeps/sweep-8.json
+	@# Emulated nodes need root (network namespaces): docs/CLUSTER.md.
+	if [ "$$(id -u)" = 0 ]; then $(PY) benchmarks/cluster_sweep.py --layouts 2x2,4x1 --markdown; \
+	else echo "benchmarks/cluster_sweep.py skipped: it needs root"; fi
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
