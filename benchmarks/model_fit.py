@@ -17,13 +17,14 @@ from autotune.model import MODELLED, Fit, fit, samples_from_sweep
 from autotune.sweep import SweepResult
 
 
-def _row(label: str, f: Fit) -> str:
+def _row(label: str, f: Fit, names: list[str]) -> str:
     p = f.params
     gbps = f"{1 / p.intra.beta_s_per_byte / 1e9:.2f}" if p.intra.beta_s_per_byte else "inf"
     cells = " | ".join(
         f"{f.median_error(a):.0%} / {f.worst_error(a):.0%}"
-        for a in MODELLED
         if any(s.algorithm == a for s in f.samples)
+        else "-"
+        for a in names
     )
     return (
         f"| {label} | {p.base_s * 1e6:.0f} us | {p.intra.alpha_s * 1e6:.0f} us | {gbps} GB/s | "
@@ -37,16 +38,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("sweeps", nargs="+", help="autotune sweep --json files")
     args = p.parse_args(argv)
     results = [SweepResult.load(path) for path in args.sweeps]
-    heads = " | ".join(f"{a}: median / worst" for a in MODELLED)
+    swept = {a for r in results for a in r.algorithms()}
+    names = [a for a in MODELLED if a in swept]
+    heads = " | ".join(f"{a}: median / worst" for a in names)
     print(f"| fitted to | base | alpha | 1/beta | gamma | {heads} | all |")
-    print("|---" * (6 + len(MODELLED)) + "|")
+    print("|---" * (6 + len(names)) + "|")
     everything = []
     for r in results:
         samples = samples_from_sweep(r)
         everything += samples
-        print(_row(f"{r.world_size} ranks", fit(samples)))
+        print(_row(f"{r.world_size} ranks", fit(samples), names))
     if len(results) > 1:
-        print(_row("all together", fit(everything)))
+        print(_row("all together", fit(everything), names))
     return 0
 
 

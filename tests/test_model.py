@@ -224,3 +224,41 @@ def test_the_prior_orders_by_prediction_and_leaves_out_only_what_cannot_win() ->
     assert Prior.from_json(tight.to_json()) == tight
     with pytest.raises(ValueError, match="not a stored cost-model fit"):
         Prior.from_json({"alpha_s": 1.0})
+
+
+def test_hierarchical_ring_on_two_nodes_by_hand() -> None:
+    params = Params(
+        intra=Link(1 * US, 0.1 * NS), inter=Link(10 * US, 1 * NS), gamma_s_per_byte=0.5 * NS
+    )
+    ai, ae, bi, be, g = 1 * US, 10 * US, 0.1 * NS, 1 * NS, 0.5 * NS
+    # 8 MiB on 2 nodes of 4, 1 MiB segments: 4 shards of 2 MiB. Across: the owners' rings of 2
+    # ranks, 2 steps of a 1 MiB chunk, both hops slow, one summing. Inside: a scatter and a gather
+    # round per 1 MiB segment of a shard (2 each): an owner sends 3 segments a round (to its node's
+    # 3 others in the gather) and sums 3 in the scatter, at the fast link.
+    across = 2 * ae + 2 * 1 * MIB * be + 1 * MIB * g
+    inside = 2 * ai + 2 * ai + 4 * 3 * MIB * bi + 2 * 3 * MIB * g
+    got = predict("hierarchical_ring", 8 * MIB, Shape(8, 4), params, 1 * MIB)
+    assert got == pytest.approx(across + inside)
+    # On one node, and with one rank per node, it is the ring.
+    for shape in (Shape(8, 8), Shape(8, 1)):
+        assert predict("hierarchical_ring", 8 * MIB, shape, params, MIB) == pytest.approx(
+            predict("ring", 8 * MIB, shape, params, MIB)
+        )
+    # hierarchical_two_tree on one node is two_tree.
+    assert predict("hierarchical_two_tree", 8 * MIB, Shape(8, 8), params, MIB) == pytest.approx(
+        predict("two_tree", 8 * MIB, Shape(8, 8), params, MIB)
+    )
+
+
+@pytest.mark.parametrize(("ranks", "per_node"), [(4, 2), (6, 3), (6, 2), (5, 2), (7, 3), (8, 4)])
+def test_hierarchical_bytes_are_what_its_schedule_sends(ranks: int, per_node: int) -> None:
+    from autotune.algorithms._hierarchical_ring import hierarchical_rounds
+    from autotune.topology import Topology
+
+    topo = Topology(tuple(r // per_node for r in range(ranks)))
+    numel = 5 * 7 * 8 * 9 * 4  # divisible by every shard and chunk count here
+    for r in range(ranks):
+        sent = sum(
+            s.stop - s.start for sends, _ in hierarchical_rounds(topo, r, numel, 64) for s in sends
+        )
+        assert bytes_sent("hierarchical_ring", r, ranks, numel, per_node) == pytest.approx(sent), r

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 from autotune.algorithms import AllReduceAlgorithm
-from autotune.model._schedule import schedule
+from autotune.model._schedule import Schedule, schedule
 
 __all__ = ["DEFAULT_SEGMENT_BYTES", "Link", "Params", "Shape", "predict"]
 
@@ -76,12 +76,17 @@ def predict(
     plan = schedule(
         name, nbytes, shape.ranks, segment_bytes or DEFAULT_SEGMENT_BYTES, shape.ranks_per_node
     )
-    if plan.rounds == 0:
+    if plan.rounds == 0 and plan.local is None:
         return 0.0  # one rank, or nothing to send: no collective runs
     slow = params.inter if shape.nodes > 1 else params.intra
+    local = 0.0 if plan.local is None else _price(plan.local, params, params.intra)
+    return params.base_s + _price(plan, params, slow) + local
+
+
+def _price(plan: Schedule, params: Params, slow: Link) -> float:
+    """``plan``'s latency and transfer at ``slow``'s prices (hops on its chain at their own)."""
     return (
-        params.base_s
-        + (plan.chain_hops - plan.inter_hops) * params.intra.alpha_s
+        (plan.chain_hops - plan.inter_hops) * params.intra.alpha_s
         + plan.inter_hops * params.inter.alpha_s
         + (plan.rounds - plan.chain_hops) * slow.alpha_s
         + plan.rounds * plan.round_bytes * slow.beta_s_per_byte

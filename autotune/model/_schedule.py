@@ -12,12 +12,20 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from autotune.algorithms import Tree, binary_tree, double_binary_tree
+from autotune.algorithms import Tree, binary_tree, double_binary_tree, node_double_binary_tree
 
 __all__ = ["MODELLED", "Schedule", "bytes_sent", "schedule"]
 
 #: The algorithms the model covers (`native` is the backend's own, and not modelled yet).
-MODELLED = ("ring", "tree", "two_tree", "direct", "star")
+MODELLED = (
+    "ring",
+    "tree",
+    "two_tree",
+    "hierarchical_ring",
+    "hierarchical_two_tree",
+    "direct",
+    "star",
+)
 
 
 @dataclass(frozen=True)
@@ -28,7 +36,9 @@ class Schedule:
     ``reduce_rounds`` how many of them sum data and ``reduce_bytes`` what the busiest rank sums
     in one. ``chain_hops`` is the longest chain of messages that wait for each other (a message
     waits only for those it needs, not for a whole round; the pipeline's other rounds follow it
-    one by one), and ``inter_hops`` of them cross nodes.
+    one by one), and ``inter_hops`` of them cross nodes. ``local``: a further part that runs
+    inside every node at once, on the node's own links (the hierarchical schedules' scatter to
+    and gather from each node's shard owners); the fields above are then the part across nodes.
     """
 
     rounds: int
@@ -37,6 +47,7 @@ class Schedule:
     reduce_bytes: float
     chain_hops: int = 0
     inter_hops: int = 0
+    local: Schedule | None = None
 
 
 def schedule(
@@ -65,13 +76,17 @@ def schedule(
         # One chain per chunk: its 2(N-1) steps, each waiting for the one before.
         hops = _ring_inter_hops(n, per_node)
         return Schedule(rounds, chunk / depth, (n - 1) * depth, chunk / depth, 2 * (n - 1), hops)
-    if name in ("tree", "two_tree"):
-        trees = _trees(name, n)
+    if name == "hierarchical_ring":
+        if nodes == 1 or per_node == 1:
+            return schedule("ring", nbytes, n, segment_bytes, ranks_per_node)  # what it runs there
+        return _hierarchical_ring(nbytes, n, segment_bytes, per_node)
+    if name in ("tree", "two_tree", "hierarchical_two_tree"):
+        trees = _trees(name, n, per_node)
         share = nbytes / len(trees)  # each tree carries its part
         k = max(1, math.ceil(share / segment_bytes))
         seg = share / k
         height = max(t.height[t.root] for t in trees)
-        sends, sums = _fan(name, n)
+        sends, sums = _fan(name, n, per_node)
         # Segment s leaves a rank of height h in round s + h and comes back down from the root
         # in round s + H + depth: k - 1 + 2H rounds in all, k - 1 + H of them going up (summing).
         rounds = k - 1 + 2 * height
@@ -86,22 +101,58 @@ def schedule(
     return Schedule(2, (n - 1) * nbytes, 1, (n - 1) * nbytes, 2, 2 * cross)
 
 
-def bytes_sent(name: str, rank: int, ranks: int, nbytes: int) -> float:
-    """What ``rank`` sends in all, however it is segmented (the algorithms' `Traffic` counts)."""
+def _hierarchical_ring(nbytes: int, n: int, segment_bytes: int, per_node: int) -> Schedule:
+    """Across nodes, the owners' rings of one shard each (every hop crosses); inside each node,
+    the scatter to the shard owners and the gather from them (`hierarchical_rounds`)."""
+    nodes = math.ceil(n / per_node)
+    owners = min(per_node, n - (nodes - 1) * per_node)  # shards follow the smallest node
+    shard = nbytes / owners
+    across = schedule("ring", math.ceil(shard), nodes, segment_bytes, 1)
+    depth = max(1, math.ceil(shard / segment_bytes))
+    seg = shard / depth
+    # A scatter round and a gather round per segment of a shard: an owner sends its segment to
+    # its node's per_node - 1 others (the busiest), and sums as many in the scatter.
+    local = Schedule(2 * depth, (per_node - 1) * seg, depth, (per_node - 1) * seg, 2, 0)
+    return Schedule(
+        across.rounds,
+        across.round_bytes,
+        across.reduce_rounds,
+        across.reduce_bytes,
+        across.chain_hops,
+        across.inter_hops,
+        local,
+    )
+
+
+def bytes_sent(
+    name: str, rank: int, ranks: int, nbytes: int, ranks_per_node: int | None = None
+) -> float:
+    """What ``rank`` sends in all, however it is segmented (the algorithms' `Traffic` counts),
+    the ranks in order on nodes of ``ranks_per_node`` (None: one node)."""
     if name not in MODELLED:
         raise ValueError(f"no cost model for {name!r}; modelled: {', '.join(MODELLED)}")
     if not 0 <= rank < ranks:
         raise ValueError(f"rank must be in [0, {ranks}), got {rank}")
     n = ranks
+    per_node = n if ranks_per_node is None else min(ranks_per_node, n)
+    nodes = math.ceil(n / per_node)
     if n == 1:
         return 0.0
-    if name == "ring":
+    if name == "hierarchical_ring" and 1 < nodes < n:
+        owners = min(per_node, n - (nodes - 1) * per_node)
+        shard = nbytes / owners
+        local = rank % per_node
+        node_size = min(per_node, n - (rank // per_node) * per_node)
+        if local >= owners:  # contributes its part of every shard, owns none
+            return owners * shard
+        return (owners - 1) * shard + 2 * (nodes - 1) / nodes * shard + (node_size - 1) * shard
+    if name in ("ring", "hierarchical_ring"):
         return 2 * (n - 1) * nbytes / n
     if name == "direct":
         return (n - 1) * nbytes
     if name == "star":
         return (n - 1) * nbytes if rank == 0 else nbytes
-    trees = _trees(name, n)
+    trees = _trees(name, n, per_node)
     share = nbytes / len(trees)
     # Up once to the parent (unless the root), down once to each child.
     return sum(share * ((t.parent[rank] is not None) + len(t.children[rank])) for t in trees)
@@ -134,15 +185,20 @@ def _tree_inter_hops(tree: Tree, per_node: int) -> int:
 
 
 @lru_cache(maxsize=64)
-def _trees(name: str, ranks: int) -> tuple[Tree, ...]:
-    return (binary_tree(ranks),) if name == "tree" else double_binary_tree(ranks)
+def _trees(name: str, ranks: int, per_node: int) -> tuple[Tree, ...]:
+    if name == "tree":
+        return (binary_tree(ranks),)
+    if name == "hierarchical_two_tree":
+        members = [list(range(a, min(a + per_node, ranks))) for a in range(0, ranks, per_node)]
+        return node_double_binary_tree(members)
+    return double_binary_tree(ranks)
 
 
 @lru_cache(maxsize=64)
-def _fan(name: str, ranks: int) -> tuple[int, int]:
+def _fan(name: str, ranks: int, per_node: int) -> tuple[int, int]:
     """The busiest rank's segments sent, and summed, per round in the steady state (all its
     trees' up and down traffic at once): max over ranks of parent + children, and of children."""
-    trees = _trees(name, ranks)
+    trees = _trees(name, ranks, per_node)
     sends = max(
         sum((t.parent[r] is not None) + len(t.children[r]) for t in trees) for r in range(ranks)
     )
