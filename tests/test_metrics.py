@@ -312,5 +312,5 @@ def test_a_missing_server_skips_outside_ci_and_fails_under_it(
     with pytest.raises(pytest.skip.Exception, match="apt-get install -y prometheus"):
         require("no-such-server-binary")
     monkeypatch.setenv("CI", "true")
-    with pytest.raises(pytest.fail.Exception, match=r"\.ci/run installs it"):
+    with pytest.raises(pytest.fail.Exception, match=r"\.ci/run provides it"):
         require("no-such-server-binary")
