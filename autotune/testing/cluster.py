@@ -160,7 +160,8 @@ class Cluster:
         atexit.unregister(self.close)
         for k in range(self.nodes):
             if self.netns(k) in self._made:
-                self.kill(k)
+                with contextlib.suppress(RuntimeError):  # gone already: remove the rest anyway
+                    self.kill(k)
         for _, p in self._procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=30)
