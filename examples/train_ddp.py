@@ -113,6 +113,9 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> Result:
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
+        if step == 0 and rank == 0:
+            # Every rank is past DDP's setup and the first all-reduce: the job is training.
+            print(f"training: {args.steps} steps on {world_size} ranks", flush=True)
         if state is not None and state.tuner is not None:
             # The step from which it stayed settled (a newly seen size class re-opens tuning).
             settled_at = (settled_at or step) if state.tuner.settled else None

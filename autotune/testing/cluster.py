@@ -20,6 +20,7 @@ import atexit
 import contextlib
 import os
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -91,6 +92,7 @@ class Cluster:
         self.name = f"{NETNS_PREFIX}{secrets.token_hex(3)}"
         self._made: list[str] = []
         self._procs: list[tuple[int, subprocess.Popen[str]]] = []
+        self._read: dict[int, str] = {}  # output `wait_for` consumed, by pid
         self._closed = False
 
     # -- building and tearing down -----------------------------------------------------------
@@ -100,6 +102,11 @@ class Cluster:
 
     def address(self, node: int) -> str:
         return f"{_SUBNET}.{node + 1}"
+
+    @property
+    def made(self) -> tuple[str, ...]:
+        """The namespaces this cluster made and has not removed yet (switch first)."""
+        return tuple(self._made)
 
     @property
     def world_size(self) -> int:
@@ -247,10 +254,11 @@ class Cluster:
                 out, _ = agent.communicate(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 timed_out = True
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(agent.pid, signal.SIGKILL)
-                out, _ = agent.communicate()
-            runs.append(NodeRun(k, agent.returncode, out))
+                # The whole node: its ranks (sessions of their own) hold the pipe open too, and
+                # would keep `communicate` waiting for an end of output that never comes.
+                self.kill(self._node_of(agent))
+                out, _ = agent.communicate(timeout=30)
+            runs.append(NodeRun(k, agent.returncode, self._read.pop(agent.pid, "") + out))
         if check and (timed_out or any(r.returncode for r in runs)):
             what = f"did not finish within {timeout_s:g} s" if timed_out else "failed"
             raise RuntimeError(
@@ -261,6 +269,38 @@ class Cluster:
             )
         return runs
 
+    def wait_for(self, agent: subprocess.Popen[str], text: str, *, timeout_s: float) -> None:
+        """Read ``agent``'s output until it holds ``text`` (`wait` still returns all of it).
+
+        Raises RuntimeError, with what it printed, if the agent ends or ``timeout_s`` passes first.
+        """
+        assert agent.stdout is not None
+        # Straight from the descriptor, as `communicate` reads later: nothing buffered in between.
+        fd = agent.stdout.fileno()
+        deadline = time.monotonic() + timeout_s
+        got = bytearray()
+        while text.encode() not in got:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                break
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:  # it ended
+                break
+            got += chunk
+        self._read[agent.pid] = self._read.get(agent.pid, "") + got.decode(errors="replace")
+        if text.encode() not in got:
+            raise RuntimeError(
+                f"node {self._node_of(agent)} printed no {text!r} within {timeout_s:g} s:\n"
+                + self._read[agent.pid][-4000:]
+            )
+
+    def _node_of(self, proc: subprocess.Popen[str]) -> int:
+        return next(node for node, p in self._procs if p is proc)
+
+    def pids(self, node: int) -> list[int]:
+        """The processes running in ``node``'s namespace now."""
+        return [int(p) for p in _run(["ip", "netns", "pids", self.netns(node)]).split()]
+
     def kill(self, node: int) -> None:
         """Kill everything running on ``node``, as a node failure would: every process in its
         namespace (torchrun's ranks run in sessions of their own, apart from their agent)."""
@@ -268,10 +308,9 @@ class Cluster:
             if where == node and p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
-        pids = _run(["ip", "netns", "pids", self.netns(node)]).split()
-        for pid in pids:
+        for pid in self.pids(node):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
 
     def cut(self, node: int) -> None:
         """Take ``node``'s link down, as a pulled cable would: its processes live on, and no

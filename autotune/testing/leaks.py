@@ -105,13 +105,20 @@ def _leaves_nothing_behind() -> Iterator[None]:
 
 
 _hang: list[str] = []
+# Namespaces that existed before the run (another run's, on a shared host): not this run's leak.
+_namespaces_at_start: frozenset[str] = frozenset()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _namespaces_at_start
+    _namespaces_at_start = frozenset(namespaces())
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """After the last fixture's teardown: nothing may be left at all (module and session
     fixtures included)."""
-    found = leftovers({threading.main_thread()}, set())
+    found = leftovers({threading.main_thread()}, set(), namespaces_before=_namespaces_at_start)
     if found:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         text = "the test run left things behind:\n  " + "\n  ".join(found)
