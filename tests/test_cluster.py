@@ -70,7 +70,7 @@ def test_a_hung_node_is_ended_with_what_it_printed() -> None:
     with Cluster(1, 1) as c:
         agent = c.popen(0, [sys.executable, "-c", script])
         c.wait_for(agent, "ready", timeout_s=60)
-        with pytest.raises(RuntimeError, match="printed no 'never' within 0.5 s:\n.*ready"):
+        with pytest.raises(RuntimeError, match=r"printed no 'never' within 0\.5 s:\n.*ready"):
             c.wait_for(agent, "never", timeout_s=0.5)
         run = c.wait([agent], timeout_s=1, check=False)[0]
         assert (run.node, run.returncode) == (0, -signal.SIGKILL)
