@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from autotune import algorithms
 from autotune.config import Config
-from autotune.hook import AutotuneState, hook, register
+from autotune.hook import AutotuneState, default_state, hook, register
 from autotune.plan import Choice, size_class
 from autotune.stats import MessageRecord, Summary
 
@@ -19,6 +19,7 @@ __all__ = [
     "Summary",
     "__version__",
     "algorithms",
+    "default_state",
     "hook",
     "register",
     "size_class",

@@ -7,8 +7,10 @@ and string annotations would fail that check.
 
 import contextlib
 import json
+import os
 import threading
 import time
+import warnings
 from dataclasses import fields
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -30,13 +32,22 @@ from autotune.engine import Engine
 from autotune.faults import FailureBoard, release
 from autotune.plan import Choice, Entry, Plan, Table, load_table
 from autotune.stats import Recorder, Summary, summarize
+from autotune.store import elastic_attempt
 from autotune.tuning import Tuner
 from autotune.tuning.campaign import BASELINE_CHOICE
 
 if TYPE_CHECKING:
     from autotune.metrics import Exporter
 
-__all__ = ["AutotuneState", "default_state", "hook", "register", "reset_default_state"]
+__all__ = [
+    "AutotuneState",
+    "check_hookable",
+    "default_state",
+    "hook",
+    "is_default_state",
+    "register",
+    "reset_default_state",
+]
 
 
 class AutotuneState:
@@ -78,6 +89,7 @@ class AutotuneState:
             raise ValueError("this rank is not a member of the process group given to autotune")
         self.process_group = group
         self.world_size = dist.get_world_size(group)
+        _warn_restart_on_shared_store()
         #: Where the ranks agree on setup and on who failed first.
         self.board = FailureBoard(group, timeout_s=Config.timeout_s)
         # Every rank says it is ready, or why not, before anyone waits on a collective: a rank
@@ -204,6 +216,23 @@ class AutotuneState:
         )
 
 
+def _warn_restart_on_shared_store() -> None:
+    """torchrun restarted this worker group on its agent's store, shared across attempts, which
+    still holds the last attempt's keys: a group made now (autotune's too) may read a dead peer's
+    address and fail to connect. docs/FAULTS.md, "Elastic restarts"."""
+    attempt = elastic_attempt()
+    if attempt is None or attempt[1] == 0:
+        return
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        warnings.warn(
+            f"torchrun restarted this worker group (attempt {attempt[1]}) on its agent's shared "
+            "store, which keeps the last attempt's keys: process groups made now can connect to "
+            "dead peers ('Connection refused'). Run torchrun with "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in its environment",
+            stacklevel=3,
+        )
+
+
 def _timeout(config: Config) -> timedelta:
     return timedelta(seconds=config.timeout_s)
 
@@ -246,8 +275,9 @@ def hook(
 
     Hands the bucket to the engine's worker (which averages it: scales by 1/world size, then
     sums) and returns a pending Future, so backward keeps computing while the bucket travels.
-    ``state`` None uses a state built from ``AUTOTUNE_*`` environment variables on first use
-    (`default_state`).
+    ``state`` None uses the default state, configured from ``AUTOTUNE_*`` variables, which
+    `default_state` must have built before the first backward: building it here would create
+    process groups and open the tuning storage in the middle of a step.
 
     Example::
 
@@ -255,7 +285,7 @@ def hook(
     """
     start = time.perf_counter()
     if state is None:
-        state = default_state()
+        state = _built_default_state()
     buffer = bucket.buffer()
     future = state.engine.submit(buffer, bucket.is_last())
     if bucket.is_last():
@@ -271,8 +301,9 @@ def register(
 ) -> AutotuneState:
     """Build a state over ``ddp_model``'s process group and register `hook` with it.
 
-    DDP allows one comm hook per model: a second registration raises DDP's own error.
+    DDP allows one comm hook per model: a model that has one already is refused (`check_hookable`).
     """
+    check_hookable(ddp_model)
     group = process_group if process_group is not None else ddp_model.process_group
     state = AutotuneState(group, config)
     try:
@@ -283,16 +314,61 @@ def register(
     return state
 
 
+def check_hookable(ddp_model: DistributedDataParallel) -> None:
+    """Refuse, saying why, a DDP model whose comm hook autotune could not be: one that has a hook
+    already (DDP allows one), or one on DDP's Python reducer (compiled autograd), which calls
+    hooks per parameter with a tuple and drops what they return."""
+    if getattr(ddp_model, "_use_python_reducer", False):
+        raise RuntimeError(
+            "autotune needs DDP's C++ reducer, which hands comm hooks whole gradient buckets; "
+            "with torch._dynamo.config.optimize_ddp='python_reducer' (compiled autograd) DDP "
+            "calls hooks per parameter and ignores their result. Use optimize_ddp=True (the "
+            "default: torch.compile splits the graph at DDP's buckets), or no comm hook"
+        )
+    hooks = getattr(ddp_model, "_comm_hooks", [])
+    if hooks:
+        names = ", ".join(getattr(h, "__qualname__", repr(h)) for h, _ in hooks)
+        raise RuntimeError(
+            f"this DDP model has a comm hook already ({names}) and DDP allows one: register "
+            "autotune instead of it, not beside it"
+        )
+
+
 _default_lock = threading.Lock()
 _default: list[AutotuneState] = []
 
 
 def default_state() -> AutotuneState:
-    """The state `hook` uses when DDP passes None: built on first use from the environment."""
+    """Build (once) and return the state `hook` uses when DDP passes None, configured from
+    ``AUTOTUNE_*`` variables, over the world.
+
+    Call it on every rank after ``init_process_group`` and before the first backward, as a
+    state's constructor is called: it sets up process groups collectively and opens the storage.
+    """
     with _default_lock:
         if not _default:
             _default.append(AutotuneState(config=Config.from_env()))
         return _default[0]
+
+
+def is_default_state(state: AutotuneState) -> bool:
+    with _default_lock:
+        return bool(_default) and _default[0] is state
+
+
+def _built_default_state() -> AutotuneState:
+    with _default_lock:
+        if _default:
+            return _default[0]
+    # Every rank gets here at its first bucket, so every rank raises at the same point.
+    raise RuntimeError(
+        "autotune.hook was registered with state=None and no default state was built: it is "
+        "not built inside backward, where it would set up process groups and open the tuning "
+        "storage in the middle of a step. Build it on every rank before training, after "
+        "init_process_group: autotune.default_state() (configured from AUTOTUNE_* variables); "
+        "or pass a state: autotune.register(ddp_model). Frameworks that pass no state have "
+        "integrations that build it: docs/INTEGRATIONS.md"
+    )
 
 
 def reset_default_state() -> None:

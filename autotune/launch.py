@@ -109,7 +109,8 @@ def _child(
             # Stamp the failure before teardown: closing our connections is what makes the
             # other ranks fail, and the report must name this rank as the first.
             result = ("error", traceback.format_exc(), time.time())
-        dist.destroy_process_group()
+        if dist.is_initialized():  # frameworks destroy it themselves (accelerator.end_training)
+            dist.destroy_process_group()
     except BaseException:
         if result is None or result[0] == "ok":  # keep the first error, not teardown's
             result = ("error", traceback.format_exc(), time.time())

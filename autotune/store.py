@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Store",
     "device_model",
+    "elastic_attempt",
     "fingerprint",
     "fingerprint_key",
     "job_fingerprint",
@@ -127,6 +128,16 @@ def fingerprint_key(fp: dict[str, str | int]) -> str:
 warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used with Study.optimize")
 warnings.filterwarnings("ignore", ".*fail_stale_trials is experimental")
 
+
+def elastic_attempt() -> tuple[str, int] | None:
+    """(run id, restart count) of this torchrun worker group, or None outside torchrun."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if not run_id or restart is None or not restart.isdigit():
+        return None
+    return run_id, int(restart)
+
+
 #: Seconds between heartbeats of a job's running trials; a trial whose job has not beaten for
 #: `STALE_AFTER_S` is a dead job's, and only such trials are failed by another job.
 HEARTBEAT_S = 20
@@ -178,6 +189,11 @@ class Store:
         """``trial`` runs in this job: beat for it from now on (`beat`) until `told`."""
         self._live.add(trial._trial_id)
         self.storage.record_heartbeat(trial._trial_id)
+        attempt = elastic_attempt()
+        if attempt is not None:
+            run_id, restart = attempt
+            self.storage.set_trial_user_attr(trial._trial_id, "elastic_run", run_id)
+            self.storage.set_trial_user_attr(trial._trial_id, "elastic_attempt", restart)
 
     def told(self, trial: optuna.Trial) -> None:
         self._live.discard(trial._trial_id)
@@ -205,14 +221,34 @@ class Store:
             self.storage.record_heartbeat(trial_id)
 
     def fail_stale_trials(self, study: optuna.Study) -> None:
-        """Fail the running trials of jobs that stopped beating (crashed).
+        """Fail the running trials of jobs that stopped beating (crashed), and those of this
+        torchrun job's earlier attempts (`elastic_attempt`), which are dead once it restarted.
 
         A trial of a job that is alive, here or on another machine, is never touched; a trial
         left by a version of autotune without heartbeats stays as it is.
         """
         import optuna
+        from optuna.trial import TrialState
 
         optuna.storages.fail_stale_trials(study)
+        # An earlier attempt of this torchrun job is dead for certain: torchrun restarts a worker
+        # group only once every worker of the attempt before has stopped. Its trials are failed
+        # now, not after their heartbeat goes stale.
+        attempt = elastic_attempt()
+        if attempt is None or attempt[1] == 0:
+            return
+        run_id, restart = attempt
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            earlier = t.user_attrs.get("elastic_attempt")
+            if t.user_attrs.get("elastic_run") != run_id or not isinstance(earlier, int):
+                continue
+            if earlier < restart:
+                why = f"attempt {earlier} of torchrun run {run_id} ended: its workers restarted"
+                try:
+                    self.storage.set_trial_user_attr(t._trial_id, "failure", why)
+                    self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    pass  # another job failed it meanwhile
 
     def load_table(self, key: str) -> Table | None:
         """The plan stored for fingerprint ``key`` (every job's, merged), if a job locked one."""

@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
 from autotune.algorithms import Comm, RingAllReduce, register
+from autotune.config import Config
 from autotune.stats import MessageRecord
 
 
@@ -192,13 +193,14 @@ def train_steps(model: torch.nn.Module, steps: int) -> None:
 
 def env_default_state(rank: int, world_size: int) -> tuple[set[str], int | None, str]:
     """register_comm_hook(None, autotune.hook): the state comes from AUTOTUNE_* variables."""
+    from autotune.hook import reset_default_state
+
     torch.manual_seed(0)
     model = DDP(Net(), bucket_cap_mb=0.002)
     model.register_comm_hook(None, autotune.hook)
+    state = autotune.default_state()  # built before training, on every rank
     train_steps(model, 5)
-    from autotune.hook import default_state, reset_default_state
-
-    state = default_state()
+    assert autotune.default_state() is state
     state.engine.settle(30)
     used = {r.algorithm for r in state.recorder.records()}
     fusion = state.config.fusion_bytes
@@ -209,9 +211,35 @@ def env_default_state(rank: int, world_size: int) -> tuple[set[str], int | None,
 def register_twice(rank: int, world_size: int) -> str:
     model = DDP(Net())
     config = autotune.Config(algorithm="ring")
-    autotune.register(model, config)
+    state = autotune.register(model, config)
     try:
         autotune.register(model, config)
+    except RuntimeError as exc:
+        return str(exc)
+    finally:
+        state.close()
+    return "no error"
+
+
+def hook_without_state(rank: int, world_size: int) -> str:
+    """register_comm_hook(None, autotune.hook) and no default_state(): backward says what to do."""
+    model = DDP(Net())
+    model.register_comm_hook(None, autotune.hook)
+    try:
+        train_steps(model, 1)
+    except RuntimeError as exc:
+        return str(exc)
+    return "no error"
+
+
+def python_reducer(rank: int, world_size: int) -> str:
+    """DDP on its Python reducer (compiled autograd's mode) is refused before anything is built."""
+    import torch._dynamo
+
+    with torch._dynamo.config.patch(optimize_ddp="python_reducer"):
+        model = DDP(Net())
+    try:
+        autotune.register(model)
     except RuntimeError as exc:
         return str(exc)
     return "no error"
@@ -363,5 +391,40 @@ def records(rank: int, world_size: int, algorithms: list[str]) -> dict[str, Any]
             state.plan(),
             state.recorder.hook_times(),
         )
+        state.close()
+    return out
+
+
+def compiled_training(
+    rank: int, world_size: int, algorithm: str | None, backend: str, compiled_autograd: bool
+) -> dict[str, Any]:
+    """30 steps of ``torch.compile(ddp_model)`` (DDP's graph-splitting optimizer at its buckets),
+    with autotune's hook (``algorithm``) or without (None); ``compiled_autograd`` on or not."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(16, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
+        torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 4),
+    )  # fmt: skip
+    # 2.1 MB of gradients in 1 MiB buckets: the graph splits between them. (DDP's graph
+    # optimizer wants its first, 1 MiB, bucket no larger than the others.)
+    model = DDP(net, bucket_cap_mb=1)
+    state = None if algorithm is None else autotune.register(model, Config(algorithm=algorithm))
+    compiled = torch.compile(model, backend=backend)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    with torch._dynamo.config.patch(compiled_autograd=compiled_autograd):
+        for _ in range(30):
+            x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+            torch.nn.functional.cross_entropy(compiled(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    out: dict[str, Any] = {"parameters": [p.detach().clone() for p in model.parameters()]}
+    if state is not None:
+        state.engine.settle(timeout_s=10.0)
+        out["messages"] = len(state.recorder.records())
+        out["iterations"] = state.engine.iteration
         state.close()
     return out

@@ -17,7 +17,9 @@ from ddp_jobs import (
     digest,
     env_default_state,
     faulty_training,
+    hook_without_state,
     overlap_events,
+    python_reducer,
     records,
     register_twice,
     setup_with_env,
@@ -113,10 +115,22 @@ def test_state_from_environment() -> None:
     assert results == [({"two_tree"}, 8192, "two_tree")] * 2
 
 
-def test_second_registration_keeps_ddps_error() -> None:
+def test_second_registration_is_refused() -> None:
     messages = run_local(register_twice, 2)
     for msg in messages:
-        assert "can only be called once" in msg, msg
+        assert "has a comm hook already (hook) and DDP allows one" in msg, msg
+
+
+def test_no_state_is_built_inside_backward() -> None:
+    # Every rank raises at its first bucket, with what to do instead.
+    for msg in run_local(hook_without_state, 2):
+        assert "registered with state=None and no default state was built" in msg, msg
+        assert "autotune.default_state()" in msg
+
+
+def test_ddps_python_reducer_is_refused() -> None:
+    for msg in run_local(python_reducer, 2):
+        assert "autotune needs DDP's C++ reducer" in msg, msg
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "tree", "native"])
