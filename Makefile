@@ -10,11 +10,13 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml plugins/autotune-baselines/pyproject.toml
+PLUGINS := plugins/autotune-baselines plugins/autotune-lightning plugins/autotune-hf
+
+$(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[test]" -e plugins/autotune-baselines
+	$(PY) -m pip install --quiet -e ".[test]" $(addprefix -e ,$(PLUGINS))
 	touch $@
 
 test: lint pytest
