@@ -55,8 +55,10 @@ class AutotuneCallback(Callback):
         state = self.state
         if state is None:
             return
+        plan = plan_text(state)
         for logger in trainer.loggers:
-            logger.log_hyperparams({"autotune/plan": plan_text(state)})
+            logger.log_hyperparams({"autotune/plan": plan})
+        rank_zero_info(f"autotune plan: {plan}")
         if state.tuner is not None:
             rank_zero_info(state.tuner.verdict())
 
