@@ -428,3 +428,32 @@ def compiled_training(
         out["iterations"] = state.engine.iteration
         state.close()
     return out
+
+
+def frameworks_attach(rank: int, world_size: int) -> dict[str, Any]:
+    """autotune.frameworks on a DDP model inside torch.compile's wrapper, with autotune.hook
+    registered with no state (as Lightning does on CUDA): attach builds the default state."""
+    from autotune.frameworks import attach, detach, find_ddp, log_values
+    from autotune.hook import is_default_state
+
+    model = DDP(Net())
+    model.register_comm_hook(None, autotune.hook)
+    wrapped = torch.compile(model)  # only wrapped: nothing compiles until it is called
+    out: dict[str, Any] = {"found": find_ddp(wrapped) is model}
+    state = attach(wrapped)
+    out["default"] = is_default_state(state)
+    try:
+        attach(model, Config(algorithm="ring"))
+    except ValueError as exc:
+        out["with_config"] = str(exc)
+    train_steps(model, 3)
+    state.engine.settle(timeout_s=10.0)
+    out["messages"] = len(state.recorder.records())
+    out["values"] = log_values(state)
+    detach(state)
+    out["default_after"] = is_default_state(state)
+    try:
+        find_ddp(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    except TypeError as exc:
+        out["not_ddp"] = str(exc)
+    return out

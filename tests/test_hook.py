@@ -17,6 +17,7 @@ from ddp_jobs import (
     digest,
     env_default_state,
     faulty_training,
+    frameworks_attach,
     hook_without_state,
     overlap_events,
     python_reducer,
@@ -126,6 +127,15 @@ def test_no_state_is_built_inside_backward() -> None:
     for msg in run_local(hook_without_state, 2):
         assert "registered with state=None and no default state was built" in msg, msg
         assert "autotune.default_state()" in msg
+
+
+def test_frameworks_attach_to_a_hook_registered_without_state() -> None:
+    for out in run_local(frameworks_attach, 2, env={"AUTOTUNE_ALGORITHM": "ring"}):
+        assert out["found"] and out["default"] and not out["default_after"]
+        assert "registered autotune.hook with no state" in out["with_config"]
+        assert out["messages"] >= 3  # the stateless hook used the state attach built
+        assert out["values"]["autotune/iterations"] == 3.0
+        assert "found none in Sequential" in out["not_ddp"]
 
 
 def test_ddps_python_reducer_is_refused() -> None:
