@@ -30,7 +30,7 @@ __all__ = ["attach", "detach", "find_ddp", "log_values", "plan_text"]
 _MAX_DEPTH = 8
 
 
-def find_ddp(model: torch.nn.Module) -> DistributedDataParallel:
+def find_ddp(model: object) -> DistributedDataParallel:
     """The `DistributedDataParallel` that is ``model`` or that ``model`` wraps (torch.compile's
     ``_orig_mod``, a framework's ``module``); TypeError, naming what it found, if there is none."""
     seen = []
@@ -52,7 +52,7 @@ def find_ddp(model: torch.nn.Module) -> DistributedDataParallel:
     )
 
 
-def attach(model: torch.nn.Module, config: Config | None = None) -> AutotuneState:
+def attach(model: object, config: Config | None = None) -> AutotuneState:
     """Register autotune on the DDP model inside ``model`` (see `find_ddp`), on every rank.
 
     Where a framework registered `autotune.hook` itself with no state (Lightning on CUDA with

@@ -37,7 +37,7 @@ class AutotuneCallback(Callback):
             rank_zero_warn("autotune: a single process has no gradient all-reduce to tune")
             return
         # Lightning has wrapped the module by now (strategy.setup runs before on_fit_start).
-        self.state = attach(trainer.strategy.model, self.config)  # type: ignore[arg-type]
+        self.state = attach(trainer.strategy.model, self.config)
 
     def on_train_batch_end(
         self,
