@@ -161,6 +161,8 @@ class Store:
         self.job_id = job_id or uuid.uuid4().hex[:12]
         self.storage = _open(url)
         self._live: set[int] = set()  # trial ids of this job still running (heartbeats)
+        #: This torchrun worker group's (run id, restart count), or None outside torchrun.
+        self.attempt = elastic_attempt()
         self._beat_at = 0.0
 
     def study(
@@ -189,9 +191,8 @@ class Store:
         """``trial`` runs in this job: beat for it from now on (`beat`) until `told`."""
         self._live.add(trial._trial_id)
         self.storage.record_heartbeat(trial._trial_id)
-        attempt = elastic_attempt()
-        if attempt is not None:
-            run_id, restart = attempt
+        if self.attempt is not None:
+            run_id, restart = self.attempt
             self.storage.set_trial_user_attr(trial._trial_id, "elastic_run", run_id)
             self.storage.set_trial_user_attr(trial._trial_id, "elastic_attempt", restart)
 
@@ -200,16 +201,20 @@ class Store:
 
     def abandon(self, why: str) -> None:
         """Fail this job's trials still running (the job is ending): none is left running."""
+        for trial_id in list(self._live):
+            self._fail(trial_id, why)
+            self._live.discard(trial_id)
+
+    def _fail(self, trial_id: int, why: str) -> None:
+        """Fail a running trial, saying ``why``; one finished meanwhile is left as it is."""
         import optuna
         from optuna.trial import TrialState
 
-        for trial_id in list(self._live):
-            try:
-                self.storage.set_trial_user_attr(trial_id, "failure", why)
-                self.storage.set_trial_state_values(trial_id, TrialState.FAIL)
-            except optuna.exceptions.UpdateFinishedTrialError:
-                pass  # told meanwhile
-            self._live.discard(trial_id)
+        try:
+            self.storage.set_trial_user_attr(trial_id, "failure", why)
+            self.storage.set_trial_state_values(trial_id, TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # told, or failed by another job, meanwhile
 
     def beat(self, now: float | None = None) -> None:
         """Record a heartbeat for this job's running trials, at most every `HEARTBEAT_S`."""
@@ -234,21 +239,18 @@ class Store:
         # An earlier attempt of this torchrun job is dead for certain: torchrun restarts a worker
         # group only once every worker of the attempt before has stopped. Its trials are failed
         # now, not after their heartbeat goes stale.
-        attempt = elastic_attempt()
-        if attempt is None or attempt[1] == 0:
+        if self.attempt is None or self.attempt[1] == 0:
             return
-        run_id, restart = attempt
+        run_id, restart = self.attempt
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             earlier = t.user_attrs.get("elastic_attempt")
             if t.user_attrs.get("elastic_run") != run_id or not isinstance(earlier, int):
                 continue
             if earlier < restart:
-                why = f"attempt {earlier} of torchrun run {run_id} ended: its workers restarted"
-                try:
-                    self.storage.set_trial_user_attr(t._trial_id, "failure", why)
-                    self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-                except optuna.exceptions.UpdateFinishedTrialError:
-                    pass  # another job failed it meanwhile
+                self._fail(
+                    t._trial_id,
+                    f"attempt {earlier} of torchrun run {run_id} ended: its workers restarted",
+                )
 
     def load_table(self, key: str) -> Table | None:
         """The plan stored for fingerprint ``key`` (every job's, merged), if a job locked one."""
