@@ -8,7 +8,7 @@ import random
 import pytest
 
 from autotune.plan import Choice
-from autotune.tuning.campaign import Arm, Campaign
+from autotune.tuning.campaign import NOMINATE_BELOW, RUNNER_UP_WITHIN, Arm, Campaign, nominate
 from autotune.tuning.duel import FUTILE_FROM, MIN_PAIRS, PROMISING, Duel, median_interval
 
 
@@ -208,3 +208,68 @@ def test_a_locked_plan_whose_gain_is_gone_falls_back_and_tuning_starts_over() ->
     # The advantage is gone: the next re-check falls back and re-opens the search.
     drive(c, lambda arm, i: 1.1 if arm == stored else 1.0, 60, end)
     assert c.incumbent == c.baseline and c.round == 1 and c.phase != "locked"
+
+
+RING, HRING, NATIVE = Choice("ring"), Choice("hierarchical_ring"), Choice("native")
+
+
+def test_screening_nominates_the_fastest_and_a_close_runner_up_of_another_algorithm() -> None:
+    # Clear winner: only it. The next algorithm is 1.3x slower than the winner.
+    assert nominate({NATIVE: 10.0, RING: 5.0, HRING: 6.5}, NATIVE) == [(RING, 5.0)]
+    # Within RUNNER_UP_WITHIN of the winner: both, the winner first, each with what it saves.
+    close = 5.0 * RUNNER_UP_WITHIN * 0.99
+    got = nominate({NATIVE: 10.0, RING: 5.0, HRING: close}, NATIVE)
+    assert [c for c, _ in got] == [RING, HRING]
+    assert [saved for _, saved in got] == pytest.approx([5.0, 10.0 - close])
+    # Another segment of the winner's algorithm is not a runner-up; the next algorithm is.
+    ring_seg = Choice("ring", 1 << 18)
+    got = nominate({NATIVE: 10.0, RING: 5.0, ring_seg: 5.01, HRING: 5.2}, NATIVE)
+    assert [c for c, _ in got] == [RING, HRING]
+
+
+def test_a_runner_up_must_beat_what_the_class_runs_by_the_same_bar() -> None:
+    # The runner-up is close to the winner but not NOMINATE_BELOW of the current latency.
+    now_s = 10.0
+    best = NOMINATE_BELOW * now_s * 0.99
+    runner = NOMINATE_BELOW * now_s * 1.01
+    assert runner <= RUNNER_UP_WITHIN * best
+    got = nominate({NATIVE: now_s, RING: best, HRING: runner}, NATIVE)
+    assert [c for c, _ in got] == [RING] and got[0][1] == pytest.approx(now_s - best)
+    # The class already runs the fastest: nothing, not even a close runner-up.
+    assert nominate({NATIVE: 5.0, RING: 5.1}, NATIVE) == []
+    assert nominate({}, NATIVE) == []
+    # The current choice was not measured (another job's study): the winner, saving measured
+    # against itself, and its runner-up.
+    assert [c for c, _ in nominate({RING: 5.0, HRING: 5.2}, NATIVE)] == [RING, HRING]
+
+
+def test_when_the_latency_winner_loses_on_the_step_its_runner_up_gets_its_own_duel() -> None:
+    cls = 2 << 20
+    c = campaign()
+    c.start(None)
+    drive(c, lambda arm, i: 1.0, 40)
+    assert c.phase == "screening"
+    c.screened(
+        [
+            (cls, choice, saved)
+            for choice, saved in nominate({NATIVE: 10.0, RING: 8.0, HRING: 8.4}, NATIVE)
+        ]
+    )
+
+    def step(arm: Arm, i: int) -> float:  # ring's step loses, the hierarchical ring's wins
+        return {RING: 1.05, HRING: 0.9}.get(arm.choice(cls), 1.0)
+
+    drive(c, step, 200)
+    assert c.settled and c.incumbent == Arm(((cls, HRING),), 0)
+    assert [(k, a.choice(cls), o.challenger_won) for k, a, o in c.history if k == "class"] == [
+        ("class", RING, False),
+        ("class", HRING, True),
+    ]
+    # Without the runner-up rule it would have kept the baseline: the same campaign with the
+    # latency winner only.
+    c = campaign()
+    c.start(None)
+    drive(c, lambda arm, i: 1.0, 40)
+    c.screened([(cls, RING, 2.0)])
+    drive(c, step, 200)
+    assert c.settled and c.baseline_kept

@@ -19,7 +19,7 @@ from autotune.algorithms import available
 from autotune.launch import launch, run_local
 from autotune.plan import size_class
 from autotune.store import Store
-from autotune.sweep import SweepOptions, SweepResult, dtype_name, exact_limit
+from autotune.sweep import Measured, SweepOptions, SweepResult, Variant, dtype_name, exact_limit
 
 ROOT = Path(__file__).resolve().parent.parent
 COLUMNS = ["size", "count", "type", "algorithm", "segment", "time", "algbw", "busbw", "#wrong"]
@@ -300,3 +300,65 @@ def test_report_draws_the_models_fit_and_prints_its_error(tmp_path: Path) -> Non
     tree = f"tree {fitted.median_error('tree'):.0%}/{fitted.worst_error('tree'):.0%}"
     assert f"model fitted to {sweep}: median/worst error ring" in out.stdout
     assert tree in out.stdout
+
+
+class _ScriptedBench:
+    """Times from a script: per call, the seconds each variant (by label) takes every iteration."""
+
+    def __init__(self, script: list[dict[str, float]], wrong: dict[str, int]) -> None:
+        self.script = script
+        self.wrong = wrong
+        self.calls: list[tuple[list[str], int, int]] = []
+        self.advanced = 0
+
+    def progress(self, n: int) -> None:
+        self.advanced += n
+
+    def measure(
+        self, count: int, variants: Any, *, iters: int, warmup: int, check: int
+    ) -> Measured:
+        labels = [v.label for v in variants]
+        self.calls.append((labels, iters, check))
+        times = self.script[len(self.calls) - 1]
+        self.advanced += len(labels) * (check + warmup + iters)
+        return Measured(
+            [[times[label] for label in labels] for _ in range(iters)],
+            [[0.0] * len(labels) for _ in range(iters)],
+            [self.wrong.get(label, 0) for label in labels] if check else None,
+        )
+
+
+def test_tuning_times_close_choices_again_and_decides_on_all_their_samples() -> None:
+    from autotune.sweep._tune import (
+        FINAL_ROUNDS,
+        FINAL_WITHIN,
+        final_calls,
+        finalists,
+        time_choices,
+    )
+
+    variants = [Variant(label, "ring") for label in ("a", "b", "c", "bad")]
+    # b is within FINAL_WITHIN of a at first; timed again, it is clearly faster. c is far
+    # behind, and "bad" (fastest, but summing wrong) is never a finalist.
+    first = {"a": 1.0, "b": 1.05, "c": 2.0, "bad": 0.5}
+    assert FINAL_WITHIN >= 1.05
+    bench = _ScriptedBench([first, {"a": 1.0, "b": 0.9}], {"bad": 3})
+    samples, wrong = time_choices(bench, 1024, variants, iters=4, warmup=1)
+    assert bench.calls == [(["a", "b", "c", "bad"], 4, 1), (["a", "b"], FINAL_ROUNDS * 4, 0)]
+    assert wrong == [0, 0, 0, 3]
+    assert [len(s) for s in samples] == [4 + FINAL_ROUNDS * 4, 4 + FINAL_ROUNDS * 4, 4, 4]
+    # b's first 4 samples at 1.05 and 8 at 0.9: its median is 0.9, a's 1.0.
+    import statistics
+
+    assert statistics.median(samples[1]) == 0.9 and statistics.median(samples[0]) == 1.0
+    # The progress bar ends where its total said: every call counted, the unused budget too.
+    assert bench.advanced == 4 * (1 + 1 + 4) + final_calls(4, 1)
+    # One clear winner: no second timing.
+    bench = _ScriptedBench([{"a": 1.0, "b": 1.5}], {})
+    samples, _ = time_choices(bench, 1024, variants[:2], iters=4, warmup=1)
+    assert len(bench.calls) == 1 and [len(s) for s in samples] == [4, 4]
+    assert bench.advanced == 2 * (1 + 1 + 4) + final_calls(4, 1)
+    # At most FINALISTS, fastest first.
+    assert finalists([1.0, 1.01, 1.02, 1.03, 1.04, 1.5]) == [0, 1, 2, 3]
+    assert finalists([1.2, 1.0, 1.05]) == [1, 2]
+    assert finalists([1.0]) == [] and finalists([]) == []

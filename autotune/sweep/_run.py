@@ -23,7 +23,7 @@ from autotune.sweep._format import columns, footer, header, row_line
 from autotune.sweep._measure import P2P, Bench, Measured, Variant, exact_limit
 from autotune.sweep._options import SweepOptions
 from autotune.sweep._result import Row, SweepResult, bus_factor
-from autotune.sweep._tune import Tuned, class_trials, tune
+from autotune.sweep._tune import Tuned, class_trials, final_calls, tune
 from autotune.topology import Topology, local_rank
 from autotune.units import format_bytes
 
@@ -166,6 +166,7 @@ def run_sweep(
     total += sum(
         class_trials(cls, candidates, options.tune_trials, topo)
         * (1 + options.warmup + options.iters)
+        + final_calls(options.iters, options.warmup)
         for cls in (classes if options.tune else [])
     )
     printer = _Out(out or sys.stdout, total, rank == 0)

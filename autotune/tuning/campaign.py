@@ -8,7 +8,8 @@ step (`autotune.tuning.duel`):
 1. ``fusion``: each fusion size against the incumbent (classes on ``native``);
 2. ``screening``: per size class, every algorithm x segment on its message latency (the class
    searches, Optuna studies). Latency only nominates: a class's fastest choice becomes a
-   challenger if it is faster than what the class runs by `NOMINATE_BELOW`;
+   challenger if it is faster than what the class runs by `NOMINATE_BELOW`, and so does the
+   fastest other algorithm when screening cannot tell it from the first (`nominate`);
 3. ``classes``: each nominated class choice against the incumbent, in order of the latency it
    promises to save;
 4. ``confirm``: if the incumbent was last compared with something other than the baseline, it
@@ -30,15 +31,51 @@ from autotune.plan import Choice, Gain
 from autotune.tuning.duel import LOOK_EVERY, MIN_PAIRS, Duel, Outcome
 from autotune.units import format_bytes
 
-__all__ = ["BASELINE_CHOICE", "NOMINATE_BELOW", "Arm", "Campaign"]
+__all__ = ["BASELINE_CHOICE", "NOMINATE_BELOW", "RUNNER_UP_WITHIN", "Arm", "Campaign", "nominate"]
 
 #: What every size class runs in the baseline, and wherever a plan says nothing.
 BASELINE_CHOICE = Choice("native")
 #: A class's latency-best choice is nominated only below this fraction of the current latency:
 #: a duel costs tens of steps, and a 3% faster message rarely shows in the step.
 NOMINATE_BELOW = 0.9
+#: The fastest other algorithm is nominated too when its latency is within this factor of the
+#: fastest choice's. A screening value is the median of a few windows measured inside a busy
+#: step, and on a shared machine two algorithms 5-10% apart trade places from run to run (on
+#: the emulated 2 x 2 cluster, `ring` screened first twice in three runs, lost its duel, and
+#: `hierarchical_ring`, 1.10x faster on the step, was never tried). A second duel costs tens of
+#: steps; locking the wrong one of two close choices costs every step after.
+RUNNER_UP_WITHIN = 1.1
 #: Pairs in a re-check of a locked plan against the baseline.
 RECHECK_PAIRS = MIN_PAIRS + LOOK_EVERY
+
+
+def nominate(values: Mapping[Choice, float], now: Choice) -> list[tuple[Choice, float]]:
+    """A class's challengers from its screening: (choice, latency it saves against ``now``).
+
+    ``values`` holds each measured choice's latency, ``now`` what the class runs. The fastest
+    choice is nominated if it is below `NOMINATE_BELOW` of ``now``'s latency (or ``now`` was
+    not measured); the fastest choice of another algorithm too, if it passes the same bar and is
+    within `RUNNER_UP_WITHIN` of the fastest. A segment size of the same algorithm is not a
+    runner-up: the duel would mostly re-test the algorithm.
+    """
+    if not values:
+        return []
+    ranked = sorted(values.items(), key=lambda kv: kv[1])
+    best, best_s = ranked[0]
+    now_s = values.get(now)
+    reference = best_s if now_s is None else now_s
+
+    def promising(choice: Choice, seconds: float) -> bool:
+        return choice != now and (now_s is None or seconds < NOMINATE_BELOW * now_s)
+
+    out = []
+    if promising(best, best_s):
+        out.append((best, reference - best_s))
+    runner = next(((c, t) for c, t in ranked[1:] if c.algorithm != best.algorithm), None)
+    close = runner is not None and runner[1] <= RUNNER_UP_WITHIN * best_s
+    if out and close and runner is not None and promising(*runner):
+        out.append((runner[0], reference - runner[1]))
+    return out
 
 
 @dataclass(frozen=True)
@@ -171,7 +208,8 @@ class Campaign:
             self._settle(m, outcome)
 
     def screened(self, nominees: Sequence[tuple[int, Choice, float]]) -> None:
-        """The class searches are done: (class, latency-best choice, latency it saves)."""
+        """The class searches are done: (class, a choice, latency it saves), up to two choices
+        a class (`nominate`). A class's second duel meets whichever won its first."""
         if self.phase != "screening":
             return
         ordered = sorted(nominees, key=lambda n: -n[2])

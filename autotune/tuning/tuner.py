@@ -35,7 +35,7 @@ from autotune.space import search_space
 from autotune.stats import MessageRecord
 from autotune.store import Store, fingerprint_key, job_fingerprint, storage_url
 from autotune.tuning import wire
-from autotune.tuning.campaign import NOMINATE_BELOW, Arm, Campaign
+from autotune.tuning.campaign import Arm, Campaign, nominate
 from autotune.tuning.search import NOT_MEASURED, ClassSearch, Progress
 from autotune.tuning.worker import Worker
 
@@ -387,7 +387,7 @@ class Tuner:
             self._nominate()
 
     def _nominate(self) -> None:
-        """Once every active class is screened: hand the campaign each class's challenger."""
+        """Once every active class is screened: hand the campaign each class's challengers."""
         campaign = self.campaign
         assert campaign is not None
         if campaign.phase != "screening":
@@ -399,15 +399,11 @@ class Tuner:
         ]
         if not active or any(s.state != "locked" for _, s in active):
             return
-        nominees = []
-        for cls, search in active:
-            if search.best is None:
-                continue
-            best, best_s = search.best
-            now = campaign.incumbent.choice(cls)
-            now_s = search.values.get(now)
-            if best != now and (now_s is None or best_s < NOMINATE_BELOW * now_s):
-                nominees.append((cls, best, (now_s or best_s) - best_s))
+        nominees = [
+            (cls, choice, saved)
+            for cls, search in active
+            for choice, saved in nominate(search.values, campaign.incumbent.choice(cls))
+        ]
         campaign.screened(nominees)
 
     def _class_search(self, cls: int) -> ClassSearch:
