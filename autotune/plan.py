@@ -97,6 +97,14 @@ class Choice:
     algorithm: str
     segment_bytes: int | None = None
 
+    def __str__(self) -> str:
+        """``ring`` or, with a segment, ``ring/256 KiB``: how logs and verdicts name it."""
+        from autotune.units import format_bytes
+
+        if self.segment_bytes is None:
+            return self.algorithm
+        return f"{self.algorithm}/{format_bytes(self.segment_bytes)}"
+
 
 #: Picks the choice for a size class.
 Rule = Callable[[int], Choice]

@@ -106,8 +106,8 @@ def test_one_rank_or_no_bytes_costs_nothing_and_bad_input_is_refused() -> None:
     assert bytes_sent("star", 0, 1, 100) == 0.0
     with pytest.raises(ValueError, match=r"rank must be in \[0, 4\)"):
         bytes_sent("tree", 4, 4, 100)
-    with pytest.raises(ValueError, match="no cost model for 'native'"):
-        schedule("native", 1 << 20, 4, 1 << 20)
+    with pytest.raises(ValueError, match="no cost model for 'bogus'"):
+        schedule("bogus", 1 << 20, 4, 1 << 20)
     with pytest.raises(ValueError, match="ranks"):
         Shape(0, 1)
     with pytest.raises(ValueError, match=">= 0"):
@@ -192,8 +192,13 @@ def test_autotune_model_prints_a_table_per_world_size(capsys: pytest.CaptureFixt
     assert ring_us / tree_us > 100
     assert main(["model", "--ranks", "1", "-b", "8", "-e", "8"]) == 0
     assert "1 rank: nothing to all-reduce" in capsys.readouterr().out
-    assert main(["model", "--algorithms", "native"]) == 2
-    assert "no model for native" in capsys.readouterr().err
+    assert main(["model", "--algorithms", "bogus"]) == 2
+    assert "no model for bogus" in capsys.readouterr().err
+    # native with NCCL's prices: NCCL's own pick, its tree at Summit's shape for 8 bytes.
+    assert main(["model", "--ranks", "24576", "--ranks-per-node", "6", "-b", "8", "-e", "8",
+                 "--algorithms", "native,hierarchical_two_tree"]) == 0  # fmt: skip
+    row = capsys.readouterr().out.strip().splitlines()[-1].split()
+    assert row[1] == row[3] == "133.8"
 
 
 def test_the_prior_orders_by_prediction_and_leaves_out_only_what_cannot_win() -> None:
@@ -209,7 +214,7 @@ def test_the_prior_orders_by_prediction_and_leaves_out_only_what_cannot_win() ->
     tight = Prior(rounds_only, worst_error=0.05)  # cut (1.05 / 0.95) = 1.105x the best
     assert tight.cut == pytest.approx(1.05 / 0.95)
     kept = tight.order(1 << 20, 2, space, keep=native)
-    assert kept[0] == native  # unmodelled first: measured, never predicted
+    assert kept[0] == native  # the baseline first: measured, never predicted or left out
     assert set(kept[1:]) == {Choice("ring"), Choice("tree"), Choice("two_tree")}
     # The incumbent stays, however slow its prediction.
     slow = Choice("tree", 256 << 10)
@@ -262,3 +267,116 @@ def test_hierarchical_bytes_are_what_its_schedule_sends(ranks: int, per_node: in
             s.stop - s.start for sends, _ in hierarchical_rounds(topo, r, numel, 64) for s in sends
         )
         assert bytes_sent("hierarchical_ring", r, ranks, numel, per_node) == pytest.approx(sent), r
+
+
+def test_native_on_gloo_is_gloos_ring_by_hand() -> None:
+    # gloo: max(ceil(S / 1 MiB), 2N) segments, rounded up to a multiple of N; a chunk of
+    # segments / N of them moves 2(N-1) steps.
+    from autotune.model import GLOO_MAX_SEGMENT_BYTES
+
+    assert GLOO_MAX_SEGMENT_BYTES == 1 << 20
+    # 2 ranks, 8 MiB: 8 segments of 1 MiB, 4 a chunk: 2 x 1 x 4 = 8 rounds, 4 of them summing.
+    big = schedule("native", 8 << 20, 2, 1)
+    assert (big.rounds, big.round_bytes, big.reduce_rounds, big.chain_hops) == (8, 1 << 20, 4, 2)
+    # 4 ranks, 1 KiB: at least 2 segments a chunk (8 of 128 B): 2 x 3 x 2 = 12 rounds.
+    small = schedule("native", 1 << 10, 4, 1)
+    assert (small.rounds, small.round_bytes, small.reduce_rounds) == (12, 128, 6)
+    # 3 ranks, 7 MiB: 7 segments round up to 9 (3 a chunk of 7/3 MiB).
+    odd = schedule("native", 7 << 20, 3, 1)
+    assert odd.rounds == 2 * 2 * 3 and odd.round_bytes == pytest.approx((7 << 20) / 9, abs=1)
+    assert bytes_sent("native", 1, 4, 1 << 20) == 2 * 3 * (1 << 20) / 4
+
+
+def test_nccl_native_is_the_faster_of_its_ring_and_its_tree() -> None:
+    from autotune.model import nccl_native, nccl_params
+
+    # The trees take NCCL's tree row, the hierarchical one too.
+    assert nccl_params("hierarchical_two_tree", "LL") == nccl_params("tree", "LL")
+    # Summit, 8 B: NCCL's tree formula, baseLat + 2((L-1) intraLat x1.8 + log2(nodes) interLat).
+    t, pick = nccl_native(8, Shape(24576, 6), "LL")
+    assert pick == "tree"
+    # (The model adds 0.05 us for the bytes, which the formula leaves out.)
+    assert t * 1e6 == pytest.approx(4.4 + 2 * (5 * 0.52 * 1.8 + 12 * 5.0), abs=0.06)
+    # 8 ranks on one node, 256 MiB: bandwidth decides, and the ring's 2(N-1)/N beats the
+    # trees' 2 (each tree's inner ranks send its half up and twice down).
+    t, pick = nccl_native(256 << 20, Shape(8, 8), "Simple")
+    ring = predict("ring", 256 << 20, Shape(8, 8), nccl_params("ring", "Simple", multi_node=False))
+    assert pick == "ring" and t == ring
+
+
+TWO_LINKS = Params(
+    intra=Link(20 * US, 0.1 * NS),
+    inter=Link(150 * US, 8.0 * NS),
+    gamma_s_per_byte=0.5 * NS,
+    base_s=100 * US,
+)
+
+
+def test_a_fit_across_nodes_recovers_both_links_prices() -> None:
+    from autotune.model import Sample, fit
+
+    shapes = [(4, 2), (4, 1), (6, 3), (4, 4), (2, 2)]  # (ranks, ranks per node)
+    samples = [
+        Sample(name, size, n, predict(name, size, Shape(n, k), TWO_LINKS, 1 << 20), 1 << 20, k)
+        for name in ("native", "ring", "tree", "hierarchical_ring", "hierarchical_two_tree")
+        for size in (1 << 10, 1 << 16, 1 << 20, 1 << 24)
+        for n, k in shapes
+    ]
+    p = fit(samples).params
+    got = (
+        p.base_s, p.intra.alpha_s, p.intra.beta_s_per_byte, p.inter.alpha_s,
+        p.inter.beta_s_per_byte, p.gamma_s_per_byte,
+    )  # fmt: skip
+    assert got == pytest.approx((100 * US, 20 * US, 0.1 * NS, 150 * US, 8 * NS, 0.5 * NS), rel=1e-6)
+    # On one node only, one link stands for both.
+    one = fit([s for s in samples if s.ranks_per_node == s.ranks]).params
+    assert one.inter == one.intra and one.intra.alpha_s == pytest.approx(20 * US, rel=1e-6)
+
+
+def test_a_sweep_across_nodes_gives_samples_on_its_nodes_and_natives_only_on_gloo() -> None:
+    from autotune.model import samples_from_sweep
+    from autotune.sweep import Row, SweepResult
+
+    def row(algorithm: str) -> Row:
+        return Row(1 << 20, 1 << 18, "float", algorithm, None, 1000.0, 1.0, 1.0, 0)
+
+    def result(backend: str, node_of: list[int] | None) -> SweepResult:
+        return SweepResult(
+            4, backend, "cpu", "float", "", "", {},
+            rows=[row("native"), row("ring"), row("tuned")], node_of=node_of,
+        )  # fmt: skip
+
+    across = samples_from_sweep(result("gloo", [0, 0, 1, 1]))
+    assert [(s.algorithm, s.ranks, s.ranks_per_node) for s in across] == [
+        ("native", 4, 2),
+        ("ring", 4, 2),
+    ]
+    assert across[0].shape.nodes == 2 and across[0].seconds == pytest.approx(1e-3)
+    assert [s.ranks_per_node for s in samples_from_sweep(result("gloo", [0, 0, 0, 0]))] == [
+        None,
+        None,
+    ]
+    assert [s.algorithm for s in samples_from_sweep(result("nccl", None))] == ["ring"]
+
+
+def test_the_prior_orders_a_job_on_nodes_by_its_own_shape() -> None:
+    from autotune.model import Prior
+    from autotune.plan import Choice
+
+    # A slow link between nodes: on 2 nodes x 4, the hierarchical ring, which puts 1/4 of the
+    # flat ring's bytes on it, is predicted faster; on one node of 8 they are the same schedule.
+    prior = Prior(TWO_LINKS, worst_error=0.8)  # cut: 1.8 / 0.2 = 9x the best
+    space = [Choice("native"), Choice("ring"), Choice("hierarchical_ring"), Choice("star")]
+    across = prior.order(64 << 20, 8, space, keep=Choice("native"), ranks_per_node=4)
+    assert across[0] == Choice("native")
+    assert across[1:3] == [Choice("hierarchical_ring"), Choice("ring")]
+    assert Choice("star") not in across  # 44x the hierarchical ring; the ring is 5.6x
+    flat = prior.order(64 << 20, 8, space, keep=Choice("native"))
+    assert predict("ring", 64 << 20, Shape(8, 8), TWO_LINKS) == predict(
+        "hierarchical_ring", 64 << 20, Shape(8, 8), TWO_LINKS
+    )
+    assert set(flat[1:3]) == {Choice("ring"), Choice("hierarchical_ring")}
+    # Both links are stored; a record from before (one link) reads back with one link.
+    assert Prior.from_json(prior.to_json()) == prior
+    old = {k: v for k, v in prior.to_json().items() if not k.startswith("inter_")}
+    assert Prior.from_json(old).params.inter == TWO_LINKS.intra

@@ -6,9 +6,9 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from autotune.model._cost import DEFAULT_SEGMENT_BYTES, Params, Shape, predict
+from autotune.model._cost import DEFAULT_SEGMENT_BYTES, Link, Shape, predict
 from autotune.model._fit import Fit, fit, samples_from_sweep
-from autotune.model._nccl import NCCL_SOURCE, PROTOCOLS, nccl_params
+from autotune.model._nccl import NCCL_SOURCE, PROTOCOLS, nccl_native, nccl_params
 from autotune.model._schedule import MODELLED
 from autotune.stats import bus_factor
 from autotune.units import byte_count
@@ -86,8 +86,8 @@ def main(args: argparse.Namespace) -> int:
             return 1
         print(f"# prices: fitted to {args.fit}; {_describe(fitted)}")
 
-        def prices(name: str, multi_node: bool) -> Params:
-            return fitted.params
+        def time_of(name: str, size: int, shape: Shape) -> float:
+            return predict(name, size, shape, fitted.params, args.segment_bytes)
 
     else:
         print(
@@ -96,29 +96,34 @@ def main(args: argparse.Namespace) -> int:
             "between nodes"
         )
 
-        def prices(name: str, multi_node: bool) -> Params:
-            return nccl_params(
-                name,
-                args.nccl,
-                intra=args.intra,
-                multi_node=multi_node,
-                intra_gbps=args.intra_gbps,
-                inter_gbps=args.inter_gbps,
-            )
+        links = {"intra": args.intra, "intra_gbps": args.intra_gbps, "inter_gbps": args.inter_gbps}
+
+        def time_of(name: str, size: int, shape: Shape) -> float:
+            if name == "native":  # NCCL's own pick of its ring and tree
+                return nccl_native(size, shape, args.nccl, args.segment_bytes, **links)[0]
+            params = nccl_params(name, args.nccl, multi_node=shape.nodes > 1, **links)
+            return predict(name, size, shape, params, args.segment_bytes)
 
     for ranks in args.ranks:
-        _table(ranks, args.ranks_per_node, _sizes(args), names, prices, args.segment_bytes)
+        _table(ranks, args.ranks_per_node, _sizes(args), names, time_of, args.segment_bytes)
     return 0
+
+
+def _link(link: Link) -> str:
+    gbps = 1 / link.beta_s_per_byte / 1e9 if link.beta_s_per_byte else float("inf")
+    return f"alpha {link.alpha_s * 1e6:.1f} us a message, {gbps:.2f} GB/s"
 
 
 def _describe(f: Fit) -> str:
     p = f.params
-    gbps = 1 / p.intra.beta_s_per_byte / 1e9 if p.intra.beta_s_per_byte else float("inf")
+    links = f"{_link(p.intra)}"
+    if any(s.shape.nodes > 1 for s in f.samples):
+        links = f"inside a node {_link(p.intra)}; between nodes {_link(p.inter)}"
+    else:
+        links += " (one node: the fit says nothing of links between nodes)"
     return (
-        f"base {p.base_s * 1e6:.1f} us, alpha {p.intra.alpha_s * 1e6:.1f} us a round, "
-        f"{gbps:.2f} GB/s, gamma {p.gamma_s_per_byte * 1e9:.3f} ns/B; error on the sweep: "
-        f"median {f.median_error():.0%}, worst {f.worst_error():.0%} "
-        "(one node: the fit says nothing of links between nodes)"
+        f"base {p.base_s * 1e6:.1f} us, {links}, gamma {p.gamma_s_per_byte * 1e9:.3f} ns/B; "
+        f"error on the sweep: median {f.median_error():.0%}, worst {f.worst_error():.0%}"
     )
 
 
@@ -127,7 +132,7 @@ def _table(
     per_node: int,
     sizes: list[int],
     names: list[str],
-    prices: Callable[[str, bool], Params],
+    time_of: Callable[[str, int, Shape], float],
     segment_bytes: int,
 ) -> None:
     if ranks == 1:
@@ -143,7 +148,7 @@ def _table(
     for size in sizes:
         cells, times = [], {}
         for name in names:
-            t = predict(name, size, shape, prices(name, shape.nodes > 1), segment_bytes)
+            t = time_of(name, size, shape)
             times[name] = t
             bw = size / t * bus_factor(ranks) / 1e9 if t > 0 else 0.0
             cells.append(f" {t * 1e6:18.1f} {bw:7.2f}")

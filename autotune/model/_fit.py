@@ -1,10 +1,13 @@
-"""Fit the model's prices to measured all-reduce times (an `autotune sweep --json` result).
+"""Fit the model's prices to measured all-reduce times (`autotune sweep --json` results).
 
-One node only, so one link: ``base`` per all-reduce, ``alpha`` per round, ``beta`` per byte sent
-and ``gamma`` per byte summed, shared by every algorithm, each counted from its schedule
-(`autotune.model.schedule`). Least squares on relative error, since the times span five orders
-of magnitude; every price held at zero or above (an exact non-negative solution: with four
-unknowns, every subset of them is tried).
+``base`` per all-reduce, ``alpha`` per message and ``beta`` per byte sent on a link, ``gamma``
+per byte summed, shared by every algorithm, each counted from its schedule
+(`autotune.model.schedule`). Where some samples span nodes (a sweep across nodes: its
+``node_of``), the links inside a node and between nodes get prices of their own, six in all;
+otherwise one link is fitted and stands for both. Least squares on relative error, since the
+times span five orders of magnitude; every price held at zero or above (an exact non-negative
+solution: every subset of the unknowns is tried). `native` rows count where the sweep ran on
+gloo (its ring is modelled); NCCL's are left out.
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ class Sample:
     ranks: int
     seconds: float
     segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    ranks_per_node: int | None = None  # None: one node
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(self.ranks, self.ranks_per_node or self.ranks)
 
 
 @dataclass(frozen=True)
@@ -68,30 +76,43 @@ class Fit:
         return out
 
 
-#: One price at 1 and the others at 0, in the fit's order (base, alpha, beta, gamma): `predict`
+_NO_LINK = Link(0.0, 0.0)
+#: One price at 1 and the others at 0, in the fit's order (base, alpha, beta, gamma on one link;
+#: base, alpha and beta inside a node, alpha and beta between nodes, gamma on two): `predict`
 #: is linear in the prices, so at each it gives that price's coefficient for a sample.
-_UNIT_PRICES = (
-    Params(Link(0.0, 0.0), Link(0.0, 0.0), base_s=1.0),
+_ONE_LINK = (
+    Params(_NO_LINK, _NO_LINK, base_s=1.0),
     Params(Link(1.0, 0.0), Link(1.0, 0.0)),
     Params(Link(0.0, 1.0), Link(0.0, 1.0)),
-    Params(Link(0.0, 0.0), Link(0.0, 0.0), gamma_s_per_byte=1.0),
+    Params(_NO_LINK, _NO_LINK, gamma_s_per_byte=1.0),
+)
+_TWO_LINKS = (
+    Params(_NO_LINK, _NO_LINK, base_s=1.0),
+    Params(Link(1.0, 0.0), _NO_LINK),
+    Params(Link(0.0, 1.0), _NO_LINK),
+    Params(_NO_LINK, Link(1.0, 0.0)),
+    Params(_NO_LINK, Link(0.0, 1.0)),
+    Params(_NO_LINK, _NO_LINK, gamma_s_per_byte=1.0),
 )
 
 
-def _features(s: Sample) -> list[float]:
-    shape = Shape(s.ranks, s.ranks)
-    return [predict(s.algorithm, s.nbytes, shape, p, s.segment_bytes) for p in _UNIT_PRICES]
-
-
 def fit(samples: Sequence[Sample]) -> Fit:
-    """The prices (one node) that predict ``samples`` with the least squared relative error."""
+    """The prices that predict ``samples`` with the least squared relative error: one link's
+    where every sample is on one node, else a link inside nodes and one between them."""
     usable = [s for s in samples if s.algorithm in MODELLED and s.ranks > 1 and s.nbytes > 0]
     if len(usable) < 4:
         raise ValueError(
             f"need at least 4 measurements of modelled algorithms ({', '.join(MODELLED)}) over "
             f"2 ranks or more, got {len(usable)}"
         )
-    x = torch.tensor([_features(s) for s in usable], dtype=torch.float64)
+    units = _TWO_LINKS if any(s.shape.nodes > 1 for s in usable) else _ONE_LINK
+    x = torch.tensor(
+        [
+            [predict(s.algorithm, s.nbytes, s.shape, p, s.segment_bytes) for p in units]
+            for s in usable
+        ],
+        dtype=torch.float64,
+    )
     t = torch.tensor([s.seconds for s in usable], dtype=torch.float64)
     a, b = x / t[:, None], torch.ones_like(t)  # relative error: (x @ theta) / t - 1
     best: tuple[float, torch.Tensor] | None = None
@@ -107,15 +128,23 @@ def fit(samples: Sequence[Sample]) -> Fit:
             if best is None or residual < best[0]:
                 best = (residual, theta)
     assert best is not None  # a one-column fit is never negative: features and targets are not
-    theta = best[1]
-    base, alpha, beta, gamma = (float(v) for v in theta)
-    link = Link(alpha, beta)
-    params = Params(intra=link, inter=link, gamma_s_per_byte=gamma, base_s=base)
-    return Fit(params, tuple(usable), tuple(float(v) for v in x @ theta))
+    prices = [float(v) for v in best[1]]
+    if units is _ONE_LINK:
+        base, alpha, beta, gamma = prices
+        params = Params(Link(alpha, beta), Link(alpha, beta), gamma, base)
+    else:
+        base, a_in, b_in, a_out, b_out, gamma = prices
+        params = Params(Link(a_in, b_in), Link(a_out, b_out), gamma, base)
+    return Fit(params, tuple(usable), tuple(float(v) for v in x @ best[1]))
 
 
 def samples_from_sweep(result: SweepResult) -> list[Sample]:
-    """The modelled algorithms' rows of a sweep's result (one node)."""
+    """The modelled algorithms' rows of a sweep's result, on the nodes it ran across (its
+    ``node_of``, ranks in node order); `native` only where it ran on gloo."""
+    per_node = None
+    if result.node_of and max(result.node_of) > 0:
+        per_node = max(result.node_of.count(k) for k in set(result.node_of))
+    modelled = [a for a in MODELLED if a != "native" or result.backend == "gloo"]
     return [
         Sample(
             r.algorithm,
@@ -123,7 +152,8 @@ def samples_from_sweep(result: SweepResult) -> list[Sample]:
             result.world_size,
             r.time_us * 1e-6,
             r.segment_bytes or DEFAULT_SEGMENT_BYTES,
+            per_node,
         )
         for r in result.rows
-        if r.algorithm in MODELLED and r.time_us > 0
+        if r.algorithm in modelled and r.time_us > 0
     ]

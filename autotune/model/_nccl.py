@@ -13,9 +13,11 @@ constants, so the preset takes the links' speeds as arguments.
 
 from __future__ import annotations
 
-from autotune.model._cost import Link, Params
+from typing import Any
 
-__all__ = ["NCCL_SOURCE", "PROTOCOLS", "nccl_params"]
+from autotune.model._cost import Link, Params, Shape, predict
+
+__all__ = ["NCCL_SOURCE", "PROTOCOLS", "nccl_native", "nccl_params"]
 
 NCCL_SOURCE = "NVIDIA/nccl src/graph/tuning.cc @ 01afd20a (baseLat, hwLat)"
 PROTOCOLS = ("LL", "LL128", "Simple")
@@ -55,6 +57,7 @@ _HW_LAT_US = {
         ("ring", "Simple"): 9.6,
     },
 }
+_TREES = ("tree", "two_tree", "hierarchical_two_tree")
 #: tuning.cc: "if (comm->nNodes > 1 && p == NCCL_PROTO_LL) intraLat *= 1.8".
 _LL_MULTI_NODE_INTRA = 1.8
 
@@ -70,8 +73,9 @@ def nccl_params(
 ) -> Params:
     """Prices for ``algorithm`` with NCCL's latencies for ``protocol``.
 
-    ``ring`` takes NCCL's ring row; ``tree`` and ``two_tree`` its tree row (NCCL's tree is the
-    double binary tree since 2.4); the baselines, which NCCL does not have, its ring row.
+    The trees (``tree``, ``two_tree``, ``hierarchical_two_tree``) take NCCL's tree row (NCCL's
+    tree is the double binary tree since 2.4, with chains inside nodes); the rings and the
+    baselines, which NCCL does not have, its ring row.
     ``intra`` is the link inside a node ("nvlink" or "pci"); ``intra_gbps`` and ``inter_gbps``
     (GB/s per rank) are assumptions the caller owns: they only matter for large messages.
     """
@@ -81,7 +85,7 @@ def nccl_params(
         raise ValueError(f"intra must be 'nvlink' or 'pci', got {intra!r}")
     if not (intra_gbps > 0 and inter_gbps > 0):
         raise ValueError(f"link speeds must be > 0 GB/s, got {intra_gbps}, {inter_gbps}")
-    row = "tree" if algorithm in ("tree", "two_tree") else "ring"
+    row = "tree" if algorithm in _TREES else "ring"
     scale = _LL_MULTI_NODE_INTRA if multi_node and protocol == "LL" else 1.0
     us = 1e-6
     return Params(
@@ -90,3 +94,26 @@ def nccl_params(
         gamma_s_per_byte=0.0,  # sums run inside the copy kernels
         base_s=_BASE_LAT_US[row, protocol] * us,
     )
+
+
+def nccl_native(
+    nbytes: int,
+    shape: Shape,
+    protocol: str = "LL",
+    segment_bytes: int | None = None,
+    **links: Any,
+) -> tuple[float, str]:
+    """NCCL's own all-reduce as its tuning model picks it: the faster of its ring (the ring's
+    schedule on the ring row) and its tree (``hierarchical_two_tree``'s schedule, chains inside
+    nodes and a double binary tree across them, on the tree row), for one ``protocol``.
+    Returns the time and which NCCL picks ("ring" or "tree"). ``links``: `nccl_params`' own."""
+    multi = shape.nodes > 1
+    ring = predict(
+        "ring", nbytes, shape, nccl_params("ring", protocol, multi_node=multi, **links),
+        segment_bytes,
+    )  # fmt: skip
+    tree = predict(
+        "hierarchical_two_tree", nbytes, shape,
+        nccl_params("tree", protocol, multi_node=multi, **links), segment_bytes,
+    )  # fmt: skip
+    return (ring, "ring") if ring <= tree else (tree, "tree")

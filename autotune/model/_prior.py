@@ -7,7 +7,11 @@ make it the fastest: with w the fit's worst relative error on its sweep, a true 
 within [p / (1 + w), p / (1 - w)] of a prediction p. A choice predicted over (1 + w) / (1 - w)
 times the best prediction is then slower at its fastest than the best at its slowest. With
 w >= 1 there is no such bound, and nothing is left out. The prior only orders and prunes:
-what runs is still decided by measurement.
+what runs is still decided by measurement. `native` is never left out and always comes first:
+it is the baseline every plan is judged against.
+
+A fit to a sweep across nodes prices the links inside and between nodes apart, and a job on
+nodes is ordered on its own shape (the hierarchical schedules differ from the flat ones there).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ __all__ = ["Prior"]
 
 @dataclass(frozen=True)
 class Prior:
-    """Fitted prices for one node, and the fit's worst relative error on the sweep it came from."""
+    """Fitted prices, and the fit's worst relative error on the sweep it came from."""
 
     params: Params
     worst_error: float
@@ -43,22 +47,29 @@ class Prior:
         return math.inf if w >= 1 else (1 + w) / (1 - w)
 
     def order(
-        self, cls: int, ranks: int, space: Sequence[Choice], keep: Choice, prune: bool = True
+        self,
+        cls: int,
+        ranks: int,
+        space: Sequence[Choice],
+        keep: Choice,
+        prune: bool = True,
+        ranks_per_node: int | None = None,
     ) -> list[Choice]:
-        """``space`` for size class ``cls``: unmodelled choices first, then by predicted time;
-        without those beyond `cut` where ``prune``. ``keep`` (what runs now) always stays."""
-        shape = Shape(ranks, ranks)
-        unmodelled = [c for c in space if c.algorithm not in MODELLED]
+        """``space`` for size class ``cls`` over ``ranks`` (``ranks_per_node`` a node; None: one
+        node): `native` and unmodelled choices first, then by predicted time; without those
+        beyond `cut` where ``prune``. ``keep`` (what runs now) always stays."""
+        shape = Shape(ranks, ranks_per_node or ranks)
+        first = [c for c in space if c.algorithm == "native" or c.algorithm not in MODELLED]
         predicted = {
             c: predict(c.algorithm, cls, shape, self.params, c.segment_bytes)
             for c in space
-            if c.algorithm in MODELLED
+            if c not in first
         }
         ranked = sorted(predicted, key=lambda c: predicted[c])
         if prune and ranked:
             limit = self.cut * predicted[ranked[0]]
             ranked = [c for c in ranked if predicted[c] <= limit or c == keep]
-        return unmodelled + ranked
+        return first + ranked
 
     def to_json(self) -> dict[str, Any]:
         p = self.params
@@ -66,15 +77,21 @@ class Prior:
             "base_s": p.base_s,
             "alpha_s": p.intra.alpha_s,
             "beta_s_per_byte": p.intra.beta_s_per_byte,
+            "inter_alpha_s": p.inter.alpha_s,
+            "inter_beta_s_per_byte": p.inter.beta_s_per_byte,
             "gamma_s_per_byte": p.gamma_s_per_byte,
             "worst_error": self.worst_error,
         }
 
     @classmethod
     def from_json(cls, raw: Any) -> Prior:
+        """A stored fit; one stored before links between nodes were fitted prices both alike."""
         try:
-            link = Link(float(raw["alpha_s"]), float(raw["beta_s_per_byte"]))
-            params = Params(link, link, float(raw["gamma_s_per_byte"]), float(raw["base_s"]))
+            intra = Link(float(raw["alpha_s"]), float(raw["beta_s_per_byte"]))
+            inter = intra
+            if "inter_alpha_s" in raw:
+                inter = Link(float(raw["inter_alpha_s"]), float(raw["inter_beta_s_per_byte"]))
+            params = Params(intra, inter, float(raw["gamma_s_per_byte"]), float(raw["base_s"]))
             return cls(params, float(raw["worst_error"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a stored cost-model fit: {raw!r} ({exc})") from None

@@ -14,10 +14,13 @@ from functools import lru_cache
 
 from autotune.algorithms import Tree, binary_tree, double_binary_tree, node_double_binary_tree
 
-__all__ = ["MODELLED", "Schedule", "bytes_sent", "schedule"]
+__all__ = ["GLOO_MAX_SEGMENT_BYTES", "MODELLED", "Schedule", "bytes_sent", "schedule"]
 
-#: The algorithms the model covers (`native` is the backend's own, and not modelled yet).
+#: The algorithms the model covers. ``native`` is gloo's: torch's CPU all-reduce on gloo runs
+#: ``gloo::allreduce`` with its default algorithm, a ring (`GLOO_MAX_SEGMENT_BYTES`). NCCL's
+#: native is NCCL's own choice of its ring and tree (`autotune.model.nccl_native`).
 MODELLED = (
+    "native",
     "ring",
     "tree",
     "two_tree",
@@ -26,6 +29,12 @@ MODELLED = (
     "direct",
     "star",
 )
+
+
+#: gloo's ring cuts each rank's chunk into segments of at most this (``kMaxSegmentSize`` in
+#: gloo/allreduce.h, pytorch/gloo at 02947151), and into at least two, so that one is in flight
+#: while the other is summed (gloo/allreduce.cc, ``ring``).
+GLOO_MAX_SEGMENT_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -76,6 +85,12 @@ def schedule(
         # One chain per chunk: its 2(N-1) steps, each waiting for the one before.
         hops = _ring_inter_hops(n, per_node)
         return Schedule(rounds, chunk / depth, (n - 1) * depth, chunk / depth, 2 * (n - 1), hops)
+    if name == "native":
+        # gloo's ring: numSegments = max(ceil(S / max segment), 2N), rounded up to a multiple
+        # of N; each of the 2(N-1) steps sends one chunk of numSegments / N segments.
+        segments = max(math.ceil(nbytes / GLOO_MAX_SEGMENT_BYTES), 2 * n)
+        segments = math.ceil(segments / n) * n
+        return schedule("ring", nbytes, n, max(1, math.ceil(nbytes / segments)), ranks_per_node)
     if name == "hierarchical_ring":
         if nodes == 1 or per_node == 1:
             return schedule("ring", nbytes, n, segment_bytes, ranks_per_node)  # what it runs there
@@ -146,7 +161,7 @@ def bytes_sent(
         if local >= owners:  # contributes its part of every shard, owns none
             return owners * shard
         return (owners - 1) * shard + 2 * (nodes - 1) / nodes * shard + (node_size - 1) * shard
-    if name in ("ring", "hierarchical_ring"):
+    if name in ("native", "ring", "hierarchical_ring"):  # native: gloo's ring
         return 2 * (n - 1) * nbytes / n
     if name == "direct":
         return (n - 1) * nbytes

@@ -103,11 +103,7 @@ class Arm:
         return Arm(self.choices, fusion_bytes)
 
     def describe(self) -> str:
-        parts = [
-            f"{format_bytes(cls)}: {c.algorithm}"
-            + ("" if c.segment_bytes is None else f"/{format_bytes(c.segment_bytes)}")
-            for cls, c in self.choices
-        ]
+        parts = [f"{format_bytes(cls)}: {c}" for cls, c in self.choices]
         fusion = f"fusion {format_bytes(self.fusion_bytes)}" if self.fusion_bytes else ""
         return ", ".join([*parts, *([fusion] if fusion else [])]) or "native"
 

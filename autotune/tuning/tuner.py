@@ -38,6 +38,7 @@ from autotune.tuning import wire
 from autotune.tuning.campaign import Arm, Campaign, nominate
 from autotune.tuning.search import NOT_MEASURED, ClassSearch, Progress
 from autotune.tuning.worker import Worker
+from autotune.units import format_bytes
 
 if TYPE_CHECKING:
     from autotune.config import Config
@@ -404,6 +405,17 @@ class Tuner:
             for cls, search in active
             for choice, saved in nominate(search.values, campaign.incumbent.choice(cls))
         ]
+        for cls, search in active:
+            ranked = sorted(search.values.items(), key=lambda kv: kv[1])[:4]
+            _log.info(
+                "autotune screening, %s class: %s",
+                format_bytes(cls),
+                ", ".join(f"{c} {t * 1e3:.2f} ms" for c, t in ranked) or "nothing",
+            )
+        _log.info(
+            "autotune nominated: %s",
+            ", ".join(f"{format_bytes(cls)} {c}" for cls, c, _ in nominees) or "nothing",
+        )
         campaign.screened(nominees)
 
     def _class_search(self, cls: int) -> ClassSearch:
@@ -417,7 +429,10 @@ class Tuner:
             # Choices the user listed (Config.algorithms) are all tried: ordered, never cut.
             asked = self.config.algorithms is not None
             ranks = dist.get_world_size(self.process_group)
-            space = self.prior.order(cls, ranks, universe, default, prune=not asked)
+            per_node = max(self.topology.ranks_per_node)
+            space = self.prior.order(
+                cls, ranks, universe, default, prune=not asked, ranks_per_node=per_node
+            )
         search = ClassSearch(self, f"class={cls}", space, default, universe)
         search.round = self.campaign.round
         self.classes[cls] = search
