@@ -105,12 +105,11 @@ def job_fingerprint(
 
     from autotune.algorithms import backend_for
 
-    counts = topology.ranks_per_node
     return fingerprint(
         backend=backend_for(group, device),
         world_size=dist.get_world_size(group),
         nodes=topology.nodes,
-        ranks_per_node=str(counts[0]) if len(set(counts)) == 1 else "+".join(map(str, counts)),
+        ranks_per_node=topology.layout,
         device=device_model(device.type, device.index),
         dtype=str(dtype).removeprefix("torch."),
     )

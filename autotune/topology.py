@@ -91,6 +91,12 @@ class Topology:
     def ranks_per_node(self) -> tuple[int, ...]:
         return tuple(len(m) for m in self.members)
 
+    @property
+    def layout(self) -> str:
+        """Ranks per node as a fingerprint writes it: "4" where every node runs 4, "2+2+1"."""
+        counts = self.ranks_per_node
+        return str(counts[0]) if len(set(counts)) == 1 else "+".join(map(str, counts))
+
     def local_index(self, rank: int) -> int:
         """``rank``'s place among its node's ranks."""
         return self.members[self.node_of[rank]].index(rank)

@@ -2,13 +2,17 @@
 tuning runs taking turns in one cluster.
 
     sudo python benchmarks/cluster_tuner.py --layout 2x2 --rate-mbit 1000 --steps 600 \\
-        --fixed plain,native,hierarchical_ring,ring --runs 3
+        --fixed plain,native,hierarchical_ring,ring --runs 3 \\
+        --prior docs/sweeps/cluster-2x2.json,docs/sweeps/cluster-4x1.json
 
 In one `autotune.testing.cluster.Cluster`, ``examples/train_ddp.py --steps N`` runs once per
 fixed mode (``plain`` is DDP without the hook, the others ``--algorithm NAME``), then ``--runs``
-times with the tuner on from a fresh SQLite storage each. Printed per run: steps/s, and for the
-tuning runs the step from which everything stayed locked, the verdict line, what screening
-measured and nominated, and every duel (rank 0's log). Needs root.
+times with the tuner on from a fresh SQLite storage each, and with ``--prior`` as many times
+again from a storage holding only the cost model's fit to those sweeps (the first of the
+cluster's own layout), stored as ``autotune sweep --tune`` stores it. Printed per run: steps/s,
+and for the tuning runs the step from which everything stayed locked, the step time spent until
+then, the verdict line, what screening measured and nominated, and every duel (rank 0's log).
+Needs root.
 """
 
 from __future__ import annotations
@@ -22,11 +26,14 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autotune.model import Prior, store_prior
+from autotune.sweep import SweepResult
 from autotune.testing.cluster import Cluster
 
 _EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "train_ddp.py")
 _STEPS_S = re.compile(r": ([0-9.]+) steps/s over")
 _LOCKED = re.compile(r"tuner: everything locked from step (\d+)")
+_EXPLORING = re.compile(r"step time until locked: ([0-9.]+) s")
 
 
 @dataclass
@@ -34,6 +41,7 @@ class Run:
     mode: str
     steps_per_s: float
     locked_at: int | None = None
+    exploring_s: float | None = None
     verdict: str = ""
     log: list[str] = field(default_factory=list)
 
@@ -44,14 +52,26 @@ def parse(mode: str, output: str) -> Run:
     if speed is None:
         raise RuntimeError(f"{mode}: no steps/s line in the job's output:\n{output}")
     locked = _LOCKED.search(output)
+    exploring = _EXPLORING.search(output)
     lines = output.splitlines()
     return Run(
         mode,
         float(speed.group(1)),
         int(locked.group(1)) if locked else None,
+        float(exploring.group(1)) if exploring else None,
         next((ln for ln in lines if ln.startswith("autotune vs plain DDP")), ""),
         [ln for ln in lines if ln.startswith("autotune ") and "vs plain DDP" not in ln],
     )
+
+
+def _sweeps(paths: str, nodes: int, ranks: int) -> list[SweepResult]:
+    results = [SweepResult.load(p) for p in paths.split(",") if p]
+    node_of = results[0].node_of if results else None
+    if node_of != [k for k in range(nodes) for _ in range(ranks)]:
+        raise SystemExit(
+            f"--prior: the first sweep must be of the cluster's layout ({nodes}x{ranks})"
+        )
+    return results
 
 
 def job() -> None:
@@ -72,10 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--fixed", default="plain,native,hierarchical_ring,ring")
     p.add_argument("--runs", type=int, default=3, help="tuning runs, each from a fresh storage")
+    p.add_argument("--prior", help="sweeps (comma-separated) whose fit also tunes --runs times")
     p.add_argument("--timeout-s", type=float, default=900.0, help="per run")
     args = p.parse_args(argv)
     nodes, _, ranks = args.layout.partition("x")
     modes = [m for m in args.fixed.split(",") if m] + ["auto"] * args.runs
+    sweeps = _sweeps(args.prior, int(nodes), int(ranks)) if args.prior else []
+    modes += ["auto+prior"] * (args.runs if sweeps else 0)
     runs = []
     with (
         tempfile.TemporaryDirectory(prefix="autotune-cluster-") as tmp,
@@ -86,21 +109,28 @@ def main(argv: list[str] | None = None) -> int:
             if mode == "plain":
                 script.append("--no-hook")
             else:
-                script += ["--algorithm", mode]
-            env = {"AUTOTUNE_STORAGE": f"sqlite:///{tmp}/plans-{k}.db"}
+                script += ["--algorithm", mode.removesuffix("+prior")]
+            storage = f"sqlite:///{tmp}/plans-{k}.db"
+            if mode == "auto+prior":
+                fitted = store_prior(storage, sweeps)
+                bound = Prior.from_fit(fitted).worst_error
+                print(f"prior: worst error {bound:.0%} on its sweeps (without native)")
+            env = {"AUTOTUNE_STORAGE": storage}
             done = cluster.torchrun(script, timeout_s=args.timeout_s, env=env)
             run = parse(mode, done[0].output)
             runs.append(run)
             print(f"{mode}: {run.steps_per_s:.1f} steps/s", flush=True)
-            if mode == "auto":
-                print(f"  locked from step {run.locked_at}; {run.verdict}")
+            if mode.startswith("auto"):
+                print(f"  locked from step {run.locked_at} ({run.exploring_s} s); {run.verdict}")
                 for line in run.log:
                     print(f"  {line}")
                 sys.stdout.flush()
-    print("\n| mode | steps/s | locked from step | verdict |\n|---|---|---|---|")
+    print("\n| mode | steps/s | locked from step | step time until locked | verdict |")
+    print("|---|---|---|---|---|")
     for run in runs:
         locked = "-" if run.locked_at is None else str(run.locked_at)
-        print(f"| {run.mode} | {run.steps_per_s:.1f} | {locked} | {run.verdict or '-'} |")
+        spent = "-" if run.exploring_s is None else f"{run.exploring_s:.1f} s"
+        print(f"| {run.mode} | {run.steps_per_s:.1f} | {locked} | {spent} | {run.verdict or '-'} |")
     return 0
 
 

@@ -72,19 +72,15 @@ def _rank(rank: int, world_size: int, args: argparse.Namespace, storage: str) ->
 
 def _store_prior(storage: str, sweep_path: str, world_size: int) -> str:
     """Store the fit to ``sweep_path`` as the prior of this job's fingerprint; describe it."""
-    from autotune.model import Prior, fit, samples_from_sweep
-    from autotune.store import Store, device_model, fingerprint, fingerprint_key
+    from autotune.model import Prior, store_prior
     from autotune.sweep import SweepResult
 
     result = SweepResult.load(sweep_path)
     if result.world_size != world_size or result.backend != "gloo":
         raise SystemExit(f"{sweep_path}: a gloo sweep at {world_size} ranks is needed")
-    fitted = fit(samples_from_sweep(result))
-    fp = fingerprint(
-        backend="gloo", world_size=world_size, nodes=1, device=device_model("cpu"), dtype="float32"
-    )
-    Store(storage).save_prior(fingerprint_key(fp), Prior.from_fit(fitted).to_json())
-    return f"prior: fit to {sweep_path}, worst error {fitted.worst_error():.0%}"
+    fitted = store_prior(storage, [result])
+    bound = Prior.from_fit(fitted).worst_error
+    return f"prior: fit to {sweep_path}, worst error {bound:.0%} (without native)"
 
 
 def main(argv: list[str] | None = None) -> int:

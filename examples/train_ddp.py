@@ -73,6 +73,7 @@ class Result:
     table: autotune.plan.Table | None = None  # what the tuner knows (rank 0), if it ran
     verdict: str | None = None  # the tuned plan's step against plain DDP's (rank 0)
     settled_at: int | None = None  # the step from which everything was locked
+    settled_after_s: float | None = None  # training time (from step 0) until then
     fusion_bytes: int = 0
     metrics: str | None = None  # what rank 0's exporter served at the end, if it was on
 
@@ -100,8 +101,8 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> Result:
     teacher = Teacher()
     g = torch.Generator().manual_seed(1000 + rank)  # every rank sees different data
     losses = []
-    settled_at = None
-    start = time.perf_counter()
+    settled_at = settled_after_s = None
+    began = start = time.perf_counter()
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
             if device.type == "cuda":
@@ -118,11 +119,19 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> Result:
             print(f"training: {args.steps} steps on {world_size} ranks", flush=True)
         if state is not None and state.tuner is not None:
             # The step from which it stayed settled (a newly seen size class re-opens tuning).
-            settled_at = (settled_at or step) if state.tuner.settled else None
+            if not state.tuner.settled:
+                settled_at = settled_after_s = None
+            elif settled_at is None:
+                settled_at, settled_after_s = step, time.perf_counter() - began
     if device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
-    result = Result(steps_per_s=args.steps / elapsed, losses=losses, settled_at=settled_at)
+    result = Result(
+        steps_per_s=args.steps / elapsed,
+        losses=losses,
+        settled_at=settled_at,
+        settled_after_s=settled_after_s,
+    )
     if state is not None:
         result.plan = state.plan()
         result.stats = state.stats()
@@ -169,8 +178,9 @@ def summary(result: Result, world_size: int, args: argparse.Namespace) -> str:
     if result.table is not None:
         fusion = format_bytes(result.fusion_bytes) if result.fusion_bytes else "DDP's buckets"
         when = (
-            f"everything locked from step {result.settled_at}"
-            if result.settled_at is not None
+            f"everything locked from step {result.settled_at} (step time until locked: "
+            f"{result.settled_after_s:.1f} s)"
+            if result.settled_at is not None and result.settled_after_s is not None
             else "still exploring (more steps, or run again: the plan is stored)"
         )
         lines.append(f"tuner: {when}; fusion: {fusion}")

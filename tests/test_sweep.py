@@ -175,6 +175,10 @@ def test_tune_writes_a_plan_the_hook_starts_from(tmp_path: Path) -> None:
     ]
     store = Store(url)
     assert store.tables()[result.plan_key].classes == result.plan.classes
+    # The result knows the fingerprint it was stored under (a job's, and the prior's key).
+    from autotune.store import fingerprint_key
+
+    assert fingerprint_key(result.fingerprint()) == result.plan_key
     # The cost model's fit to the sweep is stored too, as the live tuner's prior.
     from autotune.model import Prior, Shape, fit, predict, samples_from_sweep
 
@@ -184,7 +188,8 @@ def test_tune_writes_a_plan_the_hook_starts_from(tmp_path: Path) -> None:
     # The same fit, to rounding: with one modelled algorithm (tree) its bytes sent and summed
     # are proportional, and how the solver splits them between beta and gamma may differ in
     # the last digits from one process to another. Its predictions may not.
-    assert prior.worst_error == pytest.approx(fitted.worst_error(), rel=1e-6)
+    # Its error bound is over what it may leave out: tree here, never native.
+    assert prior.worst_error == pytest.approx(fitted.worst_error("tree"), rel=1e-6)
     for s in fitted.samples:
         mine = predict(s.algorithm, s.nbytes, Shape(2, 2), prior.params, s.segment_bytes)
         theirs = predict(s.algorithm, s.nbytes, Shape(2, 2), fitted.params, s.segment_bytes)

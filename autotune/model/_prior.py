@@ -1,17 +1,13 @@
 """The model as the tuner's prior: which choices a size class tries first, and which not at all.
 
 A stored fit (`autotune sweep --tune` writes one per fingerprint) predicts each choice's
-time for a class. The tuner tries choices in that order, the unmodelled ones (the backend's own)
-first, as measured ground truth. It leaves out a choice only where the fit's own error cannot
-make it the fastest: with w the fit's worst relative error on its sweep, a true time lies
-within [p / (1 + w), p / (1 - w)] of a prediction p. A choice predicted over (1 + w) / (1 - w)
-times the best prediction is then slower at its fastest than the best at its slowest. With
-w >= 1 there is no such bound, and nothing is left out. The prior only orders and prunes:
-what runs is still decided by measurement. `native` is never left out and always comes first:
-it is the baseline every plan is judged against.
-
-A fit to a sweep across nodes prices the links inside and between nodes apart, and a job on
-nodes is ordered on its own shape (the hierarchical schedules differ from the flat ones there).
+time for a class. The tuner tries `native` (the backend's own, the baseline) first, as measured
+ground truth, then the rest in that order. It leaves out a choice only where the fit's own error
+cannot make it the fastest: with w the fit's worst relative error on its sweep (but native's),
+a true time lies within [p / (1 + w), p / (1 - w)] of a prediction p. A choice predicted over
+(1 + w) / (1 - w) times the best prediction is then slower at its fastest than the best at its
+slowest. With w >= 1 there is no such bound, and nothing is left out. The prior only orders and
+prunes: what runs is still decided by measurement. `native` is never left out.
 """
 
 from __future__ import annotations
@@ -19,14 +15,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.model._cost import Link, Params, Shape, predict
-from autotune.model._fit import Fit
+from autotune.model._fit import Fit, fit, samples_from_sweep
 from autotune.model._schedule import MODELLED
 from autotune.plan import Choice
 
-__all__ = ["Prior"]
+if TYPE_CHECKING:
+    from autotune.sweep import SweepResult
+
+__all__ = ["Prior", "store_prior"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,12 @@ class Prior:
 
     @classmethod
     def from_fit(cls, fit: Fit) -> Prior:
-        return cls(fit.params, fit.worst_error())
+        """The fit's prices, and its worst error over the algorithms the prior may leave out:
+        `native` is never left out, and on gloo its C++ rounds fit worst of all."""
+        prunable = [
+            abs(e) for s, e in zip(fit.samples, fit.errors, strict=True) if s.algorithm != "native"
+        ]
+        return cls(fit.params, max(prunable) if prunable else fit.worst_error())
 
     @property
     def cut(self) -> float:
@@ -95,3 +99,14 @@ class Prior:
             return cls(params, float(raw["worst_error"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a stored cost-model fit: {raw!r} ({exc})") from None
+
+
+def store_prior(storage: str, results: Sequence[SweepResult], key: str | None = None) -> Fit:
+    """Fit the model to ``results`` and store it as the tuner's prior under ``key`` (None: the
+    first sweep's own fingerprint), as ``autotune sweep --tune`` does. Returns the fit."""
+    from autotune.store import Store, fingerprint_key
+
+    fitted = fit([s for r in results for s in samples_from_sweep(r)])
+    key = key or fingerprint_key(results[0].fingerprint())
+    Store(storage).save_prior(key, Prior.from_fit(fitted).to_json())
+    return fitted

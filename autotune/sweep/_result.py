@@ -71,6 +71,22 @@ class SweepResult:
         """Wrong elements over every checked row."""
         return sum(r.wrong or 0 for r in [*self.rows, *self.p2p])
 
+    def fingerprint(self) -> dict[str, str | int]:
+        """The fingerprint of the job this sweep stands for (`autotune.store.fingerprint`)."""
+        from autotune.store import fingerprint
+        from autotune.sweep._options import DTYPES
+        from autotune.topology import Topology
+
+        topo = Topology(tuple(self.node_of or [0] * self.world_size))
+        return fingerprint(
+            backend=self.backend,
+            world_size=self.world_size,
+            nodes=topo.nodes,
+            ranks_per_node=topo.layout,
+            device=self.device,
+            dtype=str(DTYPES[self.dtype]).removeprefix("torch."),
+        )
+
     def algorithms(self) -> list[str]:
         """The row labels in the order they were swept."""
         return list(dict.fromkeys(r.algorithm for r in self.rows))
