@@ -273,3 +273,39 @@ def test_when_the_latency_winner_loses_on_the_step_its_runner_up_gets_its_own_du
     c.screened([(cls, RING, 2.0)])
     drive(c, step, 200)
     assert c.settled and c.baseline_kept
+
+
+def test_a_re_check_lost_within_noise_looks_again_before_falling_back() -> None:
+    stored = Arm(((1 << 20, TREE),), 0)
+
+    def run(noisy_then: float) -> Campaign:
+        """Locked on ``stored`` (0.9x); at the first re-check its steps alternate 0.85x and
+        1.2x (a median above 1, but not slower beyond noise); then ``noisy_then``."""
+        c = campaign(recheck_every=30)
+        c.start(stored)
+        end = drive(c, lambda arm, i: 0.9 if arm == stored else 1.0, 40)
+        assert c.settled and c.incumbent == stored
+        while c.match is None:
+            end = drive(c, lambda arm, i: 0.9 if arm == stored else 1.0, 1, end)
+        assert c.rechecking
+        k = [0]
+
+        def noisy(arm: Arm, i: int) -> float:
+            if arm != stored:
+                return 1.0
+            k[0] += 1
+            return 0.85 if k[0] % 3 == 0 else 1.2
+
+        while c.match is not None and c.duels("recheck") == 0:
+            end = drive(c, noisy, 1, end)
+        first = c.history[-1][2]
+        assert first.gain.ratio >= 1.0 and first.gain.low <= 1.0, first
+        # Not dropped yet: a second look is under way.
+        assert c.rechecking and c.incumbent == stored and c.round == 0
+        drive(c, lambda arm, i: noisy_then if arm == stored else 1.0, 40, end)
+        return c
+
+    kept = run(0.9)
+    assert kept.incumbent == stored and kept.round == 0 and kept.duels("recheck") == 2
+    dropped = run(1.1)  # the second look is slower: the plan is dropped
+    assert dropped.incumbent == dropped.baseline and dropped.round == 1
