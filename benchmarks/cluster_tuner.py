@@ -95,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prior", help="sweeps (comma-separated) whose fit also tunes --runs times")
     p.add_argument("--timeout-s", type=float, default=900.0, help="per run")
     args = p.parse_args(argv)
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # storing the prior creates a study
     nodes, _, ranks = args.layout.partition("x")
     modes = [m for m in args.fixed.split(",") if m] + ["auto"] * args.runs
     sweeps = _sweeps(args.prior, int(nodes), int(ranks)) if args.prior else []
