@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pickle
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -58,6 +59,30 @@ def test_cluster_is_limited_and_removed_even_when_the_body_fails() -> None:
         raise ValueError("the body failed")
     assert not set(made) & set(namespaces())
     assert sleeper.poll() is not None  # killed, not orphaned
+
+
+def test_a_sigterm_still_removes_the_cluster() -> None:
+    # A CI runner's timeout or a `kill` sends SIGTERM, which skips atexit and `with` exits.
+    code = (
+        "import sys, time\n"
+        "from autotune.testing.cluster import Cluster\n"
+        "with Cluster(2, 1) as c:\n"
+        "    c.popen(0, ['sleep', '600'])\n"
+        "    print(' '.join(c.made), flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        made = proc.stdout.readline().split()
+        assert len(made) == 3 and set(made) <= set(namespaces())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not set(made) & set(namespaces())
 
 
 def test_a_hung_node_is_ended_with_what_it_printed() -> None:

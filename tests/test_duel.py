@@ -309,3 +309,39 @@ def test_a_re_check_lost_within_noise_looks_again_before_falling_back() -> None:
     assert kept.incumbent == stored and kept.round == 0 and kept.duels("recheck") == 2
     dropped = run(1.1)  # the second look is slower: the plan is dropped
     assert dropped.incumbent == dropped.baseline and dropped.round == 1
+
+
+def test_classes_whose_gains_are_too_small_alone_meet_the_incumbent_together() -> None:
+    small, large = 256 << 10, 2 << 20
+
+    def run(alone: float) -> Campaign:
+        """Each class's hierarchical ring makes the step ``alone`` times the baseline's; the
+        challenger's steps swing by -8% to +8% around that, the same way every time."""
+        c = Campaign(Arm(), fusion_options=(0,), max_pairs=8, warmup=0, recheck_every=0)
+        c.start(None)
+        swing = [1.08, 0.92, 0.98, 1.02]  # median 1: a pair above 1 in four at alone = 0.96
+        k = [0]
+
+        def step(arm: Arm, i: int) -> float:
+            if arm == Arm():
+                return 1.0
+            k[0] += 1
+            on = sum(arm.choice(cls) == HRING for cls in (small, large))
+            return alone**on * swing[k[0] % 4]
+
+        assert c.phase == "screening"
+        c.screened([(small, HRING, 0.002), (large, HRING, 0.001)])
+        drive(c, step, 200)
+        return c
+
+    c = run(0.96)
+    kinds = [(k, o.challenger_won, round(o.gain.ratio, 2)) for k, _, o in c.history]
+    # Each alone: ahead on the median, not beyond noise at 8 pairs. Together: 0.92, won.
+    assert kinds[:2] == [("class", False, 0.96), ("class", False, 0.96)]
+    assert kinds[2][:2] == ("combined", True)
+    assert c.settled and c.incumbent == Arm(((small, HRING), (large, HRING)), 0)
+    assert c.gain is not None and c.gain.ratio == pytest.approx(0.96**2 * 0.98, rel=0.05)
+    # Challengers not ahead on the median are not combined: the baseline is kept.
+    c = run(1.01)
+    assert [k for k, _, _ in c.history] == ["class", "class"]
+    assert c.settled and c.baseline_kept

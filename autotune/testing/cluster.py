@@ -25,9 +25,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["NETNS_PREFIX", "Cluster", "NodeRun", "namespaces", "unavailable"]
 
@@ -35,6 +37,10 @@ __all__ = ["NETNS_PREFIX", "Cluster", "NodeRun", "namespaces", "unavailable"]
 NETNS_PREFIX = "autotune-"
 _SUBNET = "10.213.0"
 _RDZV_PORT = 29400  # free: a fresh namespace has nothing listening
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def unavailable() -> str | None:
@@ -117,6 +123,12 @@ class Cluster:
         if reason is not None:
             raise RuntimeError(f"cannot build an emulated cluster: {reason}")
         atexit.register(self.close)
+        # A SIGTERM (a CI runner's timeout, `kill`) ends the process without atexit or `with`
+        # exits: turn it into SystemExit while the cluster exists, so it is still removed.
+        self._sigterm: Any = None
+        main = threading.current_thread() is threading.main_thread()
+        if main and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            self._sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
         try:
             self._build()
         except BaseException:
@@ -165,6 +177,9 @@ class Cluster:
             return
         self._closed = True
         atexit.unregister(self.close)
+        if getattr(self, "_sigterm", None) is not None:
+            signal.signal(signal.SIGTERM, self._sigterm)
+            self._sigterm = None
         for k in range(self.nodes):
             if self.netns(k) in self._made:
                 with contextlib.suppress(RuntimeError):  # gone already: remove the rest anyway
