@@ -366,7 +366,7 @@ class Tuner:
                     "interval %.3f-%.3f): %s",
                     kind,
                     challenger.describe(),
-                    "won" if outcome.challenger_won else "lost",
+                    _outcome_word(kind, outcome.challenger_won, g.ratio),
                     g.ratio,
                     g.pairs,
                     g.low,
@@ -505,6 +505,14 @@ class Tuner:
                 fusion_state, duels, None, campaign.incumbent.fusion_bytes, duels
             )
         return out
+
+
+def _outcome_word(kind: str, won: bool, ratio: float) -> str:
+    """How a duel ended for the challenger, as the log says it: a re-check the locked plan does
+    not prove but stays ahead in on the median is "held" (it stays locked; see `Campaign`)."""
+    if kind == "recheck" and not won:
+        return "held" if ratio < 1.0 else "lost"
+    return "won" if won else "lost"
 
 
 def _exchange_group(group: dist.ProcessGroup, timeout_s: float) -> dist.ProcessGroup:
