@@ -12,11 +12,15 @@ venv: $(STAMP)
 
 PLUGINS := plugins/autotune-baselines plugins/autotune-lightning plugins/autotune-hf
 
-$(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
+# The NCCL tuner plugin is a C library: installed (built), not editable; rebuilt when it changes.
+NCCL_PLUGIN := plugins/autotune-nccl
+
+$(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS)) $(wildcard $(NCCL_PLUGIN)/*.py $(NCCL_PLUGIN)/*.toml $(NCCL_PLUGIN)/autotune_nccl/*)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet -e ".[test]" $(addprefix -e ,$(PLUGINS))
+	$(PY) -m pip install --quiet ./$(NCCL_PLUGIN)
 	touch $@
 
 test: lint pytest
