@@ -303,7 +303,7 @@ def test_report_draws_the_models_fit_and_prints_its_error(tmp_path: Path) -> Non
     assert (tmp_path / "fit.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     fitted = fit(samples_from_sweep(SweepResult.load(str(sweep))))
     tree = f"tree {fitted.median_error('tree'):.0%}/{fitted.worst_error('tree'):.0%}"
-    assert f"model fitted to {sweep}: median/worst error ring" in out.stdout
+    assert f"model fitted to {sweep}: median/worst error native" in out.stdout
     assert tree in out.stdout
 
 
