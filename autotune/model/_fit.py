@@ -141,9 +141,11 @@ def fit(samples: Sequence[Sample]) -> Fit:
 def samples_from_sweep(result: SweepResult) -> list[Sample]:
     """The modelled algorithms' rows of a sweep's result, on the nodes it ran across (its
     ``node_of``, ranks in node order); `native` only where it ran on gloo."""
+    from autotune.topology import Topology
+
     per_node = None
     if result.node_of and max(result.node_of) > 0:
-        per_node = max(result.node_of.count(k) for k in set(result.node_of))
+        per_node = max(Topology(tuple(result.node_of)).ranks_per_node)
     modelled = [a for a in MODELLED if a != "native" or result.backend == "gloo"]
     return [
         Sample(

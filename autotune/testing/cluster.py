@@ -100,6 +100,7 @@ class Cluster:
         self._procs: list[tuple[int, subprocess.Popen[str]]] = []
         self._read: dict[int, str] = {}  # output `wait_for` consumed, by pid
         self._closed = False
+        self._sigterm: Any = None  # SIGTERM's handler before this cluster's (see __enter__)
 
     # -- building and tearing down -----------------------------------------------------------
 
@@ -125,7 +126,6 @@ class Cluster:
         atexit.register(self.close)
         # A SIGTERM (a CI runner's timeout, `kill`) ends the process without atexit or `with`
         # exits: turn it into SystemExit while the cluster exists, so it is still removed.
-        self._sigterm: Any = None
         main = threading.current_thread() is threading.main_thread()
         if main and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
             self._sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -177,7 +177,7 @@ class Cluster:
             return
         self._closed = True
         atexit.unregister(self.close)
-        if getattr(self, "_sigterm", None) is not None:
+        if self._sigterm is not None:
             signal.signal(signal.SIGTERM, self._sigterm)
             self._sigterm = None
         for k in range(self.nodes):
