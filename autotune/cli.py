@@ -15,12 +15,13 @@ def _algorithms(args: argparse.Namespace) -> int:
     from autotune.algorithms import ALGORITHMS, PLUGIN_SOURCES, available
 
     names = available()
-    print(f"{'name':<10} {'segmented':<9} {'default segment':>15}  source")
+    w = max(len("name"), *map(len, names))
+    print(f"{'name':<{w}} {'segmented':<9} {'default segment':>15}  source")
     for name in names:
         cls = ALGORITHMS[name]
         source = PLUGIN_SOURCES.get(name, "built in")
         seg = f"{cls.default_segment_bytes >> 10} KiB" if cls.segmented else "-"
-        print(f"{name:<10} {'yes' if cls.segmented else 'no':<9} {seg:>15}  {source}")
+        print(f"{name:<{w}} {'yes' if cls.segmented else 'no':<9} {seg:>15}  {source}")
     return 0
 
 
@@ -317,7 +318,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     p.set_defaults(func=_daemon)
     args = parser.parse_args(argv)
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+    except BrokenPipeError:
+        # The reader left early (``autotune algorithms | head``): nothing went wrong here.
+        # Point stdout at /dev/null so the interpreter's final flush does not complain again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return result
 
 

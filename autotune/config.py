@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from autotune.algorithms import BUILTINS, available
+from autotune.algorithms import ALGORITHMS, BUILTINS, available
 from autotune.plan import check_fusion_bytes
 from autotune.topology import NODE_ID_ENV
 from autotune.units import parse_bytes
@@ -38,7 +38,9 @@ class Config:
     (``native``, the baseline) and keeps it unless a plan makes the training step faster."""
 
     algorithms: tuple[str, ...] | None = None
-    """The candidates "auto" may choose from; None: every built-in algorithm."""
+    """The candidates "auto" may choose from; None: every built-in algorithm, and those a plugin
+    adds to "auto" (NCCL's own algorithm x protocol with autotune-nccl). Either way, those the
+    job's group cannot run are left out (`AllReduceAlgorithm.offered`)."""
 
     segment_bytes: int | None = None
     """Pipeline segment for a fixed algorithm; None: the algorithm's own default."""
@@ -147,8 +149,13 @@ class Config:
 
     @property
     def candidates(self) -> tuple[str, ...]:
-        """The algorithms "auto" chooses among."""
-        return self.algorithms or tuple(cls.name for cls in BUILTINS)
+        """The algorithms "auto" chooses among, before the group leaves out what it cannot run
+        (`autotune.algorithms.agreed`)."""
+        if self.algorithms is not None:
+            return self.algorithms
+        builtins = tuple(cls.name for cls in BUILTINS)
+        joining = sorted(n for n, cls in ALGORITHMS.items() if cls.joins_auto and n not in builtins)
+        return builtins + tuple(joining)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:

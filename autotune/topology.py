@@ -137,9 +137,9 @@ def detect(group: ProcessGroup | None = None, timeout: timedelta | None = None) 
         [int.from_bytes(digest[:8], "little", signed=True), int(os.environ.get("GROUP_RANK", -1))],
         dtype=torch.int64,
     )
-    from autotune.algorithms._groups import bookkeeping_device
+    from autotune.algorithms._groups import bookkeeping_device, current_device
 
-    device = bookkeeping_device(base, _current_device())
+    device = bookkeeping_device(base, current_device())
     size = dist.get_world_size(base)
     everyone = [torch.empty(2, dtype=torch.int64, device=device) for _ in range(size)]
     work = dist.all_gather(everyone, mine.to(device), group=base, async_op=True)
@@ -170,9 +170,3 @@ def _number(ids: list[int]) -> tuple[int, ...]:
     """Node numbers for per-rank ids, numbered in order of each id's lowest rank."""
     first: dict[int, int] = {}
     return tuple(first.setdefault(i, len(first)) for i in ids)
-
-
-def _current_device() -> torch.device:
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")

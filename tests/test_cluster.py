@@ -19,9 +19,8 @@ from typing import Any
 import pytest
 from needs import unmet
 
-from autotune.algorithms import available
 from autotune.testing.cluster import Cluster, namespaces, unavailable
-from autotune.testing.conformance import failures
+from autotune.testing.conformance import algorithms_under_test, failures
 
 JOBS = str(Path(__file__).with_name("cluster_jobs.py"))
 EXAMPLE = str(Path(__file__).parents[1] / "examples" / "train_ddp.py")
@@ -133,7 +132,7 @@ def test_ranks_find_their_nodes_across_namespaces(
 
 @pytest.mark.parametrize("per_node", [[2, 2], [1, 2]], ids=["2x2", "1+2"])
 def test_every_algorithm_conforms_across_namespaces(tmp_path: Path, per_node: list[int]) -> None:
-    names = available()
+    names = algorithms_under_test()
     with Cluster(len(per_node), per_node, rate_mbit=1000) as cluster:
         cluster.torchrun([JOBS, "conformance", str(tmp_path), ",".join(names)], timeout_s=300)
     outcomes = [o for row in ranks_wrote(tmp_path) for o in row["value"]]

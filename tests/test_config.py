@@ -14,14 +14,14 @@ def test_defaults() -> None:
     assert (c.tune_warmup, c.tune_samples, c.tune_trials) == (2, 5, 20)
     assert (c.duel_pairs, c.recheck_every) == (24, 200)
     assert c.metrics_port is None
-    assert c.candidates == (
-        "native",
-        "ring",
-        "tree",
-        "two_tree",
-        "hierarchical_ring",
-        "hierarchical_two_tree",
-    )
+    builtins = ("native", "ring", "tree", "two_tree", "hierarchical_ring", "hierarchical_two_tree")
+    assert c.candidates[: len(builtins)] == builtins
+    # Then what joins "auto" by itself: NCCL's own combinations (autotune-nccl), which a group
+    # keeps only where NCCL asks the plugin. The naive baselines (direct, star) do not join.
+    joining = c.candidates[len(builtins) :]
+    assert "nccl.ring.ll128" in joining and list(joining) == sorted(joining)
+    assert all(a.startswith("nccl.") for a in joining)
+    assert c.replace(algorithms=("ring",)).candidates == ("ring",)
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,10 @@ import functools
 import pytest
 import torch
 
-from autotune.algorithms import available
 from autotune.testing.conformance import (
     Case,
     Outcome,
+    algorithms_under_test,
     cases,
     error_bound,
     failures,
@@ -22,7 +22,7 @@ from autotune.testing.conformance import (
 )
 
 WORLD_SIZES = [1, 2, 3, 4, 5, 8]
-ALGORITHMS = available()
+ALGORITHMS = algorithms_under_test()
 
 
 @functools.cache
@@ -35,6 +35,7 @@ def test_plugins_are_among_the_algorithms_under_test() -> None:
     # If the baselines plugin were not installed, the suite would quietly test fewer algorithms.
     assert {"native", "ring", "tree", "two_tree", "direct", "star"} <= set(ALGORITHMS)
     assert {"hierarchical_ring", "hierarchical_two_tree"} <= set(ALGORITHMS)
+    assert "nccl.ring.simple" in ALGORITHMS  # NCCL's combinations, on gloo: one for all
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)

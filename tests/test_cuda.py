@@ -10,7 +10,8 @@ import torch
 
 from autotune.algorithms import available
 from autotune.launch import run_local
-from autotune.testing.conformance import Case, failures, run_conformance
+from autotune.testing.conformance import Case, algorithms_under_test, failures, run_conformance
+from autotune_nccl import library_path
 
 pytestmark = pytest.mark.cuda
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -29,7 +30,8 @@ def _cases(world_size: int) -> list[Case]:
 @needs_cuda
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_gloo_with_cuda_tensors(world_size: int) -> None:
-    got = run_conformance(world_size, available(), case_list=_cases(world_size), device="cuda")
+    names = algorithms_under_test()  # gloo: NCCL's combinations steer nothing, one stands for all
+    got = run_conformance(world_size, names, case_list=_cases(world_size), device="cuda")
     problems = failures(got)
     assert not problems, "\n".join(problems[:20])
 
@@ -59,7 +61,9 @@ def test_nccl_two_ranks() -> None:
         case_list=_cases(2),
         device="cuda",
         backend="nccl",
-        env={"NCCL_MULTI_RANK_GPU_ENABLE": "1"},
+        # With autotune's tuner plugin loaded, each nccl.* algorithm forces its cell of NCCL's
+        # table (or NCCL refuses it, if unusable there): every one must still sum right.
+        env={"NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_TUNER_PLUGIN": library_path()},
     )
     problems = failures(got)
     assert not problems, "\n".join(problems[:20])
@@ -72,8 +76,9 @@ def _ddp_matches(world_size: int, backend: str) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from ddp_jobs import digest, train_all
 
+    names = available() if backend == "nccl" else algorithms_under_test()
     per_rank = run_local(
-        train_all, world_size, available(), ["base"], "cuda", backend=backend, timeout_s=600
+        train_all, world_size, names, ["base"], "cuda", backend=backend, timeout_s=600
     )
     for i, t in enumerate(per_rank[0]):
         for hooked, plain in zip(t.hooked, t.plain, strict=True):

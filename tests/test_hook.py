@@ -27,11 +27,11 @@ from ddp_jobs import (
     train_all,
 )
 
-from autotune.algorithms import available
 from autotune.launch import launch, run_local
 from autotune.plan import size_class
+from autotune.testing.conformance import algorithms_under_test
 
-ALGORITHMS = available()
+ALGORITHMS = algorithms_under_test()
 FP32_VARIANTS = [name for name, v in VARIANTS.items() if v.dtype == torch.float32]
 
 

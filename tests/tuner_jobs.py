@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
 from autotune.algorithms import Comm, NativeAllReduce, Pending, RingAllReduce, register
+from autotune.testing.settled import all_settled
 
 #: Messages up to this many bytes are "small" for the size-dependent algorithms below.
 SMALL_BYTES = 100_000
@@ -142,6 +143,7 @@ class Tuned:
     plain_rel: float  # largest relative distance from DDP without the hook, per parameter
     settled: bool
     steps_run: int
+    candidates: tuple[str, ...]  # what the tuner chose among, as the group agreed
 
 
 def tune(
@@ -175,7 +177,7 @@ def tune(
     steps_run = 0
     for step in range(steps):
         after_flip = flip_at is None or step > flip_at
-        if until_settled and after_flip and _all_settled(state, flip_at is not None):
+        if until_settled and after_flip and all_settled(state, flip_at is not None):
             break
         steps_run += 1
         if step == flip_at:
@@ -202,6 +204,7 @@ def tune(
         plain_rel=rel,
         settled=state.tuner.settled,
         steps_run=steps_run,
+        candidates=state.tuner.candidates,
         duels=[
             (kind, arm.describe(), outcome.challenger_won)
             for kind, arm, outcome in (state.tuner.campaign.history if state.tuner.campaign else [])
@@ -210,19 +213,6 @@ def tune(
     )
     state.close()
     return result
-
-
-def _all_settled(state: autotune.AutotuneState, on_baseline: bool) -> bool:
-    """Whether every rank's tuner is settled (ranks learn it at different steps; this agrees),
-    and with ``on_baseline``, on the baseline (which rank 0, the one deciding, knows)."""
-    tuner = state.tuner
-    assert tuner is not None
-    done = tuner.settled
-    if on_baseline and tuner.campaign is not None:
-        done = done and tuner.campaign.baseline_kept
-    flag = torch.tensor([1 if done else 0])
-    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
-    return bool(flag.item())
 
 
 def fixed_from_file(

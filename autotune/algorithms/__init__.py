@@ -15,6 +15,7 @@ from autotune.algorithms._groups import (
     backend_for,
     bookkeeping_device,
     connect,
+    current_device,
     ensure_ready,
     forget_p2p_group,
     p2p_group,
@@ -22,12 +23,14 @@ from autotune.algorithms._groups import (
 from autotune.algorithms._hierarchical_ring import HierarchicalRingAllReduce
 from autotune.algorithms._hierarchical_two_tree import HierarchicalTwoTreeAllReduce
 from autotune.algorithms._native import NativeAllReduce
+from autotune.algorithms._offered import agreed
 from autotune.algorithms._registry import (
     ALGORITHMS,
     ENTRY_POINT_GROUP,
     PLUGIN_SOURCES,
     available,
     get_algorithm,
+    get_algorithm_class,
     load_plugins,
     register,
 )
@@ -74,16 +77,19 @@ __all__ = [
     "Tree",
     "TreeAllReduce",
     "TwoTreeAllReduce",
+    "agreed",
     "available",
     "backend_for",
     "binary_tree",
     "bookkeeping_device",
     "check_tensor",
     "connect",
+    "current_device",
     "double_binary_tree",
     "ensure_ready",
     "forget_p2p_group",
     "get_algorithm",
+    "get_algorithm_class",
     "load_plugins",
     "node_double_binary_tree",
     "p2p_group",

@@ -87,6 +87,19 @@ class AllReduceAlgorithm(abc.ABC):
     #: Whether `start` only launches work the backend runs by itself (so it is cheap to call
     #: from any thread, and returns before the data has moved).
     asynchronous: ClassVar[bool] = False
+    #: Whether "auto" considers this algorithm without being told (`Config.algorithms` None),
+    #: beside the built-ins, wherever `offered` says it can run.
+    joins_auto: ClassVar[bool] = False
+
+    @classmethod
+    def offered(cls, group: ProcessGroup, device: torch.device) -> bool:
+        """Whether this algorithm runs its own schedule on ``group`` for ``device`` tensors.
+
+        Every rank calls it, for the same algorithms in the same order, so it may run a
+        collective to find out (`autotune.algorithms.agreed` keeps what every rank offers).
+        Where an algorithm would silently run something else (a backend that ignores what it
+        asks for), it says no, so the tuner never times one schedule under two names."""
+        return True
 
     def __init__(self, *, timeout_s: float | None = None) -> None:
         """``timeout_s``: how long to wait for a peer before raising; None: the group's timeout."""

@@ -19,6 +19,7 @@ __all__ = [
     "backend_for",
     "bookkeeping_device",
     "connect",
+    "current_device",
     "ensure_ready",
     "forget_p2p_group",
     "group_timeout",
@@ -119,6 +120,14 @@ def backend_for(group: ProcessGroup, device: torch.device) -> str:
         f"process group backend {config!r} has no backend for {device.type} tensors; "
         f"initialise the group with a backend for {device.type} (e.g. 'cpu:gloo,cuda:nccl')"
     )
+
+
+def current_device() -> torch.device:
+    """The device this process works on: the current CUDA device once CUDA is in use (as a job
+    on NCCL has it before DDP), else the CPU."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def bookkeeping_device(group: ProcessGroup, device: torch.device) -> torch.device:

@@ -16,6 +16,7 @@ __all__ = [
     "PLUGIN_SOURCES",
     "available",
     "get_algorithm",
+    "get_algorithm_class",
     "load_plugins",
     "register",
 ]
@@ -93,6 +94,11 @@ def available() -> list[str]:
 
 def get_algorithm(name: str, **options: Any) -> AllReduceAlgorithm:
     """Instantiate the algorithm registered as ``name`` with ``options`` (e.g. ``timeout_s``)."""
+    return get_algorithm_class(name)(**options)
+
+
+def get_algorithm_class(name: str) -> type[AllReduceAlgorithm]:
+    """The class registered as ``name``; a clear error for an unknown or broken one."""
     load_plugins()
     cls = ALGORITHMS.get(name)
     if cls is None:
@@ -101,4 +107,4 @@ def get_algorithm(name: str, **options: Any) -> AllReduceAlgorithm:
                 name
             ]
         raise ValueError(f"unknown algorithm {name!r}; registered: {', '.join(sorted(ALGORITHMS))}")
-    return cls(**options)
+    return cls

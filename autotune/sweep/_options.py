@@ -150,7 +150,8 @@ class SweepOptions:
 
     @property
     def swept(self) -> tuple[str, ...]:
-        """The algorithms swept, in order: as given, else the built-ins, then plugins by name."""
+        """The algorithms swept, in order: as given, else the built-ins, then plugins by name
+        (less, on the group, those it cannot run: `autotune.algorithms.agreed`)."""
         if self.algorithms is not None:
             return self.algorithms
         builtins = [cls.name for cls in BUILTINS]

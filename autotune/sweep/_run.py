@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from autotune import topology
-from autotune.algorithms import ALGORITHMS, backend_for
+from autotune.algorithms import ALGORITHMS, agreed, backend_for
 from autotune.plan import Entry, size_class
 from autotune.store import device_model, storage_url
 from autotune.sweep._format import columns, footer, header, row_line
@@ -150,13 +150,22 @@ def run_sweep(
             f"{options.dtype}; pass -c 0 or a wider dtype"
         )
     counts = options.counts()
-    swept = [
-        Variant(a, a, options.segment_bytes if ALGORITHMS[a].segmented else None)
-        for a in options.swept
-    ]
     p2p = options.p2p and n > 1
-    candidates = tune_candidates(options) if options.tune else ()
     topo = topology.detect(group, timedelta(seconds=options.timeout_s))
+    timeout = timedelta(seconds=options.timeout_s)
+    names = agreed(options.swept, group, device, timeout)
+    if options.algorithms is not None and names != options.algorithms:
+        left_out = [a for a in options.algorithms if a not in names]
+        raise ValueError(f"{', '.join(left_out)} cannot run here (the log says why)")
+    swept = [
+        Variant(a, a, options.segment_bytes if ALGORITHMS[a].segmented else None) for a in names
+    ]
+    candidates: tuple[str, ...] = ()
+    if options.tune:
+        given = tune_candidates(options)
+        candidates = agreed(given, group, device, timeout)
+        if not candidates:
+            raise ValueError(f"--tune: none of {', '.join(given)} can run here (the log says why)")
     classes = sorted({size_class(c * dtype.itemsize) for c in counts if c})
     per_size = options.check + options.warmup + options.iters
     total = sum(

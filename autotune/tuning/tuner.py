@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from autotune import topology
-from autotune.algorithms import bookkeeping_device
+from autotune.algorithms import agreed, bookkeeping_device, current_device
 from autotune.events import Event, Failure, IterationDone, IterationEnd
 from autotune.model import Prior
 from autotune.plan import Choice, Entry, Gain, Table
@@ -66,7 +66,6 @@ class Tuner:
         self.process_group = group
         self.config = config
         self.rank = dist.get_rank(group)
-        self.candidates = config.candidates
         self.tune_fusion = config.fusion_bytes is None
         baseline = Arm((), config.fusion_bytes or 0)
         #: What every rank runs now, as rank 0 ordered it (the baseline until it does).
@@ -102,6 +101,15 @@ class Tuner:
         self.group = _exchange_group(group, config.timeout_s)
         # Which ranks share a node, for the fingerprint: learnt here, where every rank is.
         self.topology = topology.detect(self.group, timedelta(seconds=config.timeout_s))
+        #: What "auto" chooses among: the configured candidates this group can run.
+        self.candidates = agreed(
+            config.candidates, group, current_device(), timedelta(seconds=config.timeout_s)
+        )
+        if not self.candidates:
+            raise ValueError(
+                f"Config.algorithms: none of {', '.join(config.candidates)} can run on this "
+                "group (the log says why); add 'native' or another built-in"
+            )
         self.worker = Worker(self._beat) if self.rank == 0 else None
         if self.worker is not None:
             self.campaign = Campaign(

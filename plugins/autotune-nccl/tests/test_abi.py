@@ -9,91 +9,25 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from nccl_abi import (
+    ALLGATHER,
+    LL,
+    LL128,
+    NUM_ALGO,
+    NUM_PROTO,
+    NVLS,
+    RING,
+    SIMPLE,
+    TREE,
+    V5,
+    V6,
+    NcclComm,
+    Table,
+    nccl_table,
+    v6,
+)
 
-from autotune_nccl import ALGORITHMS, PROTOCOLS, Tuner, library_path
-
-ALLREDUCE, ALLGATHER = 4, 2
-NUM_ALGO, NUM_PROTO = len(ALGORITHMS), len(PROTOCOLS)
-RING, TREE, NVLS = ALGORITHMS.index("ring"), ALGORITHMS.index("tree"), ALGORITHMS.index("nvls")
-LL, LL128, SIMPLE = range(3)
-
-_INIT = ctypes.CFUNCTYPE(
-    ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint64, ctypes.c_size_t,
-    ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-)  # fmt: skip
-_COLL_INFO = ctypes.CFUNCTYPE(
-    ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
-    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
-)  # fmt: skip
-_FINALIZE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
-_CHUNK = ctypes.CFUNCTYPE(
-    ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-    ctypes.c_int, ctypes.POINTER(ctypes.c_size_t),
-)  # fmt: skip
-
-
-class V5(ctypes.Structure):
-    _fields_ = [
-        ("name", ctypes.c_char_p),
-        ("init", _INIT),
-        ("getCollInfo", _COLL_INFO),
-        ("finalize", _FINALIZE),
-    ]
-
-
-class V6(ctypes.Structure):
-    _fields_ = [*V5._fields_, ("getChunkSize", _CHUNK)]
-
-
-class Row(ctypes.Array[ctypes.c_float]):
-    _type_ = ctypes.c_float
-    _length_ = NUM_PROTO
-
-
-class Table(ctypes.Array[Row]):
-    """NCCL's float[NUM_ALGO][NUM_PROTO] cost table."""
-
-    _type_ = Row
-    _length_ = NUM_ALGO
-
-
-def nccl_table(unusable: tuple[tuple[int, int], ...] = ((NVLS, LL), (NVLS, LL128))) -> Table:
-    """A cost table as NCCL fills it: a cost per algorithm x protocol, -1 where not usable."""
-    t = Table()
-    for a in range(NUM_ALGO):
-        for p in range(NUM_PROTO):
-            t[a][p] = -1.0 if (a, p) in unusable else 10.0 + a * NUM_PROTO + p
-    return t
-
-
-class Comm:
-    """One communicator's view of the plugin: what NCCL does with it."""
-
-    def __init__(self, api: V5 | V6, comm_id: int, ranks: int = 8, nodes: int = 1) -> None:
-        self.api = api
-        self.ctx = ctypes.c_void_p()
-        assert api.init(ctypes.byref(self.ctx), comm_id, ranks, nodes, None, None, None) == 0
-
-    def coll_info(
-        self, nbytes: int, table: Table | None = None, func: int = ALLREDUCE
-    ) -> tuple[Table, int]:
-        table = table if table is not None else nccl_table()
-        channels = ctypes.c_int(-1)
-        rc = self.api.getCollInfo(
-            self.ctx, func, nbytes, 1, ctypes.addressof(table), NUM_ALGO, NUM_PROTO, 0,
-            ctypes.byref(channels),
-        )  # fmt: skip
-        assert rc == 0
-        return table, channels.value
-
-    def chunk(self, algo: int, proto: int, computed: int = 131072) -> int:
-        assert isinstance(self.api, V6)
-        size = ctypes.c_size_t(computed)
-        assert self.api.getChunkSize(self.ctx, ALLREDUCE, 1 << 20, algo, proto, 4, size) == 0
-        return size.value
-
-    def close(self) -> None:
-        assert self.api.finalize(self.ctx) == 0
+from autotune_nccl import Tuner, library_path
 
 
 def changed(table: Table) -> dict[tuple[int, int], float]:
@@ -126,12 +60,12 @@ def api(request: pytest.FixtureRequest) -> V5 | V6:
 
 def test_the_library_exports_each_version_nccl_looks_for(api: V5 | V6) -> None:
     assert api.name == b"autotune"
-    comm = Comm(api, comm_id=1)
+    comm = NcclComm(api, comm_id=1)
     comm.close()
 
 
 def test_a_driven_choice_sets_exactly_its_cell_to_zero(tuner: Tuner, api: V5 | V6) -> None:
-    comm = Comm(api, comm_id=7)
+    comm = NcclComm(api, comm_id=7)
     tuner.arm("ring", "LL128", channels=4)
     assert tuner.armed
     table, channels = comm.coll_info(1 << 20)
@@ -151,7 +85,7 @@ def test_a_driven_choice_sets_exactly_its_cell_to_zero(tuner: Tuner, api: V5 | V
 
 
 def test_a_choice_nccl_marked_unusable_is_refused_and_reported(tuner: Tuner) -> None:
-    comm = Comm(V6.in_dll(ctypes.CDLL(library_path()), "ncclTunerPlugin_v6"), comm_id=1)
+    comm = NcclComm(v6(), comm_id=1)
     tuner.arm("nvls", "LL", channels=2)
     table, channels = comm.coll_info(4096)
     assert changed(table) == {} and channels == -1  # never forced
@@ -161,7 +95,7 @@ def test_a_choice_nccl_marked_unusable_is_refused_and_reported(tuner: Tuner) -> 
 
 
 def test_without_a_choice_or_a_table_nccls_table_is_untouched(tuner: Tuner, api: V5 | V6) -> None:
-    comm = Comm(api, comm_id=1)
+    comm = NcclComm(api, comm_id=1)
     for nbytes in (8, 1 << 20, 1 << 30):
         table, channels = comm.coll_info(nbytes)
         assert changed(table) == {} and channels == -1
@@ -173,8 +107,8 @@ def test_without_a_choice_or_a_table_nccls_table_is_untouched(tuner: Tuner, api:
 
 
 def test_a_choice_for_one_communicator_leaves_another_untouched(tuner: Tuner) -> None:
-    api = V6.in_dll(ctypes.CDLL(library_path()), "ncclTunerPlugin_v6")
-    ours, theirs = Comm(api, comm_id=0xA070), Comm(api, comm_id=0xBEEF)
+    api = v6()
+    ours, theirs = NcclComm(api, comm_id=0xA070), NcclComm(api, comm_id=0xBEEF)
     tuner.arm("tree", "LL", comm_id=0xA070)
     table, _ = theirs.coll_info(1 << 16)
     assert changed(table) == {} and tuner.armed  # still waiting for its communicator
@@ -185,8 +119,8 @@ def test_a_choice_for_one_communicator_leaves_another_untouched(tuner: Tuner) ->
 
 
 def test_concurrent_threads_keep_their_own_choices(tuner: Tuner) -> None:
-    api = V6.in_dll(ctypes.CDLL(library_path()), "ncclTunerPlugin_v6")
-    comm = Comm(api, comm_id=3)
+    api = v6()
+    comm = NcclComm(api, comm_id=3)
     barrier = threading.Barrier(3)
     got: dict[str, dict[tuple[int, int], float]] = {}
 
@@ -212,8 +146,8 @@ def test_concurrent_threads_keep_their_own_choices(tuner: Tuner) -> None:
 
 
 def test_a_driven_chunk_size_applies_to_the_call_that_chose_it(tuner: Tuner) -> None:
-    api = V6.in_dll(ctypes.CDLL(library_path()), "ncclTunerPlugin_v6")
-    comm = Comm(api, comm_id=5)
+    api = v6()
+    comm = NcclComm(api, comm_id=5)
     tuner.arm("ring", "Simple", chunk_bytes=1 << 19)
     comm.coll_info(1 << 24)
     assert comm.chunk(RING, SIMPLE) == 1 << 19
@@ -244,8 +178,11 @@ def test_the_table_picks_by_size_range_and_shape(tuner: Tuner, tmp_path: Path) -
         ],
     )
     assert tuner.load_table(path) == 4 and tuner.table_rows == 4
-    api = V6.in_dll(ctypes.CDLL(library_path()), "ncclTunerPlugin_v6")
-    one, two = Comm(api, comm_id=1, ranks=8, nodes=1), Comm(api, comm_id=2, ranks=16, nodes=2)
+    api = v6()
+    one, two = (
+        NcclComm(api, comm_id=1, ranks=8, nodes=1),
+        NcclComm(api, comm_id=2, ranks=16, nodes=2),
+    )
     assert changed(one.coll_info(4096)[0]) == {(TREE, LL): 0.0}
     assert tuner.last().source == "table"
     table, channels = one.coll_info(1 << 20)
@@ -282,16 +219,21 @@ def test_autotune_shows_a_plan_as_a_table_the_plugin_reads(tuner: Tuner, tmp_pat
     from autotune.plan import Choice, Entry, Table
 
     plan = Table(
-        {64 << 10: Entry(Choice("tree"), state="locked"), 4 << 20: Entry(Choice("ring"))},
+        {
+            64 << 10: Entry(Choice("tree"), state="locked"),
+            4 << 20: Entry(Choice("ring")),
+            64 << 20: Entry(Choice("nccl.ring.ll128"), state="locked"),  # a tuned NCCL cell
+        },
         None,
         None,
     )
     path = tmp_path / "plan.csv"
     path.write_text(plan.nccl_csv(n_nodes=1, n_ranks=8))
-    assert tuner.load_table(path) == 2
-    comm = Comm(V6.in_dll(ctypes.CDLL(library_path()), "ncclTunerPlugin_v6"), 1, ranks=8)
+    assert tuner.load_table(path) == 3
+    comm = NcclComm(v6(), 1, ranks=8)
     assert changed(comm.coll_info(40 << 10)[0]) == {(TREE, LL): 0.0}
     assert changed(comm.coll_info(3 << 20)[0]) == {(RING, SIMPLE): 0.0}
+    assert changed(comm.coll_info(40 << 20)[0]) == {(RING, LL128): 0.0}
     comm.close()
 
 

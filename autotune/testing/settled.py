@@ -1,0 +1,24 @@
+"""When a test's ranks may stop training: every rank's tuner has settled on its plan."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from autotune.hook import AutotuneState
+
+__all__ = ["all_settled"]
+
+
+def all_settled(state: AutotuneState, on_baseline: bool = False) -> bool:
+    """Whether every rank's tuner is settled (ranks learn it at different steps; this agrees,
+    collectively over the state's group), and with ``on_baseline``, on the baseline (which rank
+    0, the one deciding, knows)."""
+    tuner = state.tuner
+    assert tuner is not None, "the state has no tuner (algorithm='auto' without a plan file)"
+    done = tuner.settled
+    if on_baseline and tuner.campaign is not None:
+        done = done and tuner.campaign.baseline_kept
+    flag = torch.tensor([1 if done else 0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=state.process_group)
+    return bool(flag.item())
