@@ -8,8 +8,9 @@ from typing import Any
 import torch
 from broken_algorithms import LosesLastElement
 
-from autotune.algorithms import AllReduceAlgorithm, Comm, PeerError, register
+from autotune.algorithms import AllReduceAlgorithm, Comm, PeerError, RingAllReduce, register
 from autotune.sweep import SweepOptions, run_sweep
+from autotune.sweep._measure import Bench, Variant
 
 
 def sweep(rank: int, world_size: int, options: dict[str, Any], json_path: str | None) -> Any:
@@ -37,3 +38,28 @@ def sweep_with_a_dying_rank(rank: int, world_size: int, options: dict[str, Any])
     except PeerError as exc:
         return str(exc)
     raise AssertionError("the sweep went on without rank 1")
+
+
+#: The segment of each `RecordsOrder` call, in order.
+CALLS: list[int] = []
+
+
+class RecordsOrder(RingAllReduce):
+    """The ring, noting the segment of each call: variants told apart by their segment."""
+
+    name = "records_order"
+
+    def _run(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> None:
+        CALLS.append(segment_elems * buf.element_size())
+        super()._run(buf, comm, segment_elems)
+
+
+def measured_order(rank: int, world_size: int, rounds: int) -> tuple[list[int], int]:
+    """The segments of the calls `Bench.measure` made, in order, and how many rounds it timed."""
+    register(RecordsOrder.name, RecordsOrder, replace=True)
+    group = torch.distributed.group.WORLD
+    assert group is not None
+    bench = Bench(group, torch.device("cpu"), torch.float32, 60)
+    variants = [Variant(f"v{k}", RecordsOrder.name, (k + 1) * 1024) for k in range(4)]
+    measured = bench.measure(1 << 14, variants, iters=rounds - 1, warmup=1, check=0)
+    return CALLS, len(measured.seconds)

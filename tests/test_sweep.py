@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sweep_jobs import sweep, sweep_with_a_dying_rank
+from sweep_jobs import measured_order, sweep, sweep_with_a_dying_rank
 
 from autotune.algorithms import available
 from autotune.launch import launch, run_local
 from autotune.plan import size_class
 from autotune.store import Store
 from autotune.sweep import Measured, SweepOptions, SweepResult, Variant, dtype_name, exact_limit
+from autotune.sweep._measure import round_order
 
 ROOT = Path(__file__).resolve().parent.parent
 COLUMNS = ["size", "count", "type", "algorithm", "segment", "time", "algbw", "busbw", "#wrong"]
@@ -368,3 +369,20 @@ def test_tuning_times_close_choices_again_and_decides_on_all_their_samples() -> 
     assert finalists([1.0, 1.01, 1.02, 1.03, 1.04, 1.5]) == [0, 1, 2, 3]
     assert finalists([1.2, 1.0, 1.05]) == [1, 2]
     assert finalists([1.0]) == [] and finalists([]) == []
+
+
+def test_each_round_runs_the_variants_in_an_order_of_its_own_the_same_on_every_rank() -> None:
+    # In a fixed order a variant always inherits what the one before it leaves behind.
+    rounds = 24
+    orders = [round_order(4, r) for r in range(rounds)]
+    assert all(sorted(o) == [0, 1, 2, 3] for o in orders)
+    assert orders == [round_order(4, r) for r in range(rounds)]  # reproducible
+    for v in range(4):
+        assert {o.index(v) for o in orders} == {0, 1, 2, 3}  # at every place
+        before = {o[o.index(v) - 1] for o in orders if o.index(v) > 0}
+        assert before == {0, 1, 2, 3} - {v}  # after every other
+    # What Bench.measure ran, call by call, on both ranks: those orders.
+    per_rank = run_local(measured_order, 2, rounds, timeout_s=120)
+    expected = [(k + 1) * 1024 for o in orders for k in o]
+    for calls, timed in per_rank:
+        assert calls == expected and timed == rounds - 1
