@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-f", default="4")
     p.add_argument("-n", "--iters", default="5")
     p.add_argument("-w", "--warmup", default="2")
+    p.add_argument("--algorithms", default=None, help="the rows, comma-separated (default: all)")
     p.add_argument("--out", default=None, help="directory for the sweeps' JSON")
     p.add_argument("--timeout-s", type=float, default=3600.0, help="per layout")
     p.add_argument("--markdown", action="store_true", help="print the tables as markdown")
@@ -85,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
                 "-n", args.iters, "-w", args.warmup, "--p2p", "--tune",
                 "--storage", f"sqlite:///{tmp}/plans.db", "--json", str(path),
             ]  # fmt: skip
+            if args.algorithms:
+                sweep += ["--algorithms", args.algorithms]
             with Cluster(nodes, ranks, args.rate_mbit) as cluster:
                 runs = cluster.torchrun(sweep, timeout_s=args.timeout_s)
         print(f"## {nodes} nodes x {ranks} ranks, {args.rate_mbit:g} Mbit/s links ({path})")

@@ -20,6 +20,10 @@ __all__ = ["HierarchicalRingAllReduce", "hierarchical_rounds"]
 # One tag per phase: a pair of ranks may talk in two phases, and gloo matches by tag and order.
 _REDUCE, _ACROSS, _GATHER = 0, 1, 2
 
+#: The most pieces a message is cut into (one per segment, at most this many), so that the links
+#: between nodes carry one piece while the others are reduced or gathered inside the nodes.
+PIPELINE = 4
+
 
 class HierarchicalRingAllReduce(AllReduceAlgorithm):
     """Reduce-scatter inside each node, one ring per shard across nodes, all-gather inside nodes.
@@ -30,6 +34,10 @@ class HierarchicalRingAllReduce(AllReduceAlgorithm):
     each owner sends its finished shard back to its node's other ranks. Every element is summed
     on one rank and copied, so all ranks end bitwise identical. On one node, or where every
     node has a single rank, it is the flat ring.
+
+    A message of several segments is cut into up to `PIPELINE` pieces, each run as above, one
+    reduce phase apart: while a piece crosses the slow links, the next is reduced inside the
+    nodes and the one before it gathered, so the links wait for neither.
     """
 
     name = "hierarchical_ring"
@@ -47,15 +55,35 @@ def hierarchical_rounds(
     """``rank``'s rounds of a hierarchical ring all-reduce of ``numel`` elements on ``topo``.
 
     Round t of every rank holds the matching halves of the same messages (NCCL runs a round as
-    one batch), so phases are padded to their longest shard.
+    one batch), so phases are padded to their longest shard. Pieces (`PIPELINE`) start one
+    reduce phase apart; a round then holds one phase of each piece under way, on disjoint
+    elements (the transport orders a batch's operations alike on both sides).
     """
     if topo.nodes in (1, topo.size):  # nothing to gather inside nodes, or nothing across
         return ring_rounds(range(topo.size), rank, (0, numel), segment_elems)
+    pieces = max(1, min(PIPELINE, numel // segment_elems))
+    merged: list[tuple[list[Send], list[Recv]]] = []
+    start = 0
+    for a, b in split(0, numel, pieces):
+        reduce, across, gather = _phases(topo, rank, a, b, segment_elems)
+        for t, (sends, recvs) in enumerate(reduce + across + gather, start):
+            if t == len(merged):
+                merged.append(([], []))
+            merged[t][0].extend(sends)
+            merged[t][1].extend(recvs)
+        start += len(reduce)  # the same on every rank: the schedule's shape is global
+    return [(sends, recvs) for sends, recvs in merged]
+
+
+def _phases(
+    topo: topology.Topology, rank: int, lo: int, hi: int, segment_elems: int
+) -> tuple[list[Round], list[Round], list[Round]]:
+    """``rank``'s reduce, across and gather rounds for elements ``lo:hi``."""
     members = topo.members
     node = members[topo.node_of[rank]]
     mine = topo.local_index(rank)
     owners = min(len(m) for m in members)
-    shards = split(0, numel, owners)
+    shards = split(lo, hi, owners)
     pieces = [segments(a, b, segment_elems) for a, b in shards]
     depth = max(len(p) for p in pieces)
 
@@ -92,4 +120,4 @@ def hierarchical_rounds(
         ring = [m[mine] for m in members]
         own_ring = ring_rounds(ring, rank, shards[mine], segment_elems, channel=_ACROSS)
         across[: len(own_ring)] = own_ring
-    return reduce + across + gather
+    return reduce, across, gather
