@@ -121,9 +121,7 @@ def test_pieces_cross_the_links_while_others_are_reduced_inside_the_nodes() -> N
     topo = Topology((0, 0, 1, 1))
     piece = hierarchical_rounds(topo, 0, 1000, 1000)  # one segment: one piece
     pieces = hierarchical_rounds(topo, 0, 4000, 1000)  # four segments: four pieces
-    crossing = [
-        ({topo.node_of[s.peer] != topo.node_of[0] for s in sends}) for sends, _ in pieces
-    ]
+    crossing = [({topo.node_of[s.peer] != topo.node_of[0] for s in sends}) for sends, _ in pieces]
     # Some round sends across the link and inside the node at once: the phases overlap.
     assert any(kinds == {True, False} for kinds in crossing)
     assert len(pieces) < 4 * len(piece)
