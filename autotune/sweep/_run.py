@@ -151,8 +151,8 @@ def run_sweep(
         )
     counts = options.counts()
     p2p = options.p2p and n > 1
-    topo = topology.detect(group, timedelta(seconds=options.timeout_s))
     timeout = timedelta(seconds=options.timeout_s)
+    topo = topology.detect(group, timeout)
     names = agreed(options.swept, group, device, timeout)
     if options.algorithms is not None and names != options.algorithms:
         left_out = [a for a in options.algorithms if a not in names]

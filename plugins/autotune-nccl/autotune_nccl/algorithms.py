@@ -57,15 +57,17 @@ class NcclAllReduce(NativeAllReduce):
 
     def _start(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> Pending:
         tuner = controls()
-        calls = tuner.last().calls
         tuner.arm(self.nccl_algorithm, self.nccl_protocol)
         try:
             pending = self._launch(buf, comm)
         finally:
-            if tuner.armed:  # nothing asked the plugin: not NCCL, or NCCL without it
+            # The first all-reduce NCCL asks about on this thread takes the choice; still armed:
+            # nothing asked the plugin (not NCCL, or NCCL without it).
+            asked = not tuner.armed
+            if not asked:
                 tuner.disarm()
-        report = tuner.last()
-        if report.calls > calls and report.refused:
+        report = tuner.last() if asked else None
+        if report is not None and report.refused:
             self.refused += 1
             if self.refused == 1:
                 _log.warning(
