@@ -84,6 +84,11 @@ class Config:
     recheck_every: int = 200
     """Iterations between re-checks of a locked plan against the baseline; 0: never."""
 
+    step_aside: bool = True
+    """Once the tuner keeps the baseline (no plan beat the backend's own all-reduce on DDP's
+    buckets), give DDP its reducer back without the hook, so the job runs as plain DDP
+    (`autotune.aside`); False keeps the hook, and its per-bucket measurements, to the end."""
+
     plan_file: str | None = None
     """A tuned table (``autotune show --json``) to run as a fixed plan, without tuning."""
 
@@ -115,6 +120,8 @@ class Config:
         _check_int("tune_trials", self.tune_trials, minimum=1)
         _check_int("duel_pairs", self.duel_pairs, minimum=6)
         _check_int("recheck_every", self.recheck_every, minimum=0)
+        if not isinstance(self.step_aside, bool):
+            raise TypeError(f"Config.step_aside: expected True or False, got {self.step_aside!r}")
         if self.plan_file is not None and self.algorithm != "auto":
             raise ValueError(
                 "Config.plan_file: a tuned table chooses per size class; it needs "
@@ -227,8 +234,19 @@ def _parse(f: dataclasses.Field[Any], raw: str, key: str) -> Any:
             return int(text)
         if f.name == "timeout_s":
             return float(text)
+        if f.name == "step_aside":
+            return _parse_bool(text)
         if f.name == "algorithms":
             return tuple(a.strip() for a in text.split(",") if a.strip())
     except ValueError as exc:
         raise ValueError(f"{key}={raw!r}: {exc}") from None
     return text
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected 1/true/yes/on or 0/false/no/off")

@@ -187,6 +187,11 @@ class Engine:
                 self._submitted += 1
         return future
 
+    @property
+    def submitted(self) -> int:
+        """Iterations whose last bucket was submitted (read it on the submitting thread)."""
+        return self._submitted
+
     def switch_at(self, iteration: int) -> None:
         """The plan may change at the end of ``iteration`` (a listener will switch it there, at
         `IterationEnd`): the next iteration's first bucket waits for that end. Say so by the

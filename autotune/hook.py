@@ -11,6 +11,8 @@ import os
 import threading
 import time
 import warnings
+import weakref
+from collections.abc import Callable
 from dataclasses import fields
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -27,6 +29,7 @@ from autotune.algorithms import (
     get_algorithm,
     p2p_group,
 )
+from autotune.aside import StepAside
 from autotune.config import Config
 from autotune.engine import Engine
 from autotune.faults import FailureBoard, release
@@ -64,7 +67,9 @@ class AutotuneState:
     """
 
     __slots__ = (
+        "__weakref__",
         "_algorithms",
+        "aside",
         "board",
         "config",
         "engine",
@@ -112,6 +117,8 @@ class AutotuneState:
         self.tuner: Tuner | None = None
         #: The Prometheus exporter (``Config.metrics_port``), else None.
         self.exporter: Exporter | None = None
+        #: Takes the hook out of DDP once the tuner keeps the baseline (`autotune.aside`).
+        self.aside: StepAside | None = None
         self.engine = Engine(
             group=group,
             world_size=self.world_size,
@@ -133,11 +140,16 @@ class AutotuneState:
                 if table.fusion_bytes is not None and self.config.fusion_bytes is None:
                     self.engine.fusion_bytes = table.fusion_bytes
             if self.config.algorithm == "auto" and table is None:
-                self.tuner = Tuner(self.engine, group, self.config)
+                tuner = self.tuner = Tuner(self.engine, group, self.config)
+                # Only where the baseline is what the job had without autotune: DDP's buckets.
+                if self.config.step_aside and tuner.baseline.fusion_bytes == 0:
+                    self.aside = StepAside(lambda: tuner.baseline_from, _owner(self))
             if self.config.metrics_port is not None:
                 from autotune import metrics  # prometheus_client only where wanted
 
-                self.exporter = metrics.Exporter(self.config, group, self.engine, self.tuner)
+                self.exporter = metrics.Exporter(
+                    self.config, group, self.engine, self.tuner, aside=self.aside
+                )
         except BaseException as exc:
             self.board.agree("ready", exc, {})
             self.close()
@@ -160,6 +172,19 @@ class AutotuneState:
         return Table(
             {cls: Entry(c, state="fixed") for cls, c in plan.items()}, self.engine.fusion_bytes
         )
+
+    def verdict(self) -> str:
+        """One line for a job's summary: its training step against plain DDP's, as the tuner
+        measured it (on rank 0, which decides), and whether the hook stepped aside."""
+        if self.tuner is None:
+            return "autotune vs plain DDP: not compared (a fixed plan runs without the tuner)"
+        line = self.tuner.verdict()
+        if self.aside is not None and self.aside.at is not None:
+            line += (
+                f"; autotune stepped aside after iteration {self.aside.at}: DDP runs its own "
+                "all-reduce, without the hook"
+            )
+        return line
 
     def stats(self) -> dict[tuple[int, str], Summary]:
         """(size class, algorithm) -> count, bytes, median and p99 seconds, busbw.
@@ -233,6 +258,20 @@ def _warn_restart_on_shared_store() -> None:
         )
 
 
+def _owner(state: AutotuneState) -> Callable[[object, object], bool]:
+    """Whether a comm hook a DDP model holds, (function, state), is ``state``'s: registered with
+    it, or with None if it is the default state. (Weak: the state holds what this returns.)"""
+    ref = weakref.ref(state)
+
+    def ours(fn: object, registered: object) -> bool:
+        mine = ref()
+        if mine is None or fn is not hook:
+            return False
+        return registered is mine or (registered is None and is_default_state(mine))
+
+    return ours
+
+
 def _timeout(config: Config) -> timedelta:
     return timedelta(seconds=config.timeout_s)
 
@@ -290,6 +329,8 @@ def hook(
     future = state.engine.submit(buffer, bucket.is_last())
     if bucket.is_last():
         _check_at_backward_end(future)
+        if state.aside is not None:
+            state.aside.check(state.engine.submitted)
     state.recorder.add_hook_call(start, time.perf_counter() - start)
     return future
 
@@ -311,6 +352,8 @@ def register(
     except BaseException:
         state.close()
         raise
+    if state.aside is not None:
+        state.aside.attach(ddp_model)
     return state
 
 

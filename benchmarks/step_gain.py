@@ -11,8 +11,10 @@ rank as torchrun sets (``--threads`` to change it):
 1. tune: autotune alone from an empty storage (the live tuner, every phase); records the step
    it locked at, and every step's time;
 2. paired: plain DDP, DDP with PyTorch's ``noop_hook`` (no communication: the headroom) and DDP
-   with the plan run 1 locked (as a fixed plan file), taking turns step by step on the same
-   batches, in a rotating order; per step, each one's time over plain DDP's (slowest rank);
+   with autotune restarted on (a copy of) run 1's storage, as the job's next run would be,
+   taking turns step by step on the same batches, in a rotating order. Once autotune has
+   settled (its stored plan confirmed or dropped; where it keeps the baseline, it steps
+   aside), each one's step time over plain DDP's (slowest rank);
 3. restart: autotune alone again on run 1's storage: the stored plan is confirmed against the
    baseline (or dropped) before it is locked; records the step it locked at and its verdict.
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -39,6 +42,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
 from autotune.launch import run_local
+from autotune.testing.settled import all_settled
 from autotune.tuning.duel import median_interval
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -127,7 +131,7 @@ def alone(rank: int, world_size: int, args: argparse.Namespace, storage: str) ->
     out: dict[str, Any] = {"steps": times, "locked_at": locked_at}
     if rank == 0:
         out["table"] = state.table().to_json()
-        out["verdict"] = state.tuner.verdict()
+        out["verdict"] = state.verdict()
         out["duels"] = [
             (kind, arm.describe(), o.challenger_won, o.gain.ratio, o.gain.pairs)
             for kind, arm, o in (state.tuner.campaign.history if state.tuner.campaign else [])
@@ -136,8 +140,10 @@ def alone(rank: int, world_size: int, args: argparse.Namespace, storage: str) ->
     return out
 
 
-def paired(rank: int, world_size: int, args: argparse.Namespace, plan_file: str) -> dict[str, Any]:
-    """Run 2: plain, noop_hook and the locked plan, step by step, in a rotating order."""
+def paired(rank: int, world_size: int, args: argparse.Namespace, storage: str) -> dict[str, Any]:
+    """Run 2: plain, noop_hook and autotune restarted on run 1's storage, step by step, in a
+    rotating order. Every arm trains until autotune has settled (the stored plan confirmed or
+    dropped; with the baseline kept, autotune has stepped aside), then the steps are timed."""
     torch.set_num_threads(args.threads)
     model, batch = model_and_batch(args.model)
     import copy
@@ -146,20 +152,32 @@ def paired(rank: int, world_size: int, args: argparse.Namespace, plan_file: str)
     noop = DDP(copy.deepcopy(model), **args.ddp)
     noop.register_comm_hook(None, noop_hook)
     tuned = DDP(copy.deepcopy(model), **args.ddp)
-    state = autotune.register(tuned, autotune.Config(plan_file=plan_file, timeout_s=120))
+    state = autotune.register(tuned, autotune.Config(storage=storage, timeout_s=120))
     arms = {"plain": plain, "noop": noop, "autotune": tuned}
     opts = {k: torch.optim.SGD(m.parameters(), lr=0.01) for k, m in arms.items()}
     times: dict[str, list[float]] = {k: [] for k in arms}
     g = torch.Generator().manual_seed(rank)
     order = list(arms)
-    for step in range(args.paired_steps + 5):
+    settled_at = None
+    step = 0
+    while len(times["plain"]) < args.paired_steps:
         x, y = batch(g)
         for name in order[step % 3 :] + order[: step % 3]:
             t = _step(arms[name], opts[name], x, y)
-            if step >= 5:  # warm-up: buffers, DDP's bucket rebuild
+            # Timed from 5 steps after every rank settled (buffers, DDP's bucket rebuild, and
+            # the reducer rebuilt where autotune stepped aside, are behind).
+            if settled_at is not None and step >= settled_at + 5:
                 times[name].append(t)
+        if settled_at is None and (all_settled(state) or step >= args.tune_steps):
+            settled_at = step
+        step += 1
+    out: dict[str, Any] = {k: _slowest(v) for k, v in times.items()}
+    out["settled_at"] = settled_at
+    out["aside_at"] = None if state.aside is None else state.aside.at
+    if rank == 0:
+        out["verdict"] = state.verdict()
     state.close()
-    return {k: _slowest(v) for k, v in times.items()}
+    return out
 
 
 def _ratio(a: list[float], b: list[float]) -> dict[str, float]:
@@ -174,9 +192,10 @@ def cell(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any
     with tempfile.TemporaryDirectory() as tmp:
         storage = f"sqlite:///{Path(tmp) / 'tuning.db'}"
         tune = run_local(alone, world_size, args, storage, timeout_s=1800)
-        plan_file = Path(tmp) / "plan.json"
-        plan_file.write_text(json.dumps(tune[0]["table"]))
-        pair = run_local(paired, world_size, args, str(plan_file), timeout_s=1800)[0]
+        # Run 2 restarts on a copy, so that run 3 starts from what run 1 stored.
+        shutil.copy(Path(tmp) / "tuning.db", Path(tmp) / "paired.db")
+        copied = f"sqlite:///{Path(tmp) / 'paired.db'}"
+        pair = run_local(paired, world_size, args, copied, timeout_s=1800)[0]
         restart = run_local(alone, world_size, args, storage, timeout_s=1800)[0]
     plain_median = statistics.median(pair["plain"])
     first = tune[0]
@@ -188,6 +207,9 @@ def cell(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any
         "plain_ms": plain_median * 1e3,
         "noop": _ratio(pair["noop"], pair["plain"]),
         "autotune": _ratio(pair["autotune"], pair["plain"]),
+        "paired_settled_at": pair["settled_at"],
+        "paired_aside_at": pair["aside_at"],
+        "paired_verdict": pair["verdict"],
         "locked_at": locked,
         "exploring_cost_s": sum(explored) - plain_median * len(explored),
         "plan": first["table"],
@@ -202,8 +224,9 @@ def cell(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any
 def markdown(rows: list[dict[str, Any]]) -> str:
     out = [
         "| model | ranks | plain step | noop_hook / plain | autotune / plain (95% interval) "
-        "| locked at step | exploring cost | restart: locked at | plan |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| locked at step | exploring cost | restart: locked at | plan | paired run: stepped "
+        "aside after |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         a, n = r["autotune"], r["noop"]
@@ -213,7 +236,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         out.append(
             f"| {r['model']} | {r['world_size']} | {r['plain_ms']:.1f} ms | {n['median']:.3f} "
             f"| {a['median']:.3f} ({a['low']:.3f}-{a['high']:.3f}) | {r['locked_at']} "
-            f"| {r['exploring_cost_s']:+.2f} s | {r['restart_locked_at']} | {plan} |"
+            f"| {r['exploring_cost_s']:+.2f} s | {r['restart_locked_at']} | {plan} "
+            f"| {r['paired_aside_at'] if r['paired_aside_at'] is not None else 'no'} |"
         )
     return "\n".join(out)
 
@@ -244,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             for duel in row["duels"]:
                 print(f"    {duel}", flush=True)
             print(f"  restart: locked at {row['restart_locked_at']}", flush=True)
+            print(f"  paired run: {row['paired_verdict']}", flush=True)
             for duel in row["restart_duels"]:
                 print(f"    {duel}", flush=True)
     print(markdown(rows))

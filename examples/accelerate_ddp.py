@@ -47,7 +47,7 @@ def main() -> None:
             autotune_hf.log(accelerator, state, step)  # to the trackers you configured
     if state is not None:
         if accelerator.is_main_process and state.tuner is not None:
-            print(state.tuner.verdict())
+            print(state.verdict())
         state.close()
     accelerator.print(f"loss at the end: {loss.item():.3f}")
     accelerator.end_training()

@@ -138,7 +138,7 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> Result:
         result.fusion_bytes = state.engine.fusion_bytes
         if state.tuner is not None and rank == 0:
             result.table = state.table()
-            result.verdict = state.tuner.verdict()
+            result.verdict = state.verdict()
         if state.exporter is not None and rank == 0:
             result.metrics = scrape_once(state.exporter.port, state.config.metrics_host)
         hook_s = sorted(state.recorder.hook_times())

@@ -50,6 +50,8 @@ def serve_while_training(
         tune_samples=1,
         duel_pairs=6,  # locked soon: the speedup series appear once it is
         fusion_bytes=0,
+        # The per-message series under test stop if it keeps the baseline and steps aside.
+        step_aside=False,
     )
     state = autotune.register(ddp, config)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)

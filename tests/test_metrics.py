@@ -189,6 +189,7 @@ def test_a_real_runs_exposition_passes_promtool(storage: str) -> None:
             "autotune_plan_info",
             "autotune_tuner_state",
             "autotune_tuner_settled",
+            "autotune_hook_stepped_aside",
             "autotune_host_cpu_seconds_total",
             "autotune_nvml_up",
         ):

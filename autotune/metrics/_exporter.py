@@ -17,6 +17,7 @@ from autotune.metrics._server import Server
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
+    from autotune.aside import StepAside
     from autotune.config import Config
     from autotune.engine import Engine
     from autotune.tuning import Tuner
@@ -39,6 +40,7 @@ class Exporter:
         engine: Engine,
         tuner: Tuner | None = None,
         nvml: NvmlQuery | None = None,
+        aside: StepAside | None = None,
     ) -> None:
         assert config.metrics_port is not None
         rank = dist.get_rank(group)
@@ -48,7 +50,7 @@ class Exporter:
             labels["job"] = config.job
         self.engine = engine
         self.registry = CollectorRegistry()
-        self.hook = HookMetrics(engine, tuner, labels)
+        self.hook = HookMetrics(engine, tuner, labels, aside)
         self.registry.register(self.hook)
         self.registry.register(HostMetrics(labels))
         self.registry.register(NvmlMetrics(nvml, labels, select=self._own_gpu))

@@ -27,6 +27,7 @@ from autotune.stats import IterationRecord, MessageRecord
 from autotune.tuning.wire import PHASES
 
 if TYPE_CHECKING:
+    from autotune.aside import StepAside
     from autotune.engine import Engine
     from autotune.tuning import Tuner
 
@@ -70,9 +71,16 @@ class _Messages:
 class HookMetrics(Collector):
     """Series for one engine (and its tuner, if any), labelled with ``labels`` (the rank, ...)."""
 
-    def __init__(self, engine: Engine, tuner: Tuner | None, labels: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        tuner: Tuner | None,
+        labels: Mapping[str, str],
+        aside: StepAside | None = None,
+    ) -> None:
         self.engine = engine
         self.tuner = tuner
+        self.aside = aside
         self.labels = dict(labels)
         self._messages: dict[tuple[int, str], _Messages] = {}
         self._first_wait = _Histogram()
@@ -231,6 +239,14 @@ class HookMetrics(Collector):
             phase.add_metric([*values, name], 1 if tuner.phase == name else 0)
         yield phase
         yield from self._speedup(names, values)
+        aside = GaugeMetricFamily(
+            "autotune_hook_stepped_aside",
+            "1 once autotune has taken its hook out of DDP (no plan beat the baseline: DDP runs "
+            "its own all-reduce, and the message series stop), else 0.",
+            labels=names,
+        )
+        aside.add_metric(values, 1 if self.aside is not None and self.aside.at is not None else 0)
+        yield aside
         progress = tuner.progress()  # rank 0's knowledge; empty elsewhere
         if not progress:
             return

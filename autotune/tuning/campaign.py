@@ -160,6 +160,8 @@ class Campaign:
         self._near: dict[int, tuple[Choice, float]] = {}
         self._locked_at: int | None = None  # the first exchange's iteration once locked
         self._second_look = False  # the re-check under way is a failed one's second look
+        #: The plan a previous job stored, as `start` was given it.
+        self.stored: Arm | None = None
 
     # -- what rank 0 asks ----------------------------------------------------------------
 
@@ -193,6 +195,7 @@ class Campaign:
 
     def start(self, stored: Arm | None) -> None:
         """Begin, from the plan a previous job stored (None: from scratch)."""
+        self.stored = stored
         if stored is None:
             self._open()
         elif stored == self.baseline:

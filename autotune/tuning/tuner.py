@@ -67,7 +67,7 @@ class Tuner:
         self.config = config
         self.rank = dist.get_rank(group)
         self.tune_fusion = config.fusion_bytes is None
-        baseline = Arm((), config.fusion_bytes or 0)
+        baseline = self.baseline = Arm((), config.fusion_bytes or 0)
         #: What every rank runs now, as rank 0 ordered it (the baseline until it does).
         self.arm = baseline
         self.cadence = wire.EXPLORING
@@ -75,6 +75,9 @@ class Tuner:
         self.states: dict[int, str] = {}
         self.phase = "loading"
         self.gain: Gain | None = None
+        #: The iteration from which every rank runs the baseline, locked (None: it does not).
+        #: Set at the same iteration end on every rank, where the orders saying so arrive.
+        self.baseline_from: int | None = None
         self.key = ""
         #: The cost model's prior for this fingerprint (rank 0, once loaded), if a sweep stored it.
         self.prior: Prior | None = None
@@ -130,13 +133,13 @@ class Tuner:
         if isinstance(event, MessageRecord):
             self._latencies.setdefault(event.size_class, []).append(event.seconds)
         elif isinstance(event, IterationEnd):
-            self._on_iteration_end(event.step_s)
+            self._on_iteration_end(event.iteration, event.step_s)
         elif isinstance(event, IterationDone):
             self._after_iteration(event.iteration)
         elif isinstance(event, Failure):
             self._on_failure(event.error)
 
-    def _on_iteration_end(self, step_s: float | None) -> None:
+    def _on_iteration_end(self, iteration: int, step_s: float | None) -> None:
         """Before this iteration's futures complete: take in the exchange started one iteration
         ago, so the plan it carries is in effect for every rank's next iteration."""
         if step_s is not None:
@@ -148,7 +151,7 @@ class Tuner:
             window, orders = wire.read(result.tolist())
             self._received = (window, measured_under)
             if orders is not None:
-                self._apply(orders)  # takes effect from the next iteration
+                self._apply(orders, iteration + 1)
 
     def _after_iteration(self, iteration: int) -> None:
         """After the futures (off the step's critical path): learn, decide, start the next
@@ -188,7 +191,8 @@ class Tuner:
         assert work is not None
         return work, t
 
-    def _apply(self, orders: wire.Orders) -> None:
+    def _apply(self, orders: wire.Orders, effective: int) -> None:
+        """Rank 0's orders, in effect from iteration ``effective`` on."""
         choices = {cls: self._space(cls)[code - 1] for cls, code in orders.codes.items()}
         arm = Arm.of(choices, orders.fusion_bytes)
         if arm != self.arm:
@@ -197,6 +201,10 @@ class Tuner:
             self.arm = arm
         self.states.update(orders.states)
         self.cadence, self.phase, self.gain = orders.cadence, orders.phase, orders.gain
+        if self.cadence != wire.LOCKED or arm != self.baseline:
+            self.baseline_from = None
+        elif self.baseline_from is None:
+            self.baseline_from = effective
 
     def _on_failure(self, error: BaseException) -> None:
         if self.worker is None:
@@ -484,10 +492,12 @@ class Tuner:
         if campaign.baseline_kept:
             pairs = sum(o.gain.pairs for _, _, o in campaign.history)
             if not pairs:
-                return (
-                    "autotune vs plain DDP: 1.00x step time (DDP's own all-reduce kept, as the "
-                    "stored plan says)"
+                why = (
+                    "as the stored plan says"
+                    if campaign.stored == campaign.baseline
+                    else "no plan was put forward against it"
                 )
+                return f"autotune vs plain DDP: 1.00x step time (DDP's own all-reduce kept, {why})"
             return (
                 "autotune vs plain DDP: 1.00x step time (DDP's own all-reduce kept: no plan "
                 f"beat it over {pairs} pairs of iterations)"

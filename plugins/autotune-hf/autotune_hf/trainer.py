@@ -55,7 +55,7 @@ class AutotuneTrainerCallback(TrainerCallback):
         if state.is_world_process_zero:
             print(f"autotune plan: {plan_text(self.state)}")
             if self.state.tuner is not None:
-                print(self.state.tuner.verdict())
+                print(self.state.verdict())
         detach(self.state)
 
 

@@ -60,7 +60,7 @@ class AutotuneCallback(Callback):
             logger.log_hyperparams({"autotune/plan": plan})
         rank_zero_info(f"autotune plan: {plan}")
         if state.tuner is not None:
-            rank_zero_info(state.tuner.verdict())
+            rank_zero_info(state.verdict())
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._close()

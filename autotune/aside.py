@@ -1,0 +1,181 @@
+"""Stepping aside: once the tuner keeps the baseline, DDP gets its own all-reduce back.
+
+Through a comm hook every bucket costs a Python call and a separate 1/N pass, which DDP without a
+hook folds into its copy into the bucket: 1-13% of a small model's step on 2 shared cores
+(docs/BENCHMARKS.md, "The hook"). PyTorch's own ``allreduce_hook`` pays it too. Where no plan
+beats the baseline, that cost is all autotune would add, so it removes itself.
+
+DDP takes a comm hook for good: its reducer has no way to drop one. DDP does build a new reducer,
+though, from the module's parameters: ``DistributedDataParallel.__setstate__`` runs that sequence
+after unpickling (``_build_params_for_reducer``, ``_build_debug_param_to_name_mapping``,
+``_ddp_init_helper``, the static graph set again). `rebuild_reducer` runs the same sequence,
+before a forward, between two iterations: the new reducer has no hook, re-learns its buckets
+from the backward order as a new job does, and the job runs as plain DDP from there.
+
+Every rank must swap before the same iteration, since the new reducer's first rebuild of its
+buckets is a broadcast: the tuner says from which iteration every rank runs the locked baseline
+(`autotune.tuning.Tuner.baseline_from`, applied at the same iteration end on every rank), and
+the hook, at an iteration's last bucket (on the thread that runs backward), checks that
+iteration against it. Every rank first sees it due at the same iteration, since that iteration's
+first bucket waited for the orders (`Engine.switch_at`). From there a forward pre-hook on the
+model swaps at its next forward.
+
+Where the model cannot be rebuilt this way (a torch without those methods, another comm hook
+beside autotune's, two models on one state), autotune says why, once, and stays: the hook keeps
+running the baseline on its lane.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from torch.nn.parallel import DistributedDataParallel
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+
+__all__ = ["StepAside", "rebuild_reducer", "why_not_rebuilt"]
+
+_log = logging.getLogger("autotune")
+
+#: DDP's private methods the rebuild runs, as its ``__setstate__`` does (torch 2.6 to 2.13).
+_NEEDS = ("_build_params_for_reducer", "_build_debug_param_to_name_mapping", "_ddp_init_helper")
+
+
+def why_not_rebuilt(
+    ddp: DistributedDataParallel, ours: Callable[[object, object], bool]
+) -> str | None:
+    """Why `rebuild_reducer` must not run on ``ddp``, or None. ``ours(hook, state)``: whether a
+    comm hook DDP holds is autotune's."""
+    missing = [name for name in _NEEDS if not hasattr(ddp, name)]
+    if missing:
+        return f"this torch's DistributedDataParallel has no {', '.join(missing)}"
+    if getattr(ddp, "_use_python_reducer", False):
+        return "DDP runs its Python reducer (compiled autograd)"
+    if getattr(ddp, "mixed_precision", None) is not None:
+        return "DDP's mixed_precision keeps a comm hook of its own"
+    hooks = getattr(ddp, "_comm_hooks", None)
+    if not hooks or len(hooks) != 1 or not ours(*hooks[0]):
+        return "the model's comm hooks are not autotune's alone"
+    return None
+
+
+def rebuild_reducer(ddp: DistributedDataParallel) -> None:
+    """Give ``ddp`` a new reducer, with no comm hook, as ``DistributedDataParallel.__setstate__``
+    builds one. Call it between iterations (no backward running). If the build fails, the old
+    reducer, its hook and its logger stay as they were, and the error is raised."""
+    old_reducer, old_logger = ddp.reducer, ddp.logger
+    parameters, expect_sparse = ddp._build_params_for_reducer()
+    names = ddp._build_debug_param_to_name_mapping(parameters)
+    try:
+        ddp._ddp_init_helper(parameters, expect_sparse, names, ddp.static_graph)
+        if ddp.static_graph:
+            ddp.reducer._set_static_graph()
+            assert ddp.logger is not None
+            ddp.logger._set_static_graph()
+            # A static graph's first iteration all-reduces at backward's end, from a callback
+            # queued only while this is False; the old reducer's first iteration set it.
+            ddp._static_graph_delay_allreduce_enqueued = False
+    except BaseException:
+        new = ddp.reducer
+        if new is not old_reducer:
+            # Its autograd hooks are on the parameters already: a second reducer would
+            # all-reduce every gradient again.
+            new._remove_autograd_hooks()
+        ddp.reducer, ddp.logger = old_reducer, old_logger
+        raise
+    ddp._has_rebuilt_buckets = False
+    ddp._comm_hooks = []
+    # Now, not when the old reducer is freed: until then its hooks would still reduce.
+    old_reducer._remove_autograd_hooks()
+
+
+class StepAside:
+    """Removes autotune's hook from its DDP model once every rank runs the locked baseline.
+
+    ``baseline_from`` says from which iteration on that is so (None: not, or not yet); the hook
+    calls `check` at every iteration's last bucket. ``ours(hook, state)``: whether a comm hook a
+    DDP model holds (the function and the state it was registered with) is this one.
+    """
+
+    def __init__(
+        self,
+        baseline_from: Callable[[], int | None],
+        ours: Callable[[object, object], bool],
+    ) -> None:
+        self._baseline_from = baseline_from
+        self._ours = ours
+        self._model: weakref.ref[DistributedDataParallel] | None = None
+        self._handle: RemovableHandle | None = None
+        self.refused: str | None = None
+        #: The iterations (backward passes through the hook) before autotune stepped aside.
+        self.at: int | None = None
+
+    def attach(self, ddp: DistributedDataParallel) -> None:
+        """The model the state is registered on (else it is looked up when needed)."""
+        self._model = weakref.ref(ddp)
+
+    def check(self, iteration: int) -> None:
+        """At ``iteration``'s last bucket: once the baseline is locked from it or earlier, swap
+        the reducer before the model's next forward."""
+        if self._handle is not None or self.refused is not None or self.at is not None:
+            return
+        start = self._baseline_from()
+        if start is None or iteration < start:
+            return
+        ddp = self._find()
+        if ddp is None:
+            return
+        why = why_not_rebuilt(ddp, self._ours)
+        if why is not None:
+            self._refuse(why)
+            return
+
+        def swap(module: object, args: object) -> None:
+            self._swap(ddp, iteration)
+
+        self._handle = ddp.register_forward_pre_hook(swap)
+
+    def _swap(self, ddp: DistributedDataParallel, iteration: int) -> None:
+        assert self._handle is not None
+        self._handle.remove()
+        try:
+            rebuild_reducer(ddp)
+        except Exception as exc:
+            self._refuse(f"rebuilding DDP's reducer failed: {exc!r}")
+            return
+        self.at = iteration
+        _log.info(
+            "autotune steps aside after iteration %d: no plan beat the backend's own all-reduce "
+            "on DDP's buckets, so DDP runs it without the hook from here on",
+            iteration,
+        )
+
+    def _find(self) -> DistributedDataParallel | None:
+        if self._model is not None:
+            return self._model()
+        # Registered with ddp_model.register_comm_hook(state, hook): the state was not told its
+        # model. Looked up once, among the objects the collector tracks.
+        found = [
+            o
+            for o in gc.get_objects()
+            if isinstance(o, DistributedDataParallel)
+            and any(self._ours(*h) for h in getattr(o, "_comm_hooks", ()))
+        ]
+        if len(found) != 1:
+            self._refuse(f"the state is registered on {len(found)} DDP models, not one")
+            return None
+        self._model = weakref.ref(found[0])
+        return found[0]
+
+    def _refuse(self, why: str) -> None:
+        self.refused = why
+        _log.warning(
+            "autotune keeps its hook, running the backend's own all-reduce, although no plan "
+            "beat it: it cannot step aside (%s). Its cost is the hook's (docs/HOOK.md)",
+            why,
+        )

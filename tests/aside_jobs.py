@@ -1,0 +1,111 @@
+"""Jobs for the step-aside tests: autotune's hooked model beside plain DDP, on spawned ranks."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from ddp_jobs import VARIANTS, Net, digest
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import autotune
+
+#: A tuner that can only keep the baseline: one candidate (native), DDP's buckets, quick trials.
+KEEPS_BASELINE = {"algorithms": ("native",), "fusion_bytes": 0, "tune_warmup": 0, "tune_samples": 1}
+
+
+@dataclass
+class Aside:
+    aside_at: int | None  # the iteration after which autotune stepped aside (None: it did not)
+    refused: str | None  # why it could not, if it could not
+    calls: list[int]  # hook calls in each step
+    synced: list[bool]  # whether each step all-reduced (not under no_sync)
+    hooked: str  # digest of the hooked model's parameters
+    plain: str  # digest of plain DDP's, trained beside it on the same batches
+    plain_rel: float  # largest relative distance from plain DDP's, per parameter
+    reducer_replaced: bool
+    hooks_left: int  # what DDP's _comm_hooks lists at the end
+    verdict: str
+    stepped_aside_gauge: float | None  # the exporter's autotune_hook_stepped_aside, if it ran
+
+
+def beside_plain(
+    rank: int,
+    world_size: int,
+    variant_name: str,
+    steps: int,
+    how: str,
+    config: dict[str, Any],
+    break_rebuild: str | None = None,
+) -> Aside:
+    """Train autotune's model (registered by ``how``: "register" or "one_line", the state not
+    told its model) and plain DDP on the same batches, as `ddp_jobs.train_pair` does.
+    ``break_rebuild``: "missing" hides a method the rebuild needs, as an older torch would lack
+    it; "raises" makes the reducer's build fail after the new reducer exists."""
+    variant = VARIANTS[variant_name]
+    torch.manual_seed(0)
+    base = Net()
+    models = [DDP(copy.deepcopy(base), **variant.ddp) for _ in range(2)]
+    from torch.nn.parallel import distributed
+
+    if break_rebuild == "missing":
+        del distributed.DistributedDataParallel._build_debug_param_to_name_mapping
+    elif break_rebuild == "raises":
+        helper = distributed.DistributedDataParallel._ddp_init_helper
+
+        def failing(self: DDP, *args: Any) -> None:
+            helper(self, *args)
+            raise RuntimeError("injected: the reducer's logger failed")
+
+        distributed.DistributedDataParallel._ddp_init_helper = failing  # type: ignore[method-assign]
+    cfg = autotune.Config(timeout_s=60, **config)
+    if how == "register":
+        state = autotune.register(models[0], cfg)
+    else:
+        state = autotune.AutotuneState(config=cfg)
+        models[0].register_comm_hook(state, autotune.hook)
+    first_reducer = models[0].reducer
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in models]
+    g = torch.Generator().manual_seed(100 + rank)
+    calls, synced = [], []
+    for step in range(steps):
+        before = len(state.recorder.hook_calls())
+        x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+        use_branch = not (variant.skip_branch and step % 2)
+        accumulate = variant.no_sync_every and step % (variant.no_sync_every + 1) != 0
+        for model, opt in zip(models, optimizers, strict=True):
+            if accumulate:
+                with model.no_sync():
+                    torch.nn.functional.cross_entropy(model(x, use_branch), y).backward()
+                continue
+            torch.nn.functional.cross_entropy(model(x, use_branch), y).backward()
+            opt.step()
+            opt.zero_grad()
+        calls.append(len(state.recorder.hook_calls()) - before)
+        synced.append(not accumulate)
+    aside = state.aside
+    rel = max(
+        float((a.double() - b.double()).norm() / b.double().norm())
+        for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True)
+    )
+    result = Aside(
+        aside_at=None if aside is None else aside.at,
+        refused=None if aside is None else aside.refused,
+        calls=calls,
+        synced=synced,
+        hooked=digest(list(models[0].parameters())),
+        plain=digest(list(models[1].parameters())),
+        plain_rel=rel,
+        reducer_replaced=models[0].reducer is not first_reducer,
+        hooks_left=len(models[0]._comm_hooks),
+        verdict=state.verdict(),
+        stepped_aside_gauge=None
+        if state.exporter is None
+        else state.exporter.registry.get_sample_value(
+            "autotune_hook_stepped_aside", {"rank": str(rank), "local_rank": str(rank)}
+        ),
+    )
+    state.close()
+    return result
