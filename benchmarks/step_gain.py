@@ -163,6 +163,11 @@ def paired(rank: int, world_size: int, args: argparse.Namespace, storage: str) -
     while len(times["plain"]) < args.paired_steps:
         x, y = batch(g)
         for name in order[step % 3 :] + order[: step % 3]:
+            # Every arm's step starts with the ranks aligned, as a DDP step does after the last
+            # one's all-reduces. A noop_hook step aligns nothing, and without this the arm after
+            # it inherited the ranks' skew: a second plain DDP in the third place measured
+            # 1.028x the first at 4 ranks (mlp, 120 steps), 0.996x with it.
+            dist.barrier()
             t = _step(arms[name], opts[name], x, y)
             # Timed from 5 steps after every rank settled (buffers, DDP's bucket rebuild, and
             # the reducer rebuilt where autotune stepped aside, are behind).

@@ -396,10 +396,17 @@ def records(rank: int, world_size: int, algorithms: list[str]) -> dict[str, Any]
 
 
 def compiled_training(
-    rank: int, world_size: int, algorithm: str | None, backend: str, compiled_autograd: bool
+    rank: int,
+    world_size: int,
+    algorithm: str | None,
+    backend: str,
+    compiled_autograd: bool,
+    settings: dict[str, Any] | None = None,
+    steps: int = 30,
 ) -> dict[str, Any]:
-    """30 steps of ``torch.compile(ddp_model)`` (DDP's graph-splitting optimizer at its buckets),
-    with autotune's hook (``algorithm``) or without (None); ``compiled_autograd`` on or not."""
+    """``steps`` of ``torch.compile(ddp_model)`` (DDP's graph-splitting optimizer at its
+    buckets), with autotune's hook (``algorithm``, and other Config ``settings``) or without
+    (None); ``compiled_autograd`` on or not."""
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -411,12 +418,16 @@ def compiled_training(
     # 2.1 MB of gradients in 1 MiB buckets: the graph splits between them. (DDP's graph
     # optimizer wants its first, 1 MiB, bucket no larger than the others.)
     model = DDP(net, bucket_cap_mb=1)
-    state = None if algorithm is None else autotune.register(model, Config(algorithm=algorithm))
+    state = (
+        None
+        if algorithm is None
+        else autotune.register(model, Config(algorithm=algorithm, **(settings or {})))
+    )
     compiled = torch.compile(model, backend=backend)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(rank)
     with torch._dynamo.config.patch(compiled_autograd=compiled_autograd):
-        for _ in range(30):
+        for _ in range(steps):
             x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
             torch.nn.functional.cross_entropy(compiled(x), y).backward()
             opt.step()
@@ -426,6 +437,8 @@ def compiled_training(
         state.engine.settle(timeout_s=10.0)
         out["messages"] = len(state.recorder.records())
         out["iterations"] = state.engine.iteration
+        out["aside_at"] = None if state.aside is None else state.aside.at
+        out["hook_calls"] = len(state.recorder.hook_calls())
         state.close()
     return out
 

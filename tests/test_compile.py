@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from aside_jobs import KEEPS_BASELINE
 from ddp_jobs import compiled_training
 
 from autotune.launch import run_local
@@ -30,6 +31,26 @@ def test_compiled_ddp_trains_through_autotune_like_plain_ddp(
     for rank in tuned:
         assert rank["iterations"] == STEPS  # every backward reached the hook
         assert rank["messages"] >= STEPS
+    mine = tuned[0]["parameters"]
+    assert all(torch.equal(a, b) for a, b in zip(mine, tuned[1]["parameters"], strict=True))
+    for a, b in zip(mine, plain[0]["parameters"], strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7), (a - b).abs().max()
+
+
+def test_compiled_ddp_steps_aside_like_eager_ddp(tmp_path: Path) -> None:
+    # The tuner can only keep the baseline: autotune steps aside, and the compiled model (DDP's
+    # graph optimizer) trains on under the new reducer as plain compiled DDP does.
+    options = {"timeout_s": 300, "env": {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}}
+    settings = {**KEEPS_BASELINE, "storage": f"sqlite:///{tmp_path / 'tuning.db'}"}
+    steps = 60
+    tuned = run_local(compiled_training, 2, "auto", "inductor", False, settings, steps, **options)
+    plain = run_local(compiled_training, 2, None, "inductor", False, None, steps, **options)
+    at = {rank["aside_at"] for rank in tuned}
+    assert len(at) == 1 and None not in at, at
+    (aside_at,) = at
+    assert aside_at is not None and aside_at < steps - 10
+    for rank in tuned:
+        assert rank["iterations"] == aside_at  # no bucket reached the hook after it
     mine = tuned[0]["parameters"]
     assert all(torch.equal(a, b) for a, b in zip(mine, tuned[1]["parameters"], strict=True))
     for a, b in zip(mine, plain[0]["parameters"], strict=True):
