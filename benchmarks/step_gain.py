@@ -10,15 +10,16 @@ rank as torchrun sets (``--threads`` to change it):
 
 1. tune: autotune alone from an empty storage (the live tuner, every phase); records the step
    it locked at, and every step's time;
-2. paired: plain DDP, DDP with PyTorch's ``noop_hook`` (no communication: the headroom) and DDP
-   with autotune restarted on (a copy of) run 1's storage, as the job's next run would be,
-   taking turns step by step on the same batches, in a rotating order. Once autotune has
-   settled (its stored plan confirmed or dropped; where it keeps the baseline, it steps
-   aside), each one's step time over plain DDP's (slowest rank);
-3. restart: autotune alone again on run 1's storage: the stored plan is confirmed against the
-   baseline (or dropped) before it is locked; records the step it locked at and its verdict.
+2. restart: autotune alone again on run 1's storage: the stored plan is confirmed against the
+   baseline (or dropped) before it is locked; records the step it locked at and its verdict;
+3. paired: plain DDP, DDP with PyTorch's ``noop_hook`` (no communication: the headroom) and DDP
+   with autotune as the job after the restart runs it: where the restart kept the baseline,
+   autotune on (a copy of) its storage, which locks it at once and steps aside; where it kept
+   a plan, that plan fixed (a plan file). They take turns step by step on the same batches, in
+   a rotating order, every rank aligned before each step; once autotune has settled, each
+   one's step time over plain DDP's (slowest rank).
 
-Exploring cost: run 1's total step time until it locked, minus run 2's median plain step times as
+Exploring cost: run 1's total step time until it locked, minus run 3's median plain step times as
 many steps. Ratios below 1 are faster than plain DDP; intervals are the sign test's 95% interval
 for the median (autotune.tuning.duel.median_interval).
 """
@@ -42,7 +43,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
 from autotune.launch import run_local
+from autotune.plan import Table
 from autotune.testing.settled import all_settled
+from autotune.tuning.campaign import BASELINE_CHOICE
 from autotune.tuning.duel import median_interval
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -103,7 +106,7 @@ def _slowest(times: list[float]) -> list[float]:
 
 
 def alone(rank: int, world_size: int, args: argparse.Namespace, storage: str) -> dict[str, Any]:
-    """Runs 1 and 3: autotune by itself; its steps, the step it locked at, its verdict, plan."""
+    """Runs 1 and 2: autotune by itself; its steps, the step it locked at, its verdict, plan."""
     torch.set_num_threads(args.threads)
     import optuna
 
@@ -140,10 +143,15 @@ def alone(rank: int, world_size: int, args: argparse.Namespace, storage: str) ->
     return out
 
 
-def paired(rank: int, world_size: int, args: argparse.Namespace, storage: str) -> dict[str, Any]:
-    """Run 2: plain, noop_hook and autotune restarted on run 1's storage, step by step, in a
-    rotating order. Every arm trains until autotune has settled (the stored plan confirmed or
-    dropped; with the baseline kept, autotune has stepped aside), then the steps are timed."""
+def paired(
+    rank: int, world_size: int, args: argparse.Namespace, storage: str, plan_file: str | None
+) -> dict[str, Any]:
+    """Run 3: plain, noop_hook and autotune as a job after run 2 runs it, step by step, in a
+    rotating order: with the baseline kept, autotune restarted on run 2's storage (it locks the
+    stored baseline and steps aside); with a plan kept, that plan fixed (``plan_file``). Every arm
+    trains until autotune has settled, then the steps are timed. (A duel inside this rotation
+    would time the other arms' steps too: the engine's step runs from one of its iterations'
+    ends to the next. So the restart's confirmation is run 2's, alone.)"""
     torch.set_num_threads(args.threads)
     model, batch = model_and_batch(args.model)
     import copy
@@ -152,7 +160,12 @@ def paired(rank: int, world_size: int, args: argparse.Namespace, storage: str) -
     noop = DDP(copy.deepcopy(model), **args.ddp)
     noop.register_comm_hook(None, noop_hook)
     tuned = DDP(copy.deepcopy(model), **args.ddp)
-    state = autotune.register(tuned, autotune.Config(storage=storage, timeout_s=120))
+    config = (
+        autotune.Config(storage=storage, timeout_s=120)
+        if plan_file is None
+        else autotune.Config(plan_file=plan_file, timeout_s=120)
+    )
+    state = autotune.register(tuned, config)
     arms = {"plain": plain, "noop": noop, "autotune": tuned}
     opts = {k: torch.optim.SGD(m.parameters(), lr=0.01) for k, m in arms.items()}
     times: dict[str, list[float]] = {k: [] for k in arms}
@@ -173,7 +186,8 @@ def paired(rank: int, world_size: int, args: argparse.Namespace, storage: str) -
             # the reducer rebuilt where autotune stepped aside, are behind).
             if settled_at is not None and step >= settled_at + 5:
                 times[name].append(t)
-        if settled_at is None and (all_settled(state) or step >= args.tune_steps):
+        done = state.tuner is None or all_settled(state)
+        if settled_at is None and (done or step >= args.tune_steps):
             settled_at = step
         step += 1
     out: dict[str, Any] = {k: _slowest(v) for k, v in times.items()}
@@ -197,11 +211,16 @@ def cell(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any
     with tempfile.TemporaryDirectory() as tmp:
         storage = f"sqlite:///{Path(tmp) / 'tuning.db'}"
         tune = run_local(alone, world_size, args, storage, timeout_s=1800)
-        # Run 2 restarts on a copy, so that run 3 starts from what run 1 stored.
+        restart = run_local(alone, world_size, args, storage, timeout_s=1800)[0]
+        # Run 3 on a copy of what run 2 left, or on run 2's plan, fixed.
+        kept = Table.from_json(restart["table"])
+        plan_file = None
+        if kept.fusion_bytes or any(e.choice != BASELINE_CHOICE for e in kept.classes.values()):
+            plan_file = str(Path(tmp) / "plan.json")
+            Path(plan_file).write_text(json.dumps(restart["table"]))
         shutil.copy(Path(tmp) / "tuning.db", Path(tmp) / "paired.db")
         copied = f"sqlite:///{Path(tmp) / 'paired.db'}"
-        pair = run_local(paired, world_size, args, copied, timeout_s=1800)[0]
-        restart = run_local(alone, world_size, args, storage, timeout_s=1800)[0]
+        pair = run_local(paired, world_size, args, copied, plan_file, timeout_s=1800)[0]
     plain_median = statistics.median(pair["plain"])
     first = tune[0]
     locked = first["locked_at"]
@@ -221,6 +240,7 @@ def cell(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any
         "verdict": first["verdict"],
         "duels": first["duels"],
         "restart_locked_at": restart["locked_at"],
+        "restart_plan": restart["table"],
         "restart_verdict": restart["verdict"],
         "restart_duels": restart["duels"],
     }
@@ -251,8 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--world-sizes", default="2,4")
     p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--tune-steps", type=int, default=400, help="run 1 and run 3")
-    p.add_argument("--paired-steps", type=int, default=100, help="run 2, per model")
+    p.add_argument("--tune-steps", type=int, default=400, help="run 1 and run 2")
+    p.add_argument("--paired-steps", type=int, default=100, help="run 3, per model")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
     p.add_argument("--json", default=None, help="also write every figure here")
     args = p.parse_args(argv)
