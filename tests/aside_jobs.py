@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from ddp_jobs import VARIANTS, Net, digest
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -39,11 +41,15 @@ def beside_plain(
     how: str,
     config: dict[str, Any],
     break_rebuild: str | None = None,
+    after_aside: int | None = None,
 ) -> Aside:
     """Train autotune's model (registered by ``how``: "register" or "one_line", the state not
     told its model) and plain DDP on the same batches, as `ddp_jobs.train_pair` does.
     ``break_rebuild``: "missing" hides a method the rebuild needs, as an older torch would lack
-    it; "raises" makes the reducer's build fail after the new reducer exists."""
+    it; "raises" makes the reducer's build fail after the new reducer exists. With
+    ``after_aside``, ``steps`` is a cap: training stops once every rank has stepped aside and
+    taken that many synced steps since (how soon the tuner locks depends on the machine's
+    load)."""
     variant = VARIANTS[variant_name]
     torch.manual_seed(0)
     base = Net()
@@ -53,7 +59,7 @@ def beside_plain(
     if break_rebuild == "missing":
         del distributed.DistributedDataParallel._build_debug_param_to_name_mapping
     elif break_rebuild == "raises":
-        helper = distributed.DistributedDataParallel._ddp_init_helper
+        helper: Callable[..., None] = distributed.DistributedDataParallel._ddp_init_helper
 
         def failing(self: DDP, *args: Any) -> None:
             helper(self, *args)
@@ -69,8 +75,11 @@ def beside_plain(
     first_reducer = models[0].reducer
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in models]
     g = torch.Generator().manual_seed(100 + rank)
-    calls, synced = [], []
+    calls: list[int] = []
+    synced: list[bool] = []
     for step in range(steps):
+        if after_aside is not None and _all_done(state, synced, after_aside):
+            break
         before = len(state.recorder.hook_calls())
         x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
         use_branch = not (variant.skip_branch and step % 2)
@@ -109,3 +118,12 @@ def beside_plain(
     )
     state.close()
     return result
+
+
+def _all_done(state: autotune.AutotuneState, synced: list[bool], after_aside: int) -> bool:
+    """Whether every rank stepped aside ``after_aside`` synced steps ago or more (agreed)."""
+    at = None if state.aside is None else state.aside.at
+    done = at is not None and sum(synced) >= at + after_aside
+    flag = torch.tensor([1 if done else 0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())

@@ -42,7 +42,7 @@ def test_compiled_ddp_steps_aside_like_eager_ddp(tmp_path: Path) -> None:
     # graph optimizer) trains on under the new reducer as plain compiled DDP does.
     options = {"timeout_s": 300, "env": {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}}
     settings = {**KEEPS_BASELINE, "storage": f"sqlite:///{tmp_path / 'tuning.db'}"}
-    steps = 60
+    steps = 100  # the tuner locks at 10-30 here; room for a loaded machine
     tuned = run_local(compiled_training, 2, "auto", "inductor", False, settings, steps, **options)
     plain = run_local(compiled_training, 2, None, "inductor", False, None, steps, **options)
     at = {rank["aside_at"] for rank in tuned}
