@@ -54,10 +54,8 @@ def why_not_rebuilt(
     missing = [name for name in _NEEDS if not hasattr(ddp, name)]
     if missing:
         return f"this torch's DistributedDataParallel has no {', '.join(missing)}"
-    if getattr(ddp, "_use_python_reducer", False):
-        return "DDP runs its Python reducer (compiled autograd)"
-    if getattr(ddp, "mixed_precision", None) is not None:
-        return "DDP's mixed_precision keeps a comm hook of its own"
+    # DDP's mixed_precision holds a comm hook of its own, and its Python reducer never reaches
+    # autotune's with buckets (`autotune.hook.check_hookable`): neither gets here.
     hooks = getattr(ddp, "_comm_hooks", None)
     if not hooks or len(hooks) != 1 or not ours(*hooks[0]):
         return "the model's comm hooks are not autotune's alone"
