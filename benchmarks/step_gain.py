@@ -45,7 +45,7 @@ import autotune
 from autotune.launch import run_local
 from autotune.plan import Table
 from autotune.testing.settled import all_settled
-from autotune.tuning.campaign import BASELINE_CHOICE
+from autotune.tuning.campaign import Arm
 from autotune.tuning.duel import median_interval
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -215,7 +215,8 @@ def cell(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any
         # Run 3 on a copy of what run 2 left, or on run 2's plan, fixed.
         kept = Table.from_json(restart["table"])
         plan_file = None
-        if kept.fusion_bytes or any(e.choice != BASELINE_CHOICE for e in kept.classes.values()):
+        choices = {cls: e.choice for cls, e in kept.classes.items()}
+        if Arm.of(choices, kept.fusion_bytes or 0) != Arm():
             plan_file = str(Path(tmp) / "plan.json")
             Path(plan_file).write_text(json.dumps(restart["table"]))
         shutil.copy(Path(tmp) / "tuning.db", Path(tmp) / "paired.db")

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from ddp_jobs import VARIANTS, Net, digest
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
+from autotune.testing.settled import everywhere
 
 #: A tuner that can only keep the baseline: one candidate (native), DDP's buckets, quick trials.
 KEEPS_BASELINE = {"algorithms": ("native",), "fusion_bytes": 0, "tune_warmup": 0, "tune_samples": 1}
@@ -123,7 +123,4 @@ def beside_plain(
 def _all_done(state: autotune.AutotuneState, synced: list[bool], after_aside: int) -> bool:
     """Whether every rank stepped aside ``after_aside`` synced steps ago or more (agreed)."""
     at = None if state.aside is None else state.aside.at
-    done = at is not None and sum(synced) >= at + after_aside
-    flag = torch.tensor([1 if done else 0])
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
+    return everywhere(at is not None and sum(synced) >= at + after_aside)

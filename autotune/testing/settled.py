@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 from autotune.hook import AutotuneState
 
-__all__ = ["all_settled"]
+__all__ = ["all_settled", "everywhere"]
 
 
 def all_settled(state: AutotuneState, on_baseline: bool = False) -> bool:
@@ -19,6 +19,11 @@ def all_settled(state: AutotuneState, on_baseline: bool = False) -> bool:
     done = tuner.settled
     if on_baseline and tuner.campaign is not None:
         done = done and tuner.campaign.baseline_kept
+    return everywhere(done, state.process_group)
+
+
+def everywhere(done: bool, group: dist.ProcessGroup | None = None) -> bool:
+    """Whether ``done`` holds on every rank of ``group`` (a MIN all-reduce: call it on all)."""
     flag = torch.tensor([1 if done else 0])
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=state.process_group)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
     return bool(flag.item())
