@@ -77,6 +77,11 @@ def _show(args: argparse.Namespace) -> int:
                 f"  {format_bytes(cls):>10}  {e.choice.algorithm:<10} {seg:>9} {best:>10} "
                 f"{e.trials:>6}  {e.state}"
             )
+        if table.lead is not None:
+            print(
+                "  ahead but not beyond noise; the next job duels it again: "
+                f"{table.lead.describe()}"
+            )
     if not (args.json or args.nccl_csv):
         return 0
     table = next(iter(tables.values()))  # exactly one, checked above

@@ -33,11 +33,10 @@ from autotune.aside import StepAside
 from autotune.config import Config
 from autotune.engine import Engine
 from autotune.faults import FailureBoard, release
-from autotune.plan import Choice, Entry, Plan, Table, load_table
+from autotune.plan import BASELINE_CHOICE, Choice, Entry, Plan, Table, load_table
 from autotune.stats import Recorder, Summary, summarize
 from autotune.store import elastic_attempt
 from autotune.tuning import Tuner
-from autotune.tuning.campaign import BASELINE_CHOICE
 
 if TYPE_CHECKING:
     from autotune.metrics import Exporter

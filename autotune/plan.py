@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 __all__ = [
+    "BASELINE_CHOICE",
     "MIN_FUSION_BYTES",
     "PLAN_COLUMNS",
     "STATES",
+    "Arm",
     "Choice",
     "Entry",
     "Gain",
+    "Lead",
     "Plan",
     "Table",
     "check_fusion_bytes",
@@ -104,6 +107,43 @@ class Choice:
         if self.segment_bytes is None:
             return self.algorithm
         return f"{self.algorithm}/{format_bytes(self.segment_bytes)}"
+
+
+#: What every size class runs in the baseline (the job without autotune), and wherever a plan
+#: says nothing.
+BASELINE_CHOICE = Choice("native")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """A whole plan: the choices that differ from `BASELINE_CHOICE`, and the fusion size."""
+
+    choices: tuple[tuple[int, Choice], ...] = ()
+    fusion_bytes: int = 0
+
+    @staticmethod
+    def of(choices: Mapping[int, Choice], fusion_bytes: int) -> Arm:
+        kept = sorted((cls, c) for cls, c in choices.items() if c != BASELINE_CHOICE)
+        return Arm(tuple(kept), fusion_bytes)
+
+    def as_dict(self) -> dict[int, Choice]:
+        return dict(self.choices)
+
+    def choice(self, cls: int) -> Choice:
+        return self.as_dict().get(cls, BASELINE_CHOICE)
+
+    def with_class(self, cls: int, choice: Choice) -> Arm:
+        return Arm.of({**self.as_dict(), cls: choice}, self.fusion_bytes)
+
+    def with_fusion(self, fusion_bytes: int) -> Arm:
+        return Arm(self.choices, fusion_bytes)
+
+    def describe(self) -> str:
+        from autotune.units import format_bytes
+
+        parts = [f"{format_bytes(cls)}: {c}" for cls, c in self.choices]
+        fusion = f"fusion {format_bytes(self.fusion_bytes)}" if self.fusion_bytes else ""
+        return ", ".join([*parts, *([fusion] if fusion else [])]) or "native"
 
 
 #: Picks the choice for a size class.
@@ -209,24 +249,97 @@ class Gain:
 
 
 @dataclass(frozen=True)
+class Lead:
+    """A plan that was ahead of the baseline on the step but not beyond noise, when a job kept
+    the baseline: the next job with the same fingerprint duels it against the baseline once more
+    before it steps aside (`autotune.tuning.campaign`). ``gain`` is what the first job measured."""
+
+    arm: Arm
+    gain: Gain
+
+    def describe(self) -> str:
+        """``fusion 16 MiB (0.95x over 24 pairs)``, as the verdict and ``autotune show`` say it."""
+        return f"{self.arm.describe()} ({self.gain.ratio:.2f}x over {self.gain.pairs} pairs)"
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "fusion_bytes": self.arm.fusion_bytes,
+            "choices": {str(cls): _choice_json(c) for cls, c in self.arm.choices},
+            "gain": self.gain.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> Lead:
+        from autotune.algorithms import available
+
+        if not isinstance(data, dict) or not isinstance(data.get("choices"), dict):
+            raise ValueError(f"lead: expected an object with a 'choices' object, got {data!r}")
+        names = available()
+        choices = {}
+        for key, raw in data["choices"].items():
+            where = f"lead, class {key!r}"
+            choices[_read_class(key, where)] = _read_choice(raw, names, where)
+        fusion = data.get("fusion_bytes")
+        if fusion is None:
+            raise ValueError("lead: fusion_bytes must be an int (bytes), got null")
+        check_fusion_bytes(fusion, "lead: fusion_bytes")
+        assert isinstance(fusion, int)
+        return cls(Arm.of(choices, fusion), Gain.from_json(data.get("gain")))
+
+
+def _choice_json(choice: Choice) -> dict[str, object]:
+    return {"algorithm": choice.algorithm, "segment_bytes": choice.segment_bytes}
+
+
+def _read_class(key: object, where: str) -> int:
+    """A size class from a table's key: a power of two, as a string."""
+    try:
+        size = int(str(key))
+    except ValueError:
+        raise ValueError(f"{where}: size classes are powers of two, got {key!r}") from None
+    if size <= 0 or size != size_class(size):
+        raise ValueError(f"{where}: size classes are powers of two, got {key}")
+    return size
+
+
+def _read_choice(raw: object, names: list[str], where: str) -> Choice:
+    """A choice from a table's JSON, with a registered algorithm and a segment > 0."""
+    try:
+        if not isinstance(raw, dict):
+            raise TypeError(f"expected an object, got {raw!r}")
+        choice = Choice(raw["algorithm"], _optional_int(raw.get("segment_bytes")))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc!r}") from None
+    if choice.algorithm not in names:
+        raise ValueError(
+            f"{where}: unknown algorithm {choice.algorithm!r}; registered: {', '.join(names)}"
+        )
+    if choice.segment_bytes is not None and choice.segment_bytes <= 0:
+        raise ValueError(f"{where}: segment_bytes must be > 0, got {choice.segment_bytes}")
+    return choice
+
+
+@dataclass(frozen=True)
 class Table:
-    """A tuned plan as stored and exported: per size class an entry, the job's fusion size, and
-    the plan's measured step over the baseline's (None: not compared)."""
+    """A tuned plan as stored and exported: per size class an entry, the job's fusion size, the
+    plan's measured step over the baseline's (None: not compared) and, where the baseline was
+    kept, the plan that came closest to beating it (`Lead`; None: none came close)."""
 
     classes: dict[int, Entry]
     fusion_bytes: int | None = None
     fingerprint: dict[str, str | int] | None = None
     gain: Gain | None = None
+    lead: Lead | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
             "fingerprint": self.fingerprint,
             "fusion_bytes": self.fusion_bytes,
             "gain": None if self.gain is None else self.gain.to_json(),
+            "lead": None if self.lead is None else self.lead.to_json(),
             "classes": {
                 str(cls): {
-                    "algorithm": e.choice.algorithm,
-                    "segment_bytes": e.choice.segment_bytes,
+                    **_choice_json(e.choice),
                     "best_s": e.best_s,
                     "trials": e.trials,
                     "state": e.state,
@@ -250,25 +363,12 @@ class Table:
         classes: dict[int, Entry] = {}
         for key, raw in data["classes"].items():
             where = f"class {key!r}"
-            try:
-                if not isinstance(raw, dict):
-                    raise TypeError(f"expected an object, got {raw!r}")
-                size = int(key)
-                choice = Choice(raw["algorithm"], _optional_int(raw.get("segment_bytes")))
-                trials = raw.get("trials", 0)
-                best = raw.get("best_s")
-                state = raw.get("state", "locked")
-            except (KeyError, TypeError, ValueError) as exc:
-                raise ValueError(f"{where}: {exc!r}") from None
-            if size <= 0 or size != size_class(size):
-                raise ValueError(f"{where}: size classes are powers of two, got {key}")
-            if choice.algorithm not in names:
-                raise ValueError(
-                    f"{where}: unknown algorithm {choice.algorithm!r}; registered: "
-                    f"{', '.join(names)}"
-                )
-            if choice.segment_bytes is not None and choice.segment_bytes <= 0:
-                raise ValueError(f"{where}: segment_bytes must be > 0, got {choice.segment_bytes}")
+            size = _read_class(key, where)
+            choice = _read_choice(raw, names, where)
+            assert isinstance(raw, dict)
+            trials = raw.get("trials", 0)
+            best = raw.get("best_s")
+            state = raw.get("state", "locked")
             if isinstance(trials, bool) or not isinstance(trials, int) or trials < 0:
                 raise ValueError(f"{where}: trials must be an int >= 0, got {trials!r}")
             if best is not None and (
@@ -285,12 +385,13 @@ class Table:
         check_fusion_bytes(fusion, "fusion_bytes")
         assert fusion is None or isinstance(fusion, int)
         fingerprint = data.get("fingerprint")
-        gain = data.get("gain")
+        gain, lead = data.get("gain"), data.get("lead")
         return cls(
             classes,
             fusion,
             fingerprint if isinstance(fingerprint, dict) else None,
             None if gain is None else Gain.from_json(gain),
+            None if lead is None else Lead.from_json(lead),
         )
 
     def nccl_csv(self, n_nodes: int = -1, n_ranks: int = -1) -> str:

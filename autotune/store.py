@@ -326,8 +326,9 @@ def merge_tables(saved: Sequence[tuple[float, Table]]) -> Table:
 
     Per size class, among the locked entries, the one with the lowest measured latency wins; an
     entry without one (taken from elsewhere, not re-measured) only wins where no entry has one,
-    and then the newest does. The fusion size is the newest locked one. The same tables give the
-    same plan whatever order the jobs wrote them in.
+    and then the newest does. The fusion size is the newest locked one, the lead (`Lead`) the
+    newest table's: a later job either settled an older lead or found its own. The same tables
+    give the same plan whatever order the jobs wrote them in.
     """
     newest_first = sorted(saved, key=lambda t: -t[0])
     classes: dict[int, Entry] = {}
@@ -338,7 +339,8 @@ def merge_tables(saved: Sequence[tuple[float, Table]]) -> Table:
                 classes[cls] = entry
     fusion = next((t.fusion_bytes for _, t in newest_first if t.fusion_bytes is not None), None)
     fingerprint = next((t.fingerprint for _, t in newest_first if t.fingerprint), None)
-    return Table(classes, fusion, fingerprint)
+    lead = newest_first[0][1].lead if newest_first else None
+    return Table(classes, fusion, fingerprint, lead=lead)
 
 
 def _better(entry: Entry, have: Entry) -> bool:

@@ -11,7 +11,8 @@ rank as torchrun sets (``--threads`` to change it):
 1. tune: autotune alone from an empty storage (the live tuner, every phase); records the step
    it locked at, and every step's time;
 2. restart: autotune alone again on run 1's storage: the stored plan is confirmed against the
-   baseline (or dropped) before it is locked; records the step it locked at and its verdict;
+   baseline (or dropped) before it is locked, and where run 1 kept the baseline with a lead,
+   the lead gets its retry; records the step it locked at and its verdict;
 3. paired: plain DDP, DDP with PyTorch's ``noop_hook`` (no communication: the headroom) and DDP
    with autotune as the job after the restart runs it: where the restart kept the baseline,
    autotune on (a copy of) its storage, which locks it at once and steps aside; where it kept
@@ -20,8 +21,8 @@ rank as torchrun sets (``--threads`` to change it):
    one's step time over plain DDP's (slowest rank).
 
 Exploring cost: run 1's total step time until it locked, minus run 3's median plain step times as
-many steps. Ratios below 1 are faster than plain DDP; intervals are the sign test's 95% interval
-for the median (autotune.tuning.duel.median_interval).
+many steps (the restart's cost likewise). Ratios below 1 are faster than plain DDP; intervals
+are the sign test's 95% interval for the median (autotune.tuning.duel.median_interval).
 """
 
 from __future__ import annotations
@@ -43,9 +44,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
 from autotune.launch import run_local
-from autotune.plan import Table
+from autotune.plan import Arm, Table
 from autotune.testing.settled import all_settled
-from autotune.tuning.campaign import Arm
 from autotune.tuning.duel import median_interval
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -224,8 +224,13 @@ def cell(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any
         pair = run_local(paired, world_size, args, copied, plan_file, timeout_s=1800)[0]
     plain_median = statistics.median(pair["plain"])
     first = tune[0]
-    locked = first["locked_at"]
-    explored = first["steps"][: locked if locked is not None else len(first["steps"])]
+
+    def cost(run: dict[str, Any]) -> float:
+        """A run's step time until it locked, over as many of run 3's median plain steps."""
+        locked = run["locked_at"]
+        explored = run["steps"][: locked if locked is not None else len(run["steps"])]
+        return float(sum(explored) - plain_median * len(explored))
+
     return {
         "model": model,
         "world_size": world_size,
@@ -235,8 +240,9 @@ def cell(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any
         "paired_settled_at": pair["settled_at"],
         "paired_aside_at": pair["aside_at"],
         "paired_verdict": pair["verdict"],
-        "locked_at": locked,
-        "exploring_cost_s": sum(explored) - plain_median * len(explored),
+        "locked_at": first["locked_at"],
+        "exploring_cost_s": cost(first),
+        "restart_cost_s": cost(restart),
         "plan": first["table"],
         "verdict": first["verdict"],
         "duels": first["duels"],
@@ -247,22 +253,30 @@ def cell(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any
     }
 
 
+def kept(table_json: dict[str, Any]) -> str:
+    """What a run's stored table keeps: its plan, or the baseline (and its lead, if any)."""
+    table = Table.from_json(table_json)
+    arm = Arm.of({cls: e.choice for cls, e in table.classes.items()}, table.fusion_bytes or 0)
+    if arm != Arm():
+        return arm.describe()
+    return "the baseline" + ("" if table.lead is None else f"; lead: {table.lead.describe()}")
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     out = [
         "| model | ranks | plain step | noop_hook / plain | autotune / plain (95% interval) "
-        "| locked at step | exploring cost | restart: locked at | plan | paired run: stepped "
-        "aside after |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| locked at step | exploring cost | run 1 kept | restart: locked at (its cost) "
+        "| restart kept "
+        "| paired run: stepped aside after |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         a, n = r["autotune"], r["noop"]
-        plan = (
-            r["verdict"].split("plan: ")[-1].rstrip(")") if "plan: " in r["verdict"] else "native"
-        )
         out.append(
             f"| {r['model']} | {r['world_size']} | {r['plain_ms']:.1f} ms | {n['median']:.3f} "
             f"| {a['median']:.3f} ({a['low']:.3f}-{a['high']:.3f}) | {r['locked_at']} "
-            f"| {r['exploring_cost_s']:+.2f} s | {r['restart_locked_at']} | {plan} "
+            f"| {r['exploring_cost_s']:+.2f} s | {kept(r['plan'])} | {r['restart_locked_at']} "
+            f"({r['restart_cost_s']:+.2f} s) | {kept(r['restart_plan'])} "
             f"| {r['paired_aside_at'] if r['paired_aside_at'] is not None else 'no'} |"
         )
     return "\n".join(out)
@@ -293,10 +307,13 @@ def main(argv: list[str] | None = None) -> int:
             )
             for duel in row["duels"]:
                 print(f"    {duel}", flush=True)
-            print(f"  restart: locked at {row['restart_locked_at']}", flush=True)
-            print(f"  paired run: {row['paired_verdict']}", flush=True)
+            print(
+                f"  restart: locked at {row['restart_locked_at']}; {row['restart_verdict']}",
+                flush=True,
+            )
             for duel in row["restart_duels"]:
                 print(f"    {duel}", flush=True)
+            print(f"  paired run: {row['paired_verdict']}", flush=True)
     print(markdown(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

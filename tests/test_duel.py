@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 
 import pytest
 
-from autotune.plan import Choice
-from autotune.tuning.campaign import NOMINATE_BELOW, RUNNER_UP_WITHIN, Arm, Campaign, nominate
+from autotune.plan import Arm, Choice
+from autotune.tuning.campaign import (
+    LEAD_BELOW,
+    NOMINATE_BELOW,
+    RUNNER_UP_WITHIN,
+    Campaign,
+    nominate,
+)
 from autotune.tuning.duel import FUTILE_FROM, MIN_PAIRS, PROMISING, Duel, median_interval
 
 
@@ -345,3 +352,83 @@ def test_classes_whose_gains_are_too_small_alone_meet_the_incumbent_together() -
     c = run(1.01)
     assert [k for k, _, _ in c.history] == ["class", "class"]
     assert c.settled and c.baseline_kept
+
+
+def swinging(alone: float, plan: Arm) -> Callable[[Arm, int], float]:
+    """Steps: 1.0 for anything but ``plan``, whose steps swing by -8% to +8% around ``alone``
+    (a pair in four above 1 at alone = 0.96: ahead on the median, never beyond noise)."""
+    swing = [1.08, 0.92, 0.98, 1.02]
+    k = [0]
+
+    def step(arm: Arm, i: int) -> float:
+        if arm != plan:
+            return 1.0
+        k[0] += 1
+        return alone * swing[k[0] % 4]
+
+    return step
+
+
+def test_a_kept_baseline_remembers_the_plan_that_came_close_and_the_next_job_retries_it() -> None:
+    fused = Arm((), 1 << 20)
+
+    def first_job(alone: float) -> Campaign:
+        c = campaign()
+        c.start(None)
+        drive(c, swinging(alone, fused), 40)
+        assert c.phase == "screening"
+        c.screened([])
+        assert c.settled and c.baseline_kept
+        return c
+
+    # Fusion at 0.96x, not beyond noise: the baseline is kept, and fusion is its lead.
+    c = first_job(0.96)
+    assert [(k, o.challenger_won) for k, _, o in c.history] == [("fusion", False)]
+    assert c.lead is not None and c.lead.arm == fused
+    assert c.lead.gain == c.history[0][2].gain and c.lead.gain.ratio == pytest.approx(0.96)
+    # At 0.99x (the noise of cells with nothing to gain) nothing is remembered.
+    assert LEAD_BELOW < 0.99 and first_job(0.99).lead is None
+    lead = c.lead
+
+    # The next job from that table: one duel of the lead against the baseline first.
+    nxt = campaign()
+    nxt.start(Arm(), lead)
+    assert nxt.phase == "confirm" and nxt.match is not None and nxt.match.kind == "retry"
+    assert (nxt.match.reference, nxt.match.challenger) == (Arm(), fused)
+    drive(nxt, lambda arm, i: 0.9 if arm == fused else 1.0, 40)
+    assert nxt.settled and nxt.incumbent == fused and nxt.lead is None
+    assert nxt.gain is not None and nxt.gain.ratio == pytest.approx(0.9)
+    # Lost again, even close: the baseline, and the lead is forgotten (one retry per lead).
+    nxt = campaign()
+    nxt.start(Arm(), lead)
+    drive(nxt, swinging(0.96, fused), 40)
+    assert nxt.settled and nxt.baseline_kept and nxt.lead is None
+    assert [k for k, _, _ in nxt.history] == ["retry"]
+    # Without a lead a stored baseline locks at once, as before.
+    nxt = campaign()
+    nxt.start(Arm())
+    assert nxt.settled and nxt.baseline_kept and nxt.match is None
+
+
+def test_the_lead_is_the_closest_challenger_and_a_won_plan_has_none() -> None:
+    cls = 2 << 20
+    tree = Arm(((cls, TREE),), 0)
+    c = campaign()
+    c.start(None)
+    step = swinging(0.96, Arm((), 1 << 20))
+    drive(c, step, 40)
+    c.screened([(cls, TREE, 0.001)])
+    drive(c, swinging(0.955, tree), 80)
+    assert c.settled and c.baseline_kept
+    assert [(k, round(o.gain.ratio, 3)) for k, _, o in c.history] == [
+        ("fusion", 0.96),
+        ("class", 0.955),
+    ]
+    assert c.lead is not None and c.lead.arm == tree
+    # A round that locks a plan leaves no lead, whatever came close before it won.
+    c = campaign()
+    c.start(None)
+    drive(c, step, 40)
+    c.screened([(cls, TREE, 0.001)])
+    drive(c, lambda arm, i: 0.8 if arm == tree else 1.0, 80)
+    assert c.settled and c.incumbent == tree and c.lead is None

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from autotune.plan import Choice, Gain, Plan, Table, size_class
+from autotune.plan import Arm, Choice, Gain, Lead, Plan, Table, size_class
 
 
 @pytest.mark.parametrize(
@@ -56,3 +58,25 @@ def test_a_tables_gain_reads_back_and_bad_gains_are_refused() -> None:
         Table.from_json({"classes": {}, "gain": {"ratio": 0.9, "pairs": -1}})
     with pytest.raises(ValueError, match="gain: ratio"):
         Table.from_json({"classes": {}, "gain": {"ratio": "fast", "pairs": 3}})
+
+
+def test_a_tables_lead_reads_back_and_a_bad_lead_is_refused() -> None:
+    lead = Lead(Arm(((4 << 20, Choice("tree", 1 << 18)),), 16 << 20), Gain(0.95, 0.9, 1.02, 24))
+    table = Table({}, 0, None, None, lead)
+    back = Table.from_json(json.loads(json.dumps(table.to_json())))
+    assert back == table and back.lead is not None
+    assert back.lead.arm.choice(4 << 20) == Choice("tree", 1 << 18)
+    assert back.lead.arm.fusion_bytes == 16 << 20 and back.lead.gain.pairs == 24
+    good = table.to_json()["lead"]
+    assert isinstance(good, dict)
+    for bad, match in [
+        ({**good, "choices": {"3": {"algorithm": "tree"}}}, "lead, class '3': size classes"),
+        ({**good, "choices": {"4096": {"algorithm": "nope"}}}, "unknown algorithm 'nope'"),
+        ({**good, "choices": {"4096": {"algorithm": "ring", "segment_bytes": 0}}}, "> 0"),
+        ({**good, "fusion_bytes": None}, "lead: fusion_bytes must be an int"),
+        ({**good, "fusion_bytes": 5}, "lead: fusion_bytes: must be 0"),
+        ({**good, "gain": None}, "gain: expected an object"),
+        ("tree", "lead: expected an object"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            Table.from_json({"classes": {}, "lead": bad})

@@ -20,7 +20,7 @@ from postgres_server import Postgres
 from tuner_jobs import tune
 
 from autotune.launch import launch
-from autotune.plan import Choice, Entry, Table
+from autotune.plan import Arm, Choice, Entry, Gain, Lead, Table
 from autotune.store import Store, merge_tables
 
 
@@ -164,20 +164,32 @@ def test_the_stored_plan_of_several_jobs_follows_one_rule() -> None:
     assert merged.classes[4096].choice == Choice("ring")  # none measured: the newest
     assert merged.classes[8192].choice == Choice("native")
     assert merged.fusion_bytes == 1 << 20  # the newest locked fusion size
+    assert merged.lead is None  # the newest table has none
     # Whatever order the jobs wrote in, the same plan.
     assert merge_tables(list(reversed(saved))) == merged
+
+
+def test_the_lead_is_the_newest_tables_settled_or_not() -> None:
+    lead = Lead(Arm((), 4 << 20), Gain(0.95, 0.9, 1.02, 24))
+    kept = Table({1024: entry("native", 1e-3)}, fusion_bytes=0, lead=lead)
+    settled = Table({1024: entry("native", 1e-3)}, fusion_bytes=0)  # the next job: lead lost
+    assert merge_tables([(1.0, kept)]).lead == lead
+    assert merge_tables([(1.0, kept), (2.0, settled)]).lead is None
+    assert merge_tables([(2.0, kept), (1.0, settled)]).lead == lead
 
 
 def test_each_job_stores_its_own_plan_and_reads_the_merge(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'tuning.db'}"
     a, b = Store(url, job_id="a"), Store(url, job_id="b")
     a.save_table("key", Table({1024: entry("ring", 1e-3)}, fusion_bytes=0))
-    b.save_table("key", Table({1024: entry("tree", 2e-3), 2048: entry("tree", 1e-3)}))
+    lead = Lead(Arm(((2048, Choice("ring", 1024)),), 1 << 20), Gain(0.96, 0.9, 1.01, 30))
+    b.save_table("key", Table({1024: entry("tree", 2e-3), 2048: entry("tree", 1e-3)}, lead=lead))
     for store in (a, b, Store(url)):
         table = store.load_table("key")
         assert table is not None
         assert table.classes[1024].choice == Choice("ring")
         assert table.classes[2048].choice == Choice("tree")
+        assert table.lead == lead  # b's, the newer
 
 
 def test_a_bad_stored_plan_names_the_storage_and_the_job(tmp_path: Path) -> None:

@@ -9,10 +9,17 @@ import json
 from pathlib import Path
 
 import pytest
-from tuner_jobs import SMALL_BYTES, fixed_from_file, register_with_plan_file, tune
+from tuner_jobs import (
+    SMALL_BYTES,
+    Tuned,
+    fixed_from_file,
+    register_injected,
+    register_with_plan_file,
+    tune,
+)
 
 from autotune.launch import run_local
-from autotune.plan import Choice, Entry, Table, size_class
+from autotune.plan import Arm, Choice, Entry, Gain, Lead, Table, size_class
 from autotune.store import Store
 
 QUICK = {"tune_warmup": 1, "tune_samples": 2, "fusion_bytes": 0, "duel_pairs": 10}
@@ -134,6 +141,46 @@ def test_a_restarted_job_confirms_the_stored_plan_without_exploring(tmp_path: Pa
     assert {cls: second.plan[cls] for cls in first.plan if cls in second.plan} == {
         cls: c for cls, c in first.plan.items() if cls in second.plan
     }
+
+
+@pytest.mark.usefixtures("clean_registry")
+def test_a_stored_baseline_gives_the_plan_that_came_close_one_more_duel(tmp_path: Path) -> None:
+    url = storage(tmp_path)
+    config = {**QUICK, "algorithms": ("slow_ring",), "storage": url}
+    first = run_local(tune, 2, SETTLE_CAP, config, False, False, None, True, timeout_s=600)[0]
+    assert first.settled and first.baseline_kept, (first.progress, first.duels)
+    (key, kept), *others = Store(url).tables().items()
+    assert not others and kept.lead is None  # slow_ring lost by far: nothing came close
+    trials = Store(url).trial_count()
+
+    def job_with_lead(algorithm: str, slow_native: bool, job_id: str) -> Tuned:
+        """A job from the stored baseline with a lead on ``algorithm`` for every class."""
+        arm = Arm.of({cls: Choice(algorithm) for cls in kept.classes}, 0)
+        table = Table(kept.classes, 0, kept.fingerprint, None, Lead(arm, Gain(0.96, 0.9, 1.02, 10)))
+        Store(url, job_id=job_id).save_table(key, table)
+        job = {**config, "algorithms": (algorithm,)}
+        runs: list[Tuned] = run_local(
+            tune, 2, SETTLE_CAP, job, False, slow_native, None, True, timeout_s=600
+        )
+        return runs[0]
+
+    register_injected()  # to read back tables that name them
+
+    # A lead that loses its second duel: the baseline, and the lead is forgotten.
+    lost = job_with_lead("slow_ring", False, "seed-1")
+    assert [(kind, won) for kind, _, won in lost.duels] == [("retry", False)], lost.duels
+    assert lost.settled and lost.baseline_kept
+    assert all(c.algorithm == "native" for c in lost.plan.values())
+    stored = Store(url).load_table(key)
+    assert stored is not None and stored.lead is None
+    # A lead that wins it (the baseline slowed): locked, without screening anything again.
+    won = job_with_lead("quick_ring", True, "seed-2")
+    assert [(kind, won) for kind, _, won in won.duels] == [("retry", True)], won.duels
+    assert won.settled and not won.baseline_kept
+    assert {cls: c.algorithm for cls, c in won.plan.items() if cls in kept.classes} == {
+        cls: "quick_ring" for cls in kept.classes
+    }
+    assert Store(url).trial_count() == trials
 
 
 def test_a_json_table_runs_as_a_fixed_plan(tmp_path: Path) -> None:

@@ -115,6 +115,12 @@ class QuickRing(RingAllReduce):
         super()._run(buf, comm, segment_elems)
 
 
+def register_injected() -> None:
+    """Register the algorithms above, so that this process can run (or read a table naming) them."""
+    for cls in (SlowRing, FastSmall, FastLarge, GilHog, QuickRing):
+        register(cls.name, cls, replace=True)
+
+
 def model() -> torch.nn.Module:
     """With bucket_cap_mb=0.05, two buckets either side of SMALL_BYTES from the second iteration
     (after DDP rebuilds them): 66 KB and 1.05 MB."""
@@ -162,8 +168,7 @@ def tune(
     rank knows the plan is locked (with ``flip_at``: after the flip, locked on the baseline).
     How many iterations tuning takes depends on how soon the tuner's Optuna worker answers,
     which a loaded machine slows; a fixed count would not."""
-    for cls in (SlowRing, FastSmall, FastLarge, GilHog, QuickRing):
-        register(cls.name, cls, replace=True)
+    register_injected()
     register("native", SlowNative if slow_native else NativeAllReduce, replace=True)
     CONDITIONS.update(native_slow=slow_native, quick_ring_slow=False)
     base = model()

@@ -29,6 +29,16 @@ step (`autotune.tuning.duel`):
 
 A job that starts from a stored plan goes straight to ``confirm``: a plan tuned under another
 job's conditions must beat the baseline here before it is locked.
+
+A round that keeps the baseline remembers its lead: the plan that came closest to beating it in
+a duel against the baseline, if that duel ended ahead on the median by `LEAD_BELOW` or more but
+not beyond noise. The table stores it (`autotune.plan.Lead`), and the next job from that table,
+instead of locking the stored baseline at once, gives the lead one more duel against the
+baseline (a ``retry``, run as a confirm): won, the lead is locked; lost, the baseline is, and the
+lead is forgotten. A gain of 5% is hard to prove under a shared machine's noise within one duel's
+pairs (the mlp at 4 ranks kept the baseline once with fusion at 0.950-0.957x, where five other
+runs locked it at 0.80-0.93x); a second duel costs the next job a few dozen iterations, half of
+them on a plan that measured ahead, where starting the search over would cost hundreds.
 """
 
 from __future__ import annotations
@@ -36,14 +46,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from autotune.plan import Choice, Gain
+from autotune.plan import BASELINE_CHOICE, Arm, Choice, Gain, Lead
 from autotune.tuning.duel import LOOK_EVERY, MIN_PAIRS, Duel, Outcome
-from autotune.units import format_bytes
 
-__all__ = ["BASELINE_CHOICE", "NOMINATE_BELOW", "RUNNER_UP_WITHIN", "Arm", "Campaign", "nominate"]
+__all__ = ["LEAD_BELOW", "NOMINATE_BELOW", "RUNNER_UP_WITHIN", "Campaign", "nominate"]
 
-#: What every size class runs in the baseline, and wherever a plan says nothing.
-BASELINE_CHOICE = Choice("native")
 #: A class's latency-best choice is nominated only below this fraction of the current latency:
 #: a duel costs tens of steps, and a 3% faster message rarely shows in the step.
 NOMINATE_BELOW = 0.9
@@ -54,6 +61,11 @@ NOMINATE_BELOW = 0.9
 #: `hierarchical_ring`, 1.10x faster on the step, was never tried). A second duel costs tens of
 #: steps; locking the wrong one of two close choices costs every step after.
 RUNNER_UP_WITHIN = 1.1
+#: A duel against the baseline whose challenger lost with a median ratio below this (ahead by
+#: 3% or more, not beyond noise) makes it a lead for the next job, if the round keeps the
+#: baseline. The closest challengers in cells with nothing to gain measured 0.99-1.00
+#: (docs/BENCHMARKS.md); a lead that is only noise costs the next job one duel.
+LEAD_BELOW = 0.97
 #: Pairs in a re-check of a locked plan against the baseline.
 RECHECK_PAIRS = MIN_PAIRS + LOOK_EVERY
 
@@ -84,36 +96,6 @@ def nominate(values: Mapping[Choice, float], now: Choice) -> list[tuple[Choice, 
     if out and runner is not None and runner[1] <= RUNNER_UP_WITHIN * best_s and promising(*runner):
         out.append((runner[0], reference - runner[1]))
     return out
-
-
-@dataclass(frozen=True)
-class Arm:
-    """A whole plan: the choices that differ from `BASELINE_CHOICE`, and the fusion size."""
-
-    choices: tuple[tuple[int, Choice], ...] = ()
-    fusion_bytes: int = 0
-
-    @staticmethod
-    def of(choices: Mapping[int, Choice], fusion_bytes: int) -> Arm:
-        kept = sorted((cls, c) for cls, c in choices.items() if c != BASELINE_CHOICE)
-        return Arm(tuple(kept), fusion_bytes)
-
-    def as_dict(self) -> dict[int, Choice]:
-        return dict(self.choices)
-
-    def choice(self, cls: int) -> Choice:
-        return self.as_dict().get(cls, BASELINE_CHOICE)
-
-    def with_class(self, cls: int, choice: Choice) -> Arm:
-        return Arm.of({**self.as_dict(), cls: choice}, self.fusion_bytes)
-
-    def with_fusion(self, fusion_bytes: int) -> Arm:
-        return Arm(self.choices, fusion_bytes)
-
-    def describe(self) -> str:
-        parts = [f"{format_bytes(cls)}: {c}" for cls, c in self.choices]
-        fusion = f"fusion {format_bytes(self.fusion_bytes)}" if self.fusion_bytes else ""
-        return ", ".join([*parts, *([fusion] if fusion else [])]) or "native"
 
 
 @dataclass
@@ -162,6 +144,8 @@ class Campaign:
         self._second_look = False  # the re-check under way is a failed one's second look
         #: The plan a previous job stored, as `start` was given it.
         self.stored: Arm | None = None
+        #: This round's closest challenger against the baseline (see the module doc).
+        self._lead: Lead | None = None
 
     # -- what rank 0 asks ----------------------------------------------------------------
 
@@ -179,6 +163,12 @@ class Campaign:
     def baseline_kept(self) -> bool:
         return self.phase == "locked" and self.incumbent == self.baseline
 
+    @property
+    def lead(self) -> Lead | None:
+        """Where the baseline is kept: the plan for the next job to try again, if one came
+        close (`LEAD_BELOW`)."""
+        return self._lead if self.baseline_kept else None
+
     def duels(self, kind: str) -> int:
         return sum(1 for k, _, _ in self.history if k == kind)
 
@@ -193,13 +183,18 @@ class Campaign:
 
     # -- what rank 0 tells it ------------------------------------------------------------
 
-    def start(self, stored: Arm | None) -> None:
-        """Begin, from the plan a previous job stored (None: from scratch)."""
+    def start(self, stored: Arm | None, lead: Lead | None = None) -> None:
+        """Begin, from the plan a previous job stored (None: from scratch) and, where that is
+        the baseline, the lead it stored with it."""
         self.stored = stored
         if stored is None:
             self._open()
         elif stored == self.baseline:
-            self._lock()
+            if lead is not None and lead.arm != self.baseline:
+                self.phase = "confirm"
+                self._begin(self.baseline, lead.arm, "retry")
+            else:
+                self._lock()
         else:
             self.phase = "confirm"
             self._begin(self.baseline, stored, "confirm")
@@ -253,7 +248,7 @@ class Campaign:
 
     def _open(self) -> None:
         self.incumbent, self.gain = self.baseline, None
-        self._near = {}
+        self._near, self._lead = {}, None
         self.phase = "fusion"
         self._queue = [("fusion", f, None) for f in self.fusion_options]
         self._next()
@@ -307,6 +302,8 @@ class Campaign:
 
     def _settle(self, m: _Match, outcome: Outcome) -> None:
         versus_baseline = m.reference == self.baseline
+        if versus_baseline and m.kind not in ("recheck", "retry"):
+            self._note_lead(m.challenger, outcome)
         if m.kind == "recheck":
             second, self._second_look = self._second_look, False
             if outcome.gain.ratio < 1.0:  # still faster: the re-check is cheap, not a proof
@@ -319,7 +316,7 @@ class Campaign:
                 self.round += 1
                 self._open()
             return
-        if m.kind == "confirm":
+        if m.kind in ("confirm", "retry"):
             if outcome.challenger_won:
                 self.incumbent, self.gain = m.challenger, outcome.gain
             else:
@@ -334,6 +331,14 @@ class Campaign:
             if cls not in self._near or outcome.gain.ratio < self._near[cls][1]:
                 self._near[cls] = (choice, outcome.gain.ratio)
         self._next()
+
+    def _note_lead(self, challenger: Arm, outcome: Outcome) -> None:
+        """A lost duel against the baseline: its challenger leads if it came closest so far."""
+        ratio = outcome.gain.ratio
+        if outcome.challenger_won or not ratio < LEAD_BELOW:
+            return
+        if self._lead is None or ratio < self._lead.gain.ratio:
+            self._lead = Lead(challenger, outcome.gain)
 
     def _lock(self) -> None:
         self.phase = "locked"

@@ -30,12 +30,12 @@ from autotune import topology
 from autotune.algorithms import agreed, bookkeeping_device, current_device
 from autotune.events import Event, Failure, IterationDone, IterationEnd
 from autotune.model import Prior
-from autotune.plan import Choice, Entry, Gain, Table
+from autotune.plan import Arm, Choice, Entry, Gain, Table
 from autotune.space import search_space
 from autotune.stats import MessageRecord
 from autotune.store import Store, fingerprint_key, job_fingerprint, storage_url
 from autotune.tuning import wire
-from autotune.tuning.campaign import Arm, Campaign, nominate
+from autotune.tuning.campaign import Campaign, nominate
 from autotune.tuning.search import NOT_MEASURED, ClassSearch, Progress
 from autotune.tuning.worker import Worker
 from autotune.units import format_bytes
@@ -364,7 +364,27 @@ class Tuner:
                     search = self._class_search(cls)
                     search.lock(e.choice, e.best_s)
                     search.finished = e.trials  # as the job that tuned it left it
-        self.campaign.start(stored)
+        lead = None if table is None else table.lead
+        if lead is not None and self._runnable(lead.arm):
+            _log.info(
+                "autotune: the stored plan keeps DDP's own all-reduce; %s, %.3fx its step over "
+                "%d pairs in the job that stored it, meets it once more",
+                lead.arm.describe(),
+                lead.gain.ratio,
+                lead.gain.pairs,
+            )
+        else:
+            lead = None
+        self.campaign.start(stored, lead)
+
+    def _runnable(self, arm: Arm) -> bool:
+        """Whether this job can run ``arm``: its choices in their classes' search spaces, its
+        fusion size one this job may tune to (or the baseline's)."""
+        assert self.campaign is not None
+        fusion_ok = arm.fusion_bytes == self.campaign.baseline.fusion_bytes or (
+            self.tune_fusion and arm.fusion_bytes in FUSION_OPTIONS
+        )
+        return fusion_ok and all(c in self._space(cls) for cls, c in arm.choices)
 
     def _learn(self, window: wire.Window, arm: Arm) -> None:
         """Rank 0, after the exchange: the step to the campaign, latencies to the searches."""
@@ -482,7 +502,8 @@ class Tuner:
         fusion = None
         if campaign.phase == "locked" or not self.tune_fusion:
             fusion = plan.fusion_bytes
-        return Table(classes, fusion, getattr(self, "fingerprint", None), campaign.gain)
+        fingerprint = getattr(self, "fingerprint", None)
+        return Table(classes, fusion, fingerprint, campaign.gain, campaign.lead)
 
     def verdict(self) -> str:
         """One line: the plan's training step against plain DDP's, as measured (rank 0)."""
@@ -498,9 +519,11 @@ class Tuner:
                     else "no plan was put forward against it"
                 )
                 return f"autotune vs plain DDP: 1.00x step time (DDP's own all-reduce kept, {why})"
+            lead = campaign.lead
+            again = "" if lead is None else f"; the next job gives {lead.describe()} one more duel"
             return (
                 "autotune vs plain DDP: 1.00x step time (DDP's own all-reduce kept: no plan "
-                f"beat it over {pairs} pairs of iterations)"
+                f"beat it over {pairs} pairs of iterations{again})"
             )
         gain = campaign.gain
         if gain is None:
