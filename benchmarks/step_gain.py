@@ -20,6 +20,10 @@ rank as torchrun sets (``--threads`` to change it):
    a rotating order, every rank aligned before each step; once autotune has settled, each
    one's step time over plain DDP's (slowest rank).
 
+``--hook-only`` runs run 3 alone, with the autotune arm fixed on native (the baseline's lane,
+DDP's buckets): what the hook itself costs each model's step, which a plan must win back in the
+duels before it beats a job that stepped aside.
+
 Exploring cost: run 1's total step time until it locked, minus run 3's median plain step times as
 many steps (the restart's cost likewise). Ratios below 1 are faster than plain DDP; intervals
 are the sign test's 95% interval for the median (autotune.tuning.duel.median_interval).
@@ -160,11 +164,12 @@ def paired(
     noop = DDP(copy.deepcopy(model), **args.ddp)
     noop.register_comm_hook(None, noop_hook)
     tuned = DDP(copy.deepcopy(model), **args.ddp)
-    config = (
-        autotune.Config(storage=storage, timeout_s=120)
-        if plan_file is None
-        else autotune.Config(plan_file=plan_file, timeout_s=120)
-    )
+    if args.hook_only:  # the baseline's lane, fixed: the hook's own cost
+        config = autotune.Config(algorithm="native", fusion_bytes=0, timeout_s=120)
+    elif plan_file is None:
+        config = autotune.Config(storage=storage, timeout_s=120)
+    else:
+        config = autotune.Config(plan_file=plan_file, timeout_s=120)
     state = autotune.register(tuned, config)
     arms = {"plain": plain, "noop": noop, "autotune": tuned}
     opts = {k: torch.optim.SGD(m.parameters(), lr=0.01) for k, m in arms.items()}
@@ -203,6 +208,20 @@ def _ratio(a: list[float], b: list[float]) -> dict[str, float]:
     r = [x / y for x, y in zip(a, b, strict=True)]
     low, high = median_interval(r)
     return {"median": statistics.median(r), "low": low, "high": high, "n": len(r)}
+
+
+def hook_cost(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any]:
+    """``--hook-only``: run 3 alone, the autotune arm fixed on the baseline's lane."""
+    args.model = model
+    args.ddp = {"bucket_cap_mb": 1.0} if model == "mlp" else {}
+    pair = run_local(paired, world_size, args, "", None, timeout_s=1800)[0]
+    return {
+        "model": model,
+        "world_size": world_size,
+        "plain_ms": statistics.median(pair["plain"]) * 1e3,
+        "noop": _ratio(pair["noop"], pair["plain"]),
+        "hook": _ratio(pair["autotune"], pair["plain"]),
+    }
 
 
 def cell(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -290,11 +309,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paired-steps", type=int, default=100, help="run 3, per model")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
     p.add_argument("--json", default=None, help="also write every figure here")
+    p.add_argument(
+        "--hook-only",
+        action="store_true",
+        help="run 3 alone, with autotune fixed on native (DDP's buckets): the hook's own cost",
+    )
     args = p.parse_args(argv)
     rows = []
     for world_size in (int(w) for w in args.world_sizes.split(",")):
         for model in args.models.split(","):
             begin = time.perf_counter()
+            if args.hook_only:
+                rows.append(hook_cost(model, world_size, args))
+                h, n = rows[-1]["hook"], rows[-1]["noop"]
+                print(
+                    f"{model} x{world_size}: hook on native / plain {h['median']:.3f} "
+                    f"({h['low']:.3f}-{h['high']:.3f}), noop/plain {n['median']:.3f}, plain "
+                    f"{rows[-1]['plain_ms']:.1f} ms [{time.perf_counter() - begin:.0f} s]",
+                    flush=True,
+                )
+                continue
             row = cell(model, world_size, args)
             rows.append(row)
             a = row["autotune"]
@@ -314,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
             for duel in row["restart_duels"]:
                 print(f"    {duel}", flush=True)
             print(f"  paired run: {row['paired_verdict']}", flush=True)
-    print(markdown(rows))
+    if not args.hook_only:
+        print(markdown(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0
