@@ -324,32 +324,25 @@ class Store:
 def merge_tables(saved: Sequence[tuple[float, Table]]) -> Table:
     """The plan for a fingerprint when several jobs stored one (``saved``: (time, table)).
 
-    Per size class, among the locked entries, the one with the lowest measured latency wins; an
-    entry without one (taken from elsewhere, not re-measured) only wins where no entry has one,
-    and then the newest does. The fusion size is the newest locked one, the lead (`Lead`) the
-    newest table's: a later job either settled an older lead or found its own. The same tables
-    give the same plan whatever order the jobs wrote them in.
+    Per size class the newest locked entry wins (an entry that is not locked only where no entry
+    is); the fusion size is the newest locked one, the lead (`Lead`) the newest table's. A job
+    judges its plan as a whole, on the step against the baseline, so the latest verdict stands:
+    a plan that a later job dropped for the baseline does not come back. (The rule before this
+    took the lowest screened latency per class, from the latency-tuned days: it brought a
+    dropped class choice back, to be confirmed again, and dropped again, by every later job.)
+    The same tables give the same plan whatever order the jobs wrote them in.
     """
     newest_first = sorted(saved, key=lambda t: -t[0])
     classes: dict[int, Entry] = {}
     for _, table in newest_first:
         for cls, entry in table.classes.items():
             have = classes.get(cls)
-            if have is None or _better(entry, have):
+            if have is None or (entry.state == "locked" and have.state != "locked"):
                 classes[cls] = entry
     fusion = next((t.fusion_bytes for _, t in newest_first if t.fusion_bytes is not None), None)
     fingerprint = next((t.fingerprint for _, t in newest_first if t.fingerprint), None)
     lead = newest_first[0][1].lead if newest_first else None
     return Table(classes, fusion, fingerprint, lead=lead)
-
-
-def _better(entry: Entry, have: Entry) -> bool:
-    """Whether ``entry`` beats ``have`` (which is as new or newer) for a class."""
-    if (entry.state == "locked") != (have.state == "locked"):
-        return entry.state == "locked"
-    if entry.best_s is None:
-        return False
-    return have.best_s is None or entry.best_s < have.best_s
 
 
 def _open(url: str) -> optuna.storages.RDBStorage:

@@ -160,13 +160,29 @@ def test_the_stored_plan_of_several_jobs_follows_one_rule() -> None:
     exploring = Table({1024: entry("two_tree", 1e-4, state="exploring")})
     saved = [(1.0, older), (2.0, newer), (3.0, exploring)]
     merged = merge_tables(saved)
-    assert merged.classes[1024].choice == Choice("ring")  # lowest measured latency, locked
-    assert merged.classes[4096].choice == Choice("ring")  # none measured: the newest
+    assert merged.classes[1024].choice == Choice("tree")  # the newest locked, latency aside
+    assert merged.classes[4096].choice == Choice("ring")
     assert merged.classes[8192].choice == Choice("native")
     assert merged.fusion_bytes == 1 << 20  # the newest locked fusion size
     assert merged.lead is None  # the newest table has none
     # Whatever order the jobs wrote in, the same plan.
     assert merge_tables(list(reversed(saved))) == merged
+
+
+def test_a_plan_a_later_job_dropped_does_not_come_back() -> None:
+    # Job 1 locked tree for 1 KiB (its screening: 1 ms); job 2 confirmed it on the step, lost,
+    # and stored the baseline (native's screening: 2 ms). The next job starts from the baseline.
+    kept = Table({1024: entry("tree", 1e-3), 2048: entry("native", 1e-3)}, fusion_bytes=0)
+    dropped = Table({1024: entry("native", 2e-3), 2048: entry("native", 1e-3)}, fusion_bytes=0)
+    merged = merge_tables([(1.0, kept), (2.0, dropped)])
+    assert {cls: e.choice for cls, e in merged.classes.items()} == {
+        1024: Choice("native"),
+        2048: Choice("native"),
+    }
+    # A class only the older job saw keeps its choice.
+    older = Table({1024: entry("tree", 1e-3), 4096: entry("ring", 1e-3)}, fusion_bytes=0)
+    merged = merge_tables([(1.0, older), (2.0, dropped)])
+    assert merged.classes[4096].choice == Choice("ring")
 
 
 def test_the_lead_is_the_newest_tables_settled_or_not() -> None:
@@ -187,7 +203,7 @@ def test_each_job_stores_its_own_plan_and_reads_the_merge(tmp_path: Path) -> Non
     for store in (a, b, Store(url)):
         table = store.load_table("key")
         assert table is not None
-        assert table.classes[1024].choice == Choice("ring")
+        assert table.classes[1024].choice == Choice("tree")  # b's, the newer
         assert table.classes[2048].choice == Choice("tree")
         assert table.lead == lead  # b's, the newer
 
