@@ -63,8 +63,9 @@ NOMINATE_BELOW = 0.9
 RUNNER_UP_WITHIN = 1.1
 #: A duel against the baseline whose challenger lost with a median ratio below this (ahead by
 #: 3% or more, not beyond noise) makes it a lead for the next job, if the round keeps the
-#: baseline. The closest challengers in cells with nothing to gain measured 0.99-1.00
-#: (docs/BENCHMARKS.md); a lead that is only noise costs the next job one duel.
+#: baseline. The closest challengers in cells with nothing to gain measured 0.99-1.00, once
+#: 0.966 (docs/BENCHMARKS.md; that lead's retry measured 0.990): a lead that is only noise costs
+#: the next job one duel.
 LEAD_BELOW = 0.97
 #: Pairs in a re-check of a locked plan against the baseline.
 RECHECK_PAIRS = MIN_PAIRS + LOOK_EVERY
