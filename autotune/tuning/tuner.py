@@ -367,8 +367,8 @@ class Tuner:
         lead = None if table is None else table.lead
         if lead is not None and self._runnable(lead.arm):
             _log.info(
-                "autotune: the stored plan keeps DDP's own all-reduce; %s, %.3fx its step over "
-                "%d pairs in the job that stored it, meets it once more",
+                "autotune: the stored plan is DDP's own all-reduce; its lead, %s (%.3fx its "
+                "step over %d pairs in the job that stored it), meets it once more",
                 lead.arm.describe(),
                 lead.gain.ratio,
                 lead.gain.pairs,
@@ -380,8 +380,7 @@ class Tuner:
     def _runnable(self, arm: Arm) -> bool:
         """Whether this job can run ``arm``: its choices in their classes' search spaces, its
         fusion size one this job may tune to (or the baseline's)."""
-        assert self.campaign is not None
-        fusion_ok = arm.fusion_bytes == self.campaign.baseline.fusion_bytes or (
+        fusion_ok = arm.fusion_bytes == self.baseline.fusion_bytes or (
             self.tune_fusion and arm.fusion_bytes in FUSION_OPTIONS
         )
         return fusion_ok and all(c in self._space(cls) for cls, c in arm.choices)
