@@ -210,10 +210,20 @@ def _ratio(a: list[float], b: list[float]) -> dict[str, float]:
     return {"median": statistics.median(r), "low": low, "high": high, "n": len(r)}
 
 
-def hook_cost(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any]:
-    """``--hook-only``: run 3 alone, the autotune arm fixed on the baseline's lane."""
+def _for_model(args: argparse.Namespace, model: str) -> None:
+    """Point the ranks' arguments at ``model``: the mlp runs in 1 MiB buckets, as the example."""
     args.model = model
     args.ddp = {"bucket_cap_mb": 1.0} if model == "mlp" else {}
+
+
+def _arm(table: Table) -> Arm:
+    """The whole plan a stored table keeps (`Arm()`: the baseline)."""
+    return Arm.of({cls: e.choice for cls, e in table.classes.items()}, table.fusion_bytes or 0)
+
+
+def hook_cost(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any]:
+    """``--hook-only``: run 3 alone, the autotune arm fixed on the baseline's lane."""
+    _for_model(args, model)
     pair = run_local(paired, world_size, args, "", None, timeout_s=1800)[0]
     return {
         "model": model,
@@ -225,17 +235,14 @@ def hook_cost(model: str, world_size: int, args: argparse.Namespace) -> dict[str
 
 
 def cell(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any]:
-    args.model = model
-    args.ddp = {"bucket_cap_mb": 1.0} if model == "mlp" else {}
+    _for_model(args, model)
     with tempfile.TemporaryDirectory() as tmp:
         storage = f"sqlite:///{Path(tmp) / 'tuning.db'}"
         tune = run_local(alone, world_size, args, storage, timeout_s=1800)
         restart = run_local(alone, world_size, args, storage, timeout_s=1800)[0]
         # Run 3 on a copy of what run 2 left, or on run 2's plan, fixed.
-        kept = Table.from_json(restart["table"])
         plan_file = None
-        choices = {cls: e.choice for cls, e in kept.classes.items()}
-        if Arm.of(choices, kept.fusion_bytes or 0) != Arm():
+        if _arm(Table.from_json(restart["table"])) != Arm():
             plan_file = str(Path(tmp) / "plan.json")
             Path(plan_file).write_text(json.dumps(restart["table"]))
         shutil.copy(Path(tmp) / "tuning.db", Path(tmp) / "paired.db")
@@ -275,7 +282,7 @@ def cell(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any
 def kept(table_json: dict[str, Any]) -> str:
     """What a run's stored table keeps: its plan, or the baseline (and its lead, if any)."""
     table = Table.from_json(table_json)
-    arm = Arm.of({cls: e.choice for cls, e in table.classes.items()}, table.fusion_bytes or 0)
+    arm = _arm(table)
     if arm != Arm():
         return arm.describe()
     return "the baseline" + ("" if table.lead is None else f"; lead: {table.lead.describe()}")
