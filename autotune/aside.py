@@ -1,5 +1,8 @@
 """Stepping aside: once the tuner keeps the baseline, DDP gets its own all-reduce back.
 
+(Also where it keeps the backend's all-reduce for every class with a fusion size of its own:
+DDP then runs it, and `autotune.buckets` tunes DDP's bucket size in its place.)
+
 Through a comm hook every bucket costs a Python call and a separate 1/N pass, which DDP without a
 hook folds into its copy into the bucket: 1-13% of a small model's step on 2 shared cores
 (docs/BENCHMARKS.md, "The hook"). PyTorch's own ``allreduce_hook`` pays it too. Where no plan
@@ -14,7 +17,7 @@ from the backward order as a new job does, and the job runs as plain DDP from th
 
 Every rank must swap before the same iteration, since the new reducer's first rebuild of its
 buckets is a broadcast: the tuner says from which iteration every rank runs the locked baseline
-(`autotune.tuning.Tuner.baseline_from`, applied at the same iteration end on every rank), and
+(`autotune.tuning.Tuner.aside_from`, applied at the same iteration end on every rank), and
 the hook, at an iteration's last bucket (on the thread that runs backward), checks that
 iteration against it. Every rank first sees it due at the same iteration, since that iteration's
 first bucket waited for the orders (`Engine.switch_at`). From there a forward pre-hook on the
@@ -27,18 +30,28 @@ running the baseline on its lane.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torch.nn.parallel import DistributedDataParallel
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
 
-__all__ = ["StepAside", "rebuild_reducer", "why_not_rebuilt"]
+    from autotune.buckets import BucketTuner
+
+__all__ = [
+    "StepAside",
+    "rebuild_reducer",
+    "restore_bucket_config",
+    "saved_bucket_config",
+    "set_bucket_cap",
+    "why_not_rebuilt",
+]
 
 _log = logging.getLogger("autotune")
 
@@ -92,21 +105,60 @@ def rebuild_reducer(ddp: DistributedDataParallel) -> None:
     old_reducer._remove_autograd_hooks()
 
 
+#: DDP's attributes that say how its next reducer buckets (torch 2.13; earlier ones lack the
+#: first, and ``bucket_bytes_cap_default`` says whether the first bucket is DDP's 1 MiB).
+_CONFIG = ("_bucket_config", "bucket_bytes_cap", "bucket_bytes_cap_default")
+
+
+def saved_bucket_config(ddp: DistributedDataParallel) -> dict[str, Any]:
+    return {name: getattr(ddp, name) for name in _CONFIG if hasattr(ddp, name)}
+
+
+def restore_bucket_config(ddp: DistributedDataParallel, saved: dict[str, Any]) -> None:
+    for name, value in saved.items():
+        setattr(ddp, name, value)
+
+
+def set_bucket_cap(ddp: DistributedDataParallel, nbytes: int) -> None:
+    """Have ``ddp``'s next reducer (`rebuild_reducer`) bucket its gradients up to ``nbytes``, as
+    ``bucket_cap_mb=nbytes / 2**20`` would have: every bucket, the first included, up to it.
+    (torch 2.13 keeps the sizes in ``_bucket_config``; earlier ones in the attributes.)"""
+    config = getattr(ddp, "_bucket_config", None)
+    if config is not None:
+        ddp._bucket_config = dataclasses.replace(
+            config,
+            bucket_bytes_cap=nbytes,
+            per_bucket_bytes_caps=(),
+            first_bucket_bytes_cap=nbytes,
+        )
+    ddp.bucket_bytes_cap = nbytes
+    ddp.bucket_bytes_cap_default = False
+
+
 class StepAside:
     """Removes autotune's hook from its DDP model once every rank runs the locked baseline.
 
-    ``baseline_from`` says from which iteration on that is so (None: not, or not yet); the hook
+    ``aside_from`` says from which iteration on that is so (None: not, or not yet); the hook
     calls `check` at every iteration's last bucket. ``ours(hook, state)``: whether a comm hook a
     DDP model holds (the function and the state it was registered with) is this one.
+    ``buckets(ddp)``: once aside, the `BucketTuner` that tunes DDP's bucket size from the same
+    forward pre-hook (None: DDP's buckets stay as the job built them); ``bucket_bytes``: a size
+    to rebuild DDP's reducer with instead (a plan file's, `autotune.plan.Buckets`).
     """
 
     def __init__(
         self,
-        baseline_from: Callable[[], int | None],
+        aside_from: Callable[[], int | None],
         ours: Callable[[object, object], bool],
+        buckets: Callable[[DistributedDataParallel], BucketTuner | None] | None = None,
+        bucket_bytes: int | None = None,
     ) -> None:
-        self._baseline_from = baseline_from
+        self._aside_from = aside_from
+        self._bucket_bytes = bucket_bytes
         self._ours = ours
+        self._buckets = buckets
+        #: Tuning DDP's bucket size, once aside (None: not, or not yet).
+        self.buckets: BucketTuner | None = None
         self._model: weakref.ref[DistributedDataParallel] | None = None
         self._handle: RemovableHandle | None = None
         self.refused: str | None = None
@@ -122,7 +174,7 @@ class StepAside:
         the reducer before the model's next forward."""
         if self._handle is not None or self.refused is not None or self.at is not None:
             return
-        start = self._baseline_from()
+        start = self._aside_from()
         if start is None or iteration < start:
             return
         ddp = self._find()
@@ -134,22 +186,34 @@ class StepAside:
             return
 
         def swap(module: object, args: object) -> None:
-            self._swap(ddp, iteration)
+            if self.at is None:
+                self._swap(ddp, iteration)
+            tuner = self.buckets
+            if tuner is not None and not tuner.pre_forward() and self._handle is not None:
+                self._handle.remove()
+                self._handle = None
 
         self._handle = ddp.register_forward_pre_hook(swap)
 
     def _swap(self, ddp: DistributedDataParallel, iteration: int) -> None:
         assert self._handle is not None
-        self._handle.remove()
+        saved = saved_bucket_config(ddp)
         try:
+            if self._bucket_bytes is not None:
+                set_bucket_cap(ddp, self._bucket_bytes)
             rebuild_reducer(ddp)
         except Exception as exc:
+            restore_bucket_config(ddp, saved)
+            self._handle.remove()
             self._refuse(f"rebuilding DDP's reducer failed: {exc!r}")
             return
         self.at = iteration
+        self.buckets = None if self._buckets is None else self._buckets(ddp)
+        if self.buckets is None:
+            self._handle.remove()
         _log.info(
-            "autotune steps aside after iteration %d: no plan beat the backend's own all-reduce "
-            "on DDP's buckets, so DDP runs it without the hook from here on",
+            "autotune steps aside after iteration %d: the locked plan is the backend's own "
+            "all-reduce, so DDP runs it without the hook from here on",
             iteration,
         )
 

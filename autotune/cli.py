@@ -82,6 +82,8 @@ def _show(args: argparse.Namespace) -> int:
                 "  ahead but not beyond noise; the next job duels it again: "
                 f"{table.lead.describe()}"
             )
+        if table.buckets is not None:
+            print(f"  stepped aside onto {table.buckets.describe()}")
     if not (args.json or args.nccl_csv):
         return 0
     table = next(iter(tables.values()))  # exactly one, checked above

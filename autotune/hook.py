@@ -7,6 +7,8 @@ and string annotations would fail that check.
 
 import contextlib
 import json
+import logging
+import math
 import os
 import threading
 import time
@@ -30,16 +32,20 @@ from autotune.algorithms import (
     p2p_group,
 )
 from autotune.aside import StepAside
+from autotune.buckets import BLOCK, MAX_PAIRS, BucketTuner, why_not_tuned
 from autotune.config import Config
 from autotune.engine import Engine
 from autotune.faults import FailureBoard, release
-from autotune.plan import BASELINE_CHOICE, Choice, Entry, Plan, Table, load_table
+from autotune.plan import BASELINE_CHOICE, Buckets, Choice, Entry, Plan, Table, load_table
 from autotune.stats import Recorder, Summary, summarize
 from autotune.store import elastic_attempt
 from autotune.tuning import Tuner
+from autotune.units import format_bytes
 
 if TYPE_CHECKING:
     from autotune.metrics import Exporter
+
+_log = logging.getLogger("autotune")
 
 __all__ = [
     "AutotuneState",
@@ -138,11 +144,14 @@ class AutotuneState:
                     self.engine.plan.set(cls, entry.choice)
                 if table.fusion_bytes is not None and self.config.fusion_bytes is None:
                     self.engine.fusion_bytes = table.fusion_bytes
+            if table is not None and table.buckets is not None:
+                self.aside = _plan_file_buckets(table.buckets, self.config, _owner(self))
             if self.config.algorithm == "auto" and table is None:
                 tuner = self.tuner = Tuner(self.engine, group, self.config)
                 # Only where the baseline is what the job had without autotune: DDP's buckets.
                 if self.config.step_aside and tuner.baseline.fusion_bytes == 0:
-                    self.aside = StepAside(lambda: tuner.baseline_from, _owner(self))
+                    buckets = _bucket_tuner(tuner, self.config) if tuner.tune_fusion else None
+                    self.aside = StepAside(lambda: tuner.aside_from, _owner(self), buckets)
             if self.config.metrics_port is not None:
                 from autotune import metrics  # prometheus_client only where wanted
 
@@ -172,18 +181,68 @@ class AutotuneState:
             {cls: Entry(c, state="fixed") for cls, c in plan.items()}, self.engine.fusion_bytes
         )
 
+    @property
+    def settled(self) -> bool:
+        """Whether autotune has decided what this job runs (on this rank): the tuner's plan,
+        locked, and where it steps aside, DDP's bucket size (`autotune.buckets`)."""
+        tuner, aside = self.tuner, self.aside
+        if tuner is None:
+            return aside is None or aside.at is not None or aside.refused is not None
+        if not tuner.settled:
+            return False
+        if aside is None or aside.refused is not None or tuner.aside_from is None:
+            return True
+        if aside.at is None:
+            return False  # steps aside before the next forward
+        search = None if aside.buckets is None else aside.buckets.search
+        return aside.buckets is None or (search is not None and search.done)
+
     def verdict(self) -> str:
         """One line for a job's summary: its training step against plain DDP's, as the tuner
         measured it (on rank 0, which decides), and whether the hook stepped aside."""
+        aside = self.aside
         if self.tuner is None:
-            return "autotune vs plain DDP: not compared (a fixed plan runs without the tuner)"
-        line = self.tuner.verdict()
-        if self.aside is not None and self.aside.at is not None:
-            line += (
-                f"; autotune stepped aside after iteration {self.aside.at}: DDP runs its own "
-                "all-reduce, without the hook"
+            line = "autotune vs plain DDP: not compared (a fixed plan runs without the tuner)"
+            if aside is not None and aside.at is not None:
+                line += (
+                    f"; autotune stepped aside after iteration {aside.at}: DDP runs its own "
+                    "all-reduce in the plan file's buckets, without the hook"
+                )
+            return line
+        if aside is None or aside.at is None:
+            return self.tuner.verdict()
+        after = (
+            f"autotune stepped aside after iteration {aside.at}: DDP runs its own all-reduce, "
+            "without the hook"
+        )
+        search = None if aside.buckets is None else aside.buckets.search
+        if aside.buckets is None:
+            return f"{self.tuner.verdict()}; {after}"
+        if search is None or not search.done:
+            pairs = 0 if search is None else search.pairs
+            return (
+                f"{self.tuner.verdict()}; {after}, and compares bucket sizes on it ({pairs} "
+                "pairs of blocks so far)"
             )
-        return line
+        kept = search.result()
+        assert kept is not None
+        if kept.gain is None:
+            why = (
+                f"no bucket size beat them over {search.pairs} pairs of blocks"
+                if search.history
+                else "as the stored plan says"
+            )
+            return (
+                "autotune vs plain DDP: 1.00x step time (DDP's own all-reduce on the job's "
+                f"buckets: {why}); {after}"
+            )
+        g = kept.gain
+        high = "?" if math.isinf(g.high) else f"{g.high:.2f}"
+        return (
+            f"autotune vs plain DDP: {g.ratio:.2f}x step time ({g.pairs} pairs of {BLOCK}-"
+            f"iteration blocks, 95% interval {g.low:.2f}-{high}x; DDP's own all-reduce in "
+            f"{format_bytes(kept.bucket_bytes)} buckets); {after}"
+        )
 
     def stats(self) -> dict[tuple[int, str], Summary]:
         """(size class, algorithm) -> count, bytes, median and p99 seconds, busbw.
@@ -269,6 +328,47 @@ def _owner(state: AutotuneState) -> Callable[[object, object], bool]:
         return registered is mine or (registered is None and is_default_state(mine))
 
     return ours
+
+
+def _bucket_tuner(
+    tuner: Tuner, config: Config
+) -> Callable[[DistributedDataParallel], BucketTuner | None]:
+    """Once aside: DDP's bucket size tuned, from the fusion size the tuner kept and the size a
+    previous job stored, unless the model's buckets cannot be (`autotune.buckets`)."""
+
+    def start(ddp: DistributedDataParallel) -> BucketTuner | None:
+        why = why_not_tuned(ddp)
+        if why is not None:
+            _log.info("autotune leaves DDP's bucket size as the job set it: %s", why)
+            return None
+        return BucketTuner(
+            ddp,
+            first=tuner.arm.fusion_bytes or None,
+            stored=tuner.stored_bucket_bytes,
+            on_done=tuner.buckets_kept,
+            max_pairs=min(MAX_PAIRS, config.duel_pairs),
+        )
+
+    return start
+
+
+def _plan_file_buckets(
+    buckets: Buckets, config: Config, ours: Callable[[object, object], bool]
+) -> StepAside | None:
+    """A plan file that keeps DDP's own all-reduce in buckets of its size: the hook steps aside
+    after the first iteration, onto a reducer with that size (or the job's own, where the tuned
+    job kept its own). A table that says so has the backend's all-reduce for every class:
+    autotune stores a size only once it stepped aside."""
+    if not config.step_aside:
+        warnings.warn(
+            f"the plan file keeps {buckets.describe()}, which autotune applies by stepping "
+            "aside: with Config.step_aside=False the hook runs on DDP's buckets as built",
+            stacklevel=4,
+        )
+        return None
+    # No gain: the size is the one the tuned job was built with; this job's own stays.
+    size = None if buckets.gain is None else buckets.bucket_bytes
+    return StepAside(lambda: 1, ours, bucket_bytes=size)
 
 
 def _timeout(config: Config) -> timedelta:

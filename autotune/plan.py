@@ -13,6 +13,7 @@ __all__ = [
     "PLAN_COLUMNS",
     "STATES",
     "Arm",
+    "Buckets",
     "Choice",
     "Entry",
     "Gain",
@@ -287,6 +288,39 @@ class Lead:
         return cls(Arm.of(choices, fusion), Gain.from_json(data.get("gain")))
 
 
+@dataclass(frozen=True)
+class Buckets:
+    """DDP's own bucket size that a job kept once autotune stepped aside (`autotune.buckets`),
+    and its step over DDP's buckets as the job built them, plain DDP as the user set it up
+    (None: that size is the job's own; no other beat it)."""
+
+    bucket_bytes: int
+    gain: Gain | None
+
+    def describe(self) -> str:
+        """``DDP's buckets at 4 MiB (0.82x over 12 pairs of blocks)``."""
+        from autotune.units import format_bytes
+
+        size = f"DDP's buckets at {format_bytes(self.bucket_bytes)}"
+        if self.gain is None:
+            return f"{size} (the job's own: no other size beat them)"
+        return f"{size} ({self.gain.ratio:.2f}x over {self.gain.pairs} pairs of blocks)"
+
+    def to_json(self) -> dict[str, object]:
+        gain = None if self.gain is None else self.gain.to_json()
+        return {"bucket_bytes": self.bucket_bytes, "gain": gain}
+
+    @classmethod
+    def from_json(cls, data: object) -> Buckets:
+        if not isinstance(data, dict):
+            raise ValueError(f"buckets: expected an object, got {data!r}")
+        size = data.get("bucket_bytes")
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise ValueError(f"buckets: bucket_bytes must be an int > 0 (bytes), got {size!r}")
+        gain = data.get("gain")
+        return cls(size, None if gain is None else Gain.from_json(gain))
+
+
 def _choice_json(choice: Choice) -> dict[str, object]:
     return {"algorithm": choice.algorithm, "segment_bytes": choice.segment_bytes}
 
@@ -322,14 +356,16 @@ def _read_choice(raw: object, names: list[str], where: str) -> Choice:
 @dataclass(frozen=True)
 class Table:
     """A tuned plan as stored and exported: per size class an entry, the job's fusion size, the
-    plan's measured step over the baseline's (None: not compared) and, where the baseline was
-    kept, the plan that came closest to beating it (`Lead`; None: none came close)."""
+    plan's measured step over the baseline's (None: not compared), where the baseline was kept,
+    the plan that came closest to beating it (`Lead`; None: none came close), and where autotune
+    stepped aside, the bucket size DDP kept (`Buckets`; None: DDP's as the job built them)."""
 
     classes: dict[int, Entry]
     fusion_bytes: int | None = None
     fingerprint: dict[str, str | int] | None = None
     gain: Gain | None = None
     lead: Lead | None = None
+    buckets: Buckets | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -337,6 +373,7 @@ class Table:
             "fusion_bytes": self.fusion_bytes,
             "gain": None if self.gain is None else self.gain.to_json(),
             "lead": None if self.lead is None else self.lead.to_json(),
+            "buckets": None if self.buckets is None else self.buckets.to_json(),
             "classes": {
                 str(cls): {
                     **_choice_json(e.choice),
@@ -385,13 +422,19 @@ class Table:
         check_fusion_bytes(fusion, "fusion_bytes")
         assert fusion is None or isinstance(fusion, int)
         fingerprint = data.get("fingerprint")
-        gain, lead = data.get("gain"), data.get("lead")
+        gain, lead, buckets = data.get("gain"), data.get("lead"), data.get("buckets")
+        if buckets is not None and any(e.choice != BASELINE_CHOICE for e in classes.values()):
+            raise ValueError(
+                "buckets: DDP's own bucket size is kept only where every class runs native "
+                "(autotune applies it by stepping aside, without the hook)"
+            )
         return cls(
             classes,
             fusion,
             fingerprint if isinstance(fingerprint, dict) else None,
             None if gain is None else Gain.from_json(gain),
             None if lead is None else Lead.from_json(lead),
+            None if buckets is None else Buckets.from_json(buckets),
         )
 
     def nccl_csv(self, n_nodes: int = -1, n_ranks: int = -1) -> str:

@@ -325,7 +325,8 @@ def merge_tables(saved: Sequence[tuple[float, Table]]) -> Table:
     """The plan for a fingerprint when several jobs stored one (``saved``: (time, table)).
 
     Per size class the newest locked entry wins (an entry that is not locked only where no entry
-    is); the fusion size is the newest locked one, the lead (`Lead`) the newest table's. A job
+    is); the fusion size is the newest locked one, the lead (`Lead`) and DDP's bucket size
+    (`Buckets`) the newest table's. A job
     judges its plan as a whole, on the step against the baseline, so the latest verdict stands:
     a plan that a later job dropped for the baseline does not come back. (The rule before this
     took the lowest screened latency per class, from the latency-tuned days: it brought a
@@ -341,8 +342,10 @@ def merge_tables(saved: Sequence[tuple[float, Table]]) -> Table:
                 classes[cls] = entry
     fusion = next((t.fusion_bytes for _, t in newest_first if t.fusion_bytes is not None), None)
     fingerprint = next((t.fingerprint for _, t in newest_first if t.fingerprint), None)
-    lead = newest_first[0][1].lead if newest_first else None
-    return Table(classes, fusion, fingerprint, lead=lead)
+    newest = newest_first[0][1] if newest_first else None
+    lead = None if newest is None else newest.lead
+    buckets = None if newest is None else newest.buckets
+    return Table(classes, fusion, fingerprint, lead=lead, buckets=buckets)
 
 
 def _open(url: str) -> optuna.storages.RDBStorage:

@@ -8,17 +8,20 @@ default 25 MiB buckets) and a small convolutional net (~1.5 MiB, many small tens
 model and world size, three runs on spawned CPU ranks (gloo, 127.0.0.1), one intra-op thread per
 rank as torchrun sets (``--threads`` to change it):
 
-1. tune: autotune alone from an empty storage (the live tuner, every phase); records the step
-   it locked at, and every step's time;
+1. tune: autotune alone from an empty storage (the live tuner, every phase, and where it steps
+   aside, DDP's bucket size: `autotune.buckets`); records the step from which everything was
+   decided, and every step's time; it ends 20 steps after that where it stepped aside (nothing
+   changes from there), else at ``--tune-steps``;
 2. restart: autotune alone again on run 1's storage: the stored plan is confirmed against the
-   baseline (or dropped) before it is locked, and where run 1 kept the baseline with a lead,
-   the lead gets its retry; records the step it locked at and its verdict;
+   baseline (or dropped) before it is locked, where run 1 kept the baseline with a lead, the
+   lead gets its retry, and a stored bucket size its duel; records the same;
 3. paired: plain DDP, DDP with PyTorch's ``noop_hook`` (no communication: the headroom) and DDP
-   with autotune as the job after the restart runs it: where the restart kept the baseline,
-   autotune on (a copy of) its storage, which locks it at once and steps aside; where it kept
-   a plan, that plan fixed (a plan file). They take turns step by step on the same batches, in
-   a rotating order, every rank aligned before each step; once autotune has settled, each
-   one's step time over plain DDP's (slowest rank).
+   with autotune as the job after the restart runs it: where the restart kept a plan, or
+   stepped aside onto a bucket size, that table as a plan file (a plan runs fixed; a bucket
+   size is stepped aside onto after the first iteration); else autotune on (a copy of) its
+   storage, which locks the stored baseline at once and steps aside. They take turns step by
+   step on the same batches, in a rotating order, every rank aligned before each step; once
+   autotune has settled, each one's step time over plain DDP's (slowest rank).
 
 ``--hook-only`` runs run 3 alone, with the autotune arm fixed on native (the baseline's lane,
 DDP's buckets): what the hook itself costs each model's step, which a plan must win back in the
@@ -49,13 +52,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import autotune
 from autotune.launch import run_local
 from autotune.plan import Arm, Table
-from autotune.testing.settled import all_settled
+from autotune.testing.settled import all_settled, everywhere
 from autotune.tuning.duel import median_interval
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from train_ddp import build_model
 
 MODELS = ("mlp", "transformer", "convnet")
+#: Runs 1 and 2 end this many steps after autotune stepped aside and decided DDP's bucket size
+#: (or at ``--tune-steps``): nothing changes after that.
+AFTER_DECIDED = 20
 
 
 def model_and_batch(name: str, seed: int = 0) -> tuple[torch.nn.Module, Any]:
@@ -128,14 +134,33 @@ def alone(rank: int, world_size: int, args: argparse.Namespace, storage: str) ->
         # Locked from the first settled step on; a re-check of the locked plan leaves it locked
         # unless it falls back. Rank 0's figure is the one reported: it reads its campaign,
         # which the cadence the ranks agree on (`Tuner.settled`) follows an exchange later.
+        # Where it steps aside, settled once DDP's bucket size is decided too.
         campaign = state.tuner.campaign
         if campaign is None:
             settled = state.tuner.settled
         else:
             settled = campaign.settled or campaign.rechecking
+        if state.tuner.aside_from is not None:
+            settled = state.settled
         locked_at = (locked_at if locked_at is not None else step) if settled else None
+        # Stepped aside and decided: nothing is measured or changed from here (no re-checks).
+        aside = state.aside
+        final = aside is not None and aside.at is not None and state.settled
+        if everywhere(final and step >= (locked_at or 0) + AFTER_DECIDED):
+            break
     times = _slowest(times)
-    out: dict[str, Any] = {"steps": times, "locked_at": locked_at}
+    aside = state.aside
+    tuner = None if aside is None else aside.buckets
+    search = None if tuner is None else tuner.search
+    out: dict[str, Any] = {
+        "steps": times,
+        "locked_at": locked_at,
+        "aside_at": None if aside is None else aside.at,
+        "bucket_iterations": None if tuner is None else tuner.iterations,
+        "bucket_duels": None
+        if search is None
+        else [(cap, o.challenger_won, o.gain.ratio, o.gain.pairs) for cap, o in search.history],
+    }
     if rank == 0:
         out["table"] = state.table().to_json()
         out["verdict"] = state.verdict()
@@ -242,7 +267,8 @@ def cell(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any
         restart = run_local(alone, world_size, args, storage, timeout_s=1800)[0]
         # Run 3 on a copy of what run 2 left, or on run 2's plan, fixed.
         plan_file = None
-        if _arm(Table.from_json(restart["table"])) != Arm():
+        table = Table.from_json(restart["table"])
+        if _arm(table) != Arm() or table.buckets is not None:
             plan_file = str(Path(tmp) / "plan.json")
             Path(plan_file).write_text(json.dumps(restart["table"]))
         shutil.copy(Path(tmp) / "tuning.db", Path(tmp) / "paired.db")
@@ -272,6 +298,10 @@ def cell(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any
         "plan": first["table"],
         "verdict": first["verdict"],
         "duels": first["duels"],
+        "aside_at": first["aside_at"],
+        "bucket_duels": first["bucket_duels"],
+        "bucket_iterations": first["bucket_iterations"],
+        "restart_bucket_duels": restart["bucket_duels"],
         "restart_locked_at": restart["locked_at"],
         "restart_plan": restart["table"],
         "restart_verdict": restart["verdict"],
@@ -280,12 +310,16 @@ def cell(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any
 
 
 def kept(table_json: dict[str, Any]) -> str:
-    """What a run's stored table keeps: its plan, or the baseline (and its lead, if any)."""
+    """What a run's stored table keeps: its plan, or the baseline (and its lead, if any), and
+    DDP's bucket size where it stepped aside."""
     table = Table.from_json(table_json)
     arm = _arm(table)
-    if arm != Arm():
-        return arm.describe()
-    return "the baseline" + ("" if table.lead is None else f"; lead: {table.lead.describe()}")
+    plan = arm.describe() if arm != Arm() else "the baseline"
+    if table.lead is not None:
+        plan += f"; lead: {table.lead.describe()}"
+    if table.buckets is not None:
+        plan += f"; aside: {table.buckets.describe()}"
+    return plan
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
@@ -312,7 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--world-sizes", default="2,4")
     p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--tune-steps", type=int, default=400, help="run 1 and run 2")
+    p.add_argument(
+        "--tune-steps", type=int, default=1000, help="run 1 and run 2, at most (see AFTER_DECIDED)"
+    )
     p.add_argument("--paired-steps", type=int, default=100, help="run 3, per model")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
     p.add_argument("--json", default=None, help="also write every figure here")
@@ -348,12 +384,20 @@ def main(argv: list[str] | None = None) -> int:
             )
             for duel in row["duels"]:
                 print(f"    {duel}", flush=True)
+            if row["bucket_duels"] is not None:
+                print(
+                    f"  aside after {row['aside_at']}; bucket duels (cap, won, ratio, pairs) "
+                    f"over {row['bucket_iterations']} iterations: {row['bucket_duels']}",
+                    flush=True,
+                )
             print(
                 f"  restart: locked at {row['restart_locked_at']}; {row['restart_verdict']}",
                 flush=True,
             )
             for duel in row["restart_duels"]:
                 print(f"    {duel}", flush=True)
+            if row["restart_bucket_duels"] is not None:
+                print(f"  restart's bucket duels: {row['restart_bucket_duels']}", flush=True)
             print(f"  paired run: {row['paired_verdict']}", flush=True)
     if not args.hook_only:
         print(markdown(rows))

@@ -118,8 +118,9 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> Result:
             # Every rank is past DDP's setup and the first all-reduce: the job is training.
             print(f"training: {args.steps} steps on {world_size} ranks", flush=True)
         if state is not None and state.tuner is not None:
-            # The step from which it stayed settled (a newly seen size class re-opens tuning).
-            if not state.tuner.settled:
+            # The step from which it stayed settled (a newly seen size class re-opens tuning);
+            # where autotune stepped aside, once DDP's bucket size is decided too.
+            if not state.settled:
                 settled_at = settled_after_s = None
             elif settled_at is None:
                 settled_at, settled_after_s = step, time.perf_counter() - began
@@ -177,6 +178,8 @@ def summary(result: Result, world_size: int, args: argparse.Namespace) -> str:
         lines.append(f"hook call to Future return: {result.hook_us_median:.0f} us (median)")
     if result.table is not None:
         fusion = format_bytes(result.fusion_bytes) if result.fusion_bytes else "DDP's buckets"
+        if result.table.buckets is not None:  # stepped aside: DDP's own buckets, tuned
+            fusion = result.table.buckets.describe()
         when = (
             f"everything locked from step {result.settled_at} (step time until locked: "
             f"{result.settled_after_s:.1f} s)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -12,10 +13,13 @@ from ddp_jobs import VARIANTS, Net, digest
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
+from autotune.store import Store
 from autotune.testing.settled import everywhere
 
 #: A tuner that can only keep the baseline: one candidate (native), DDP's buckets, quick trials.
 KEEPS_BASELINE = {"algorithms": ("native",), "fusion_bytes": 0, "tune_warmup": 0, "tune_samples": 1}
+#: Seconds ``slow`` adds to a step: several times the small model's step on 2 shared cores.
+SLOW_S = 0.02
 
 
 @dataclass
@@ -31,6 +35,12 @@ class Aside:
     hooks_left: int  # what DDP's _comm_hooks lists at the end
     verdict: str
     stepped_aside_gauge: float | None  # the exporter's autotune_hook_stepped_aside, if it ran
+    # DDP's bucket size once aside (`autotune.buckets`): each challenger's cap and whether it
+    # won, the cap kept (None: not searched), the model's cap at the end, the stored table's.
+    bucket_duels: list[tuple[int, bool]] | None = None
+    bucket_kept: int | None = None
+    bucket_cap: int = 0
+    stored_buckets: dict[str, Any] | None = None
 
 
 def beside_plain(
@@ -42,6 +52,7 @@ def beside_plain(
     config: dict[str, Any],
     break_rebuild: str | None = None,
     after_aside: int | None = None,
+    slow: str | None = None,
 ) -> Aside:
     """Train autotune's model (registered by ``how``: "register" or "one_line", the state not
     told its model) and plain DDP on the same batches, as `ddp_jobs.train_pair` does.
@@ -49,7 +60,9 @@ def beside_plain(
     it; "raises" makes the reducer's build fail after the new reducer exists. With
     ``after_aside``, ``steps`` is a cap: training stops once every rank has stepped aside and
     taken that many synced steps since (how soon the tuner locks depends on the machine's
-    load)."""
+    load), and has finished tuning DDP's bucket size where it does. ``slow``: "reference" slows
+    every step of the hooked model while its reducer has the buckets the job built it with (by
+    `SLOW_S`), "others" while it has any other bucket size."""
     variant = VARIANTS[variant_name]
     torch.manual_seed(0)
     base = Net()
@@ -66,6 +79,14 @@ def beside_plain(
             raise RuntimeError("injected: the reducer's logger failed")
 
         distributed.DistributedDataParallel._ddp_init_helper = failing  # type: ignore[method-assign]
+    if slow is not None:
+        built = models[0].bucket_bytes_cap
+
+        def delay(module: DDP, args: object) -> None:
+            if (module.bucket_bytes_cap == built) == (slow == "reference"):
+                time.sleep(SLOW_S)
+
+        models[0].register_forward_pre_hook(delay)
     cfg = autotune.Config(timeout_s=60, **config)
     if how == "register":
         state = autotune.register(models[0], cfg)
@@ -95,6 +116,7 @@ def beside_plain(
         calls.append(len(state.recorder.hook_calls()) - before)
         synced.append(not accumulate)
     aside = state.aside
+    search = None if aside is None or aside.buckets is None else aside.buckets.search
     rel = max(
         float((a.double() - b.double()).norm() / b.double().norm())
         for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True)
@@ -115,12 +137,32 @@ def beside_plain(
         else state.exporter.registry.get_sample_value(
             "autotune_hook_stepped_aside", {"rank": str(rank), "local_rank": str(rank)}
         ),
+        bucket_duels=None
+        if search is None
+        else [(cap, o.challenger_won) for cap, o in search.history],
+        bucket_kept=None if search is None else search.kept,
+        bucket_cap=models[0].bucket_bytes_cap,
     )
-    state.close()
+    state.close()  # after the tuner's worker has written the table
+    if rank == 0 and "storage" in config:
+        result.stored_buckets = _stored_buckets(config)
     return result
 
 
 def _all_done(state: autotune.AutotuneState, synced: list[bool], after_aside: int) -> bool:
-    """Whether every rank stepped aside ``after_aside`` synced steps ago or more (agreed)."""
-    at = None if state.aside is None else state.aside.at
-    return everywhere(at is not None and sum(synced) >= at + after_aside)
+    """Whether every rank stepped aside ``after_aside`` synced steps ago or more, and has
+    decided DDP's bucket size where it tunes it (agreed)."""
+    aside = state.aside
+    at = None if aside is None else aside.at
+    tuner = None if aside is None else aside.buckets
+    decided = tuner is None or (tuner.search is not None and tuner.search.done)
+    return everywhere(at is not None and decided and sum(synced) >= at + after_aside)
+
+
+def _stored_buckets(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The bucket size the job's storage holds for its one fingerprint, as JSON."""
+    tables = list(Store(str(config["storage"])).tables().values())
+    if len(tables) != 1 or tables[0].buckets is None:
+        return None
+    stored: dict[str, Any] = tables[0].buckets.to_json()
+    return stored

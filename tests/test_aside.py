@@ -8,12 +8,15 @@ DDP's too), to rounding beyond.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from aside_jobs import KEEPS_BASELINE, Aside, beside_plain
 
 from autotune.launch import run_local
+from autotune.plan import Buckets, Gain, Table
+from autotune.units import format_bytes
 
 STEPS = 40
 #: Jobs that should step aside train until every rank has, and this many synced steps after,
@@ -111,3 +114,80 @@ def test_where_the_reducer_cannot_be_rebuilt_the_hook_stays_and_says_why(
         assert r.calls == [1] * STEPS, r.calls
         assert not r.reducer_replaced and r.hooks_left == 1
         assert r.hooked == r.plain
+
+
+#: A tuner that keeps the backend's all-reduce, the fusion size its own, with short duels; the
+#: model in DDP buckets of about 2 KB, so DDP's bucket size has a layout to change (one bucket).
+TUNES_BUCKETS = {**KEEPS_BASELINE, "fusion_bytes": None, "duel_pairs": 6}
+SMALL_BUCKETS = int(0.002 * 2**20)  # bucket_cap_mb=0.002, as DDP turns it into bytes
+#: The smallest of autotune.buckets.LADDER: the model's 23 KB in one bucket. The one challenger
+#: is this, or the fusion size the tuner kept (tried first), which makes the same layout.
+ONE_BUCKET = 1 << 20
+
+
+def one_challenger(r: Aside, won: bool) -> int:
+    """The one bucket size ``r``'s search tried (one bucket for the whole model), which won or
+    lost its duel as ``won`` says."""
+    assert r.bucket_duels is not None and len(r.bucket_duels) == 1, r.bucket_duels
+    ((cap, result),) = r.bucket_duels
+    assert cap >= ONE_BUCKET and result == won, r.bucket_duels
+    return cap
+
+
+def test_once_aside_ddp_keeps_the_bucket_size_that_makes_the_step_faster(
+    tmp_path: Path,
+) -> None:
+    # The job's own small buckets are slowed: the one-bucket layout wins its duel, is kept by
+    # every rank's reducer, stored, and confirmed at once by the next job.
+    args = ("small_buckets", CAP, "register", config(tmp_path, **TUNES_BUCKETS), None, 1)
+    first = run_local(beside_plain, 2, *args, "reference", timeout_s=600)
+    cap = one_challenger(first[0], won=True)
+    for r in first:
+        assert r.aside_at is not None, r.refused
+        assert one_challenger(r, won=True) == cap
+        assert r.bucket_kept == cap and r.bucket_cap == cap
+    assert f"in {format_bytes(cap)} buckets" in first[0].verdict, first[0].verdict
+    assert first[0].verdict.startswith("autotune vs plain DDP: 0."), first[0].verdict
+    assert len({r.hooked for r in first}) == 1, "ranks' parameters diverged"
+    # Another bucket layout sums the same gradients in another order: DDP's training to 1e-5.
+    assert first[0].plain_rel < 1e-5, first[0].plain_rel
+    stored = first[0].stored_buckets
+    assert stored is not None and stored["bucket_bytes"] == cap, stored
+    assert stored["gain"]["ratio"] < 1.0 and stored["gain"]["pairs"] >= 6, stored
+
+    again = run_local(beside_plain, 2, *args, "reference", timeout_s=600)
+    for r in again:
+        assert r.bucket_duels == [(cap, True)] and r.bucket_cap == cap  # the stored size
+    assert again[0].stored_buckets is not None
+
+
+def test_once_aside_ddp_keeps_the_job_s_buckets_when_no_size_beats_them(tmp_path: Path) -> None:
+    args = ("small_buckets", CAP, "register", config(tmp_path, **TUNES_BUCKETS), None, 1)
+    runs = run_local(beside_plain, 2, *args, "others", timeout_s=600)
+    for r in runs:
+        assert r.aside_at is not None, r.refused
+        one_challenger(r, won=False)
+        assert r.bucket_kept == SMALL_BUCKETS and r.bucket_cap == SMALL_BUCKETS
+        assert r.hooked == r.plain  # back on the job's own layout: plain DDP's training
+    assert "no bucket size beat them" in runs[0].verdict, runs[0].verdict
+    assert runs[0].stored_buckets == {"bucket_bytes": SMALL_BUCKETS, "gain": None}
+    # The next job keeps the stored verdict: the job's own buckets, nothing dueled again.
+    again = run_local(beside_plain, 2, *args, "others", timeout_s=600)
+    for r in again:
+        assert r.bucket_duels == [] and r.bucket_cap == SMALL_BUCKETS
+    assert "as the stored plan says" in again[0].verdict, again[0].verdict
+
+
+def test_a_plan_file_that_keeps_ddp_s_bucket_size_steps_aside_onto_it(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    kept = Buckets(ONE_BUCKET, Gain(0.85, 0.8, 0.9, 12))
+    plan.write_text(json.dumps(Table({}, 0, buckets=kept).to_json()))
+    settings = {"plan_file": str(plan)}
+    runs = run_local(
+        beside_plain, 2, "small_buckets", CAP, "register", settings, None, AFTER, timeout_s=300
+    )
+    for r in runs:
+        assert r.aside_at == 1 and r.bucket_cap == ONE_BUCKET, (r.aside_at, r.refused)
+        assert r.calls[:2] == [1, 0] and r.hooks_left == 0
+    assert "the plan file's buckets" in runs[0].verdict, runs[0].verdict
+    assert runs[0].plain_rel < 1e-5, runs[0].plain_rel

@@ -20,7 +20,7 @@ from postgres_server import Postgres
 from tuner_jobs import tune
 
 from autotune.launch import launch
-from autotune.plan import Arm, Choice, Entry, Gain, Lead, Table
+from autotune.plan import Arm, Buckets, Choice, Entry, Gain, Lead, Table
 from autotune.store import Store, merge_tables
 
 
@@ -183,6 +183,13 @@ def test_a_plan_a_later_job_dropped_does_not_come_back() -> None:
     older = Table({1024: entry("tree", 1e-3), 4096: entry("ring", 1e-3)}, fusion_bytes=0)
     merged = merge_tables([(1.0, older), (2.0, dropped)])
     assert merged.classes[4096].choice == Choice("ring")
+
+
+def test_the_bucket_size_is_the_newest_tables() -> None:
+    aside = Table({1024: entry("native", 1e-3)}, 0, buckets=Buckets(4 << 20, None))
+    later = Table({1024: entry("native", 1e-3)}, 0, buckets=Buckets(16 << 20, None))
+    assert merge_tables([(1.0, aside), (2.0, later)]).buckets == Buckets(16 << 20, None)
+    assert merge_tables([(2.0, aside), (1.0, later)]).buckets == Buckets(4 << 20, None)
 
 
 def test_the_lead_is_the_newest_tables_settled_or_not() -> None:

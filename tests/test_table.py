@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from autotune.plan import Arm, Choice, Entry, Gain, Lead, Table, load_table
+from autotune.plan import Arm, Buckets, Choice, Entry, Gain, Lead, Table, load_table
 from autotune.store import Store, fingerprint, fingerprint_key
 
 FP = fingerprint(backend="nccl", world_size=16, nodes=2, device="NVIDIA H100", dtype="bfloat16")
@@ -101,6 +101,18 @@ def test_show_names_a_stored_lead(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["show", "--storage", url]) == 0
     out = capsys.readouterr().out
     assert "the next job duels it again: 1 MiB: tree, fusion 16 MiB (0.95x over 24 pairs)" in out
+
+
+def test_show_names_the_bucket_size_a_job_stepped_aside_onto(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'tuning.db'}"
+    native = {cls: Entry(Choice("native"), None, 3, "locked") for cls in TABLE.classes}
+    kept = Buckets(16 << 20, Gain(0.81, 0.7, 0.9, 8))
+    Store(url).save_table("aaa", Table(native, 0, FP, None, None, kept))
+    assert main(["show", "--storage", url]) == 0
+    out = capsys.readouterr().out
+    assert "stepped aside onto DDP's buckets at 16 MiB (0.81x over 8 pairs of blocks)" in out
 
 
 def test_show_wants_a_key_when_exporting_one_of_several(

@@ -30,7 +30,7 @@ from autotune import topology
 from autotune.algorithms import agreed, bookkeeping_device, current_device
 from autotune.events import Event, Failure, IterationDone, IterationEnd
 from autotune.model import Prior
-from autotune.plan import Arm, Choice, Entry, Gain, Table
+from autotune.plan import Arm, Buckets, Choice, Entry, Gain, Table
 from autotune.space import search_space
 from autotune.stats import MessageRecord
 from autotune.store import Store, fingerprint_key, job_fingerprint, storage_url
@@ -75,9 +75,14 @@ class Tuner:
         self.states: dict[int, str] = {}
         self.phase = "loading"
         self.gain: Gain | None = None
-        #: The iteration from which every rank runs the baseline, locked (None: it does not).
-        #: Set at the same iteration end on every rank, where the orders saying so arrive.
-        self.baseline_from: int | None = None
+        #: The iteration from which every rank runs, locked, a plan DDP runs itself (None: it
+        #: does not): the baseline, or where the fusion size is tuned, the backend's all-reduce
+        #: for every class at any fusion size, which `autotune.buckets` turns into DDP's own
+        #: bucket size. Set at the same iteration end on every rank, where the orders arrive.
+        self.aside_from: int | None = None
+        #: DDP's bucket size as this job keeps it, or as a previous job stored it until this
+        #: job's search decides (rank 0 reads it from the storage; every rank sets it then).
+        self.buckets: Buckets | None = None
         self.key = ""
         #: The cost model's prior for this fingerprint (rank 0, once loaded), if a sweep stored it.
         self.prior: Prior | None = None
@@ -201,10 +206,11 @@ class Tuner:
             self.arm = arm
         self.states.update(orders.states)
         self.cadence, self.phase, self.gain = orders.cadence, orders.phase, orders.gain
-        if self.cadence != wire.LOCKED or arm != self.baseline:
-            self.baseline_from = None
-        elif self.baseline_from is None:
-            self.baseline_from = effective
+        ddp_runs_it = arm == self.baseline or (self.tune_fusion and not arm.choices)
+        if self.cadence != wire.LOCKED or not ddp_runs_it:
+            self.aside_from = None
+        elif self.aside_from is None:
+            self.aside_from = effective
 
     def _on_failure(self, error: BaseException) -> None:
         if self.worker is None:
@@ -364,6 +370,7 @@ class Tuner:
                     search = self._class_search(cls)
                     search.lock(e.choice, e.best_s)
                     search.finished = e.trials  # as the job that tuned it left it
+        self.buckets = None if table is None else table.buckets
         lead = None if table is None else table.lead
         if lead is not None and self._runnable(lead.arm):
             _log.info(
@@ -502,7 +509,20 @@ class Tuner:
         if campaign.phase == "locked" or not self.tune_fusion:
             fusion = plan.fusion_bytes
         fingerprint = getattr(self, "fingerprint", None)
-        return Table(classes, fusion, fingerprint, campaign.gain, campaign.lead)
+        return Table(classes, fusion, fingerprint, campaign.gain, campaign.lead, self.buckets)
+
+    def stored_bucket_bytes(self) -> int | None:
+        """Rank 0: the bucket size a previous job kept (`autotune.buckets` duels it first)."""
+        return None if self.buckets is None else self.buckets.bucket_bytes
+
+    def buckets_kept(self, buckets: Buckets) -> None:
+        """Every rank, once `autotune.buckets` has decided (the hook no longer runs): the step
+        gain is now the bucket size's over plain DDP's (None: the job's own buckets, 1.00x).
+        Rank 0 stores the table with it for the next job."""
+        self.buckets = buckets
+        self.gain = buckets.gain
+        if self.worker is not None and self.key:
+            self._store_table()
 
     def verdict(self) -> str:
         """One line: the plan's training step against plain DDP's, as measured (rank 0)."""

@@ -1,0 +1,334 @@
+"""DDP's own bucket size, tuned once autotune has stepped aside.
+
+Fusing buckets through the hook costs what the hook costs; DDP fuses gradients into its buckets
+for free, as it copies them in. On the example's mlp (3.4 MB of gradients in DDP buckets of
+1 MiB, 2 shared cores) plain DDP with 4-25 MiB buckets ran 0.89-0.93x the step at 2 ranks and
+0.78-0.81x at 4, while the hook's fusion of the same buckets ran 1.07-1.16x and 0.94-0.99x
+(docs/BENCHMARKS.md, "DDP's bucket size"). So where the tuner keeps a plan DDP can run itself
+(the backend's all-reduce for every size class, with or without fusion) and the fusion size is
+the tuner's to choose (``Config.fusion_bytes`` None), autotune steps aside (`autotune.aside`) and
+then compares bucket sizes on DDP's own reducer, without the hook:
+
+- the reference is DDP's reducer as the job built it (its ``bucket_cap_mb``): plain DDP as the
+  user set it up, so every gain this measures is against plain DDP itself;
+- the challengers are a few caps (`LADDER`, and the fusion size the tuner kept, first), those
+  that give a layout other than the reference's: caps at or above the model's gradient bytes
+  all make one bucket, and only the smallest of them is tried;
+- each challenger duels the reference in blocks of `BLOCK` iterations, A B B A (`Duel`, the
+  sign test on each pair of blocks' median steps): a switch rebuilds the reducer (as stepping
+  aside does), whose first iterations (DDP's initial layout, then its bucket rebuild) are not
+  timed; a step is the time from one forward to the next, the slowest rank's;
+- among the challengers that beat the reference beyond noise, the fastest on the median is
+  kept; none: the reference. The kept size is stored with the plan, and the next job's first
+  duel is that size against the reference (won: kept at once).
+
+Every rank runs the same schedule and decides alike on the same numbers (the block's steps are
+MAX-reduced over DDP's group at each block's end, in a forward pre-hook where every rank is at
+the same iteration), so the ranks rebuild their reducers before the same iteration without any
+orders. Once decided, nothing is re-checked in the job: without the hook no iteration is
+measured. The bucket layout is a property of the model and the network, which the next job with
+the same fingerprint checks again first.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from autotune.algorithms import bookkeeping_device
+from autotune.aside import (
+    rebuild_reducer,
+    restore_bucket_config,
+    saved_bucket_config,
+    set_bucket_cap,
+)
+from autotune.plan import Buckets
+from autotune.tuning.duel import MIN_PAIRS, Duel, Outcome
+from autotune.units import format_bytes
+
+__all__ = [
+    "BLOCK",
+    "LADDER",
+    "BucketSearch",
+    "BucketTuner",
+    "challengers",
+]
+
+_log = logging.getLogger("autotune")
+
+#: Bucket caps tried against the job's own (bytes).
+LADDER = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
+#: Iterations per block; the first `BLOCK_WARMUP` of each are not timed (a rebuilt reducer runs
+#: its first iteration in one bucket, and rebuilds its buckets at the second).
+BLOCK = 8
+BLOCK_WARMUP = 2
+#: Most pairs of blocks a bucket duel runs (fewer where ``Config.duel_pairs`` says so): a pair
+#: of blocks is 2 x 6 timed iterations, each block's median steadier than one iteration's step.
+MAX_PAIRS = 12
+
+
+def challengers(reference: int, total: int, first: int | None = None) -> list[int]:
+    """The caps to try against ``reference`` (bytes) for ``total`` bytes of gradients: ``first``
+    (the tuner's fusion size), then `LADDER`'s, without those that repeat a layout: at or above
+    ``total`` every cap makes one bucket (only the smallest such is kept), and the reference's
+    own layout is not a challenger."""
+
+    def layout(cap: int) -> int:
+        return min(cap, total)
+
+    seen = {layout(reference)}
+    out = []
+    for cap in ([first] if first else []) + sorted(LADDER):
+        if layout(cap) not in seen:
+            seen.add(layout(cap))
+            out.append(cap)
+    return out
+
+
+class BucketSearch:
+    """Which cap each block runs, and the verdict; the same on every rank given the same steps.
+
+    ``reference``: the job's own cap. ``stored``: the cap a previous job kept (first, and if it
+    wins, at once); ``candidates``: the rest, each dueled against the reference in turn."""
+
+    def __init__(
+        self,
+        reference: int,
+        candidates: Sequence[int],
+        stored: int | None = None,
+        max_pairs: int = MAX_PAIRS,
+    ) -> None:
+        self.reference = reference
+        self.stored = stored if stored != reference else None
+        self._queue = [c for c in candidates if c != self.stored]
+        if self.stored is not None:
+            self._queue.insert(0, self.stored)
+        self.max_pairs = max(MIN_PAIRS, max_pairs)
+        #: Each challenger's cap and how its duel ended.
+        self.history: list[tuple[int, Outcome]] = []
+        self.kept: int | None = None  # decided: the cap kept (the reference if none won)
+        self._duel: Duel | None = None
+        self._next = self._start_next()
+
+    def _start_next(self) -> int | None:
+        """The cap the next block runs, opening the next duel where one is due; None: done."""
+        if self._duel is None:
+            if not self._queue:
+                self._decide()
+                return None
+            self._duel = Duel(self.max_pairs, warmup=0, extend_to=2 * self.max_pairs)
+        return self._queue[0] if self._duel.schedule() else self.reference
+
+    @property
+    def done(self) -> bool:
+        return self.kept is not None
+
+    def cap(self) -> int | None:
+        """The cap the next block runs (None: the search is over; `kept` says what stays)."""
+        return self._next
+
+    def block(self, step_s: float) -> None:
+        """The block that ran `cap()` took ``step_s`` a step (median, slowest rank)."""
+        duel, cap = self._duel, self._next
+        assert duel is not None and cap is not None, "no block was due"
+        outcome = duel.measure(cap != self.reference, step_s)
+        if outcome is not None:
+            challenger = self._queue.pop(0)
+            self.history.append((challenger, outcome))
+            self._duel = None
+            if outcome.challenger_won and challenger == self.stored:
+                self._queue.clear()  # the stored size holds: nothing else to try
+        self._next = self._start_next()
+
+    def _decide(self) -> None:
+        won = [(o.gain.ratio, cap) for cap, o in self.history if o.challenger_won]
+        self.kept = min(won)[1] if won else self.reference
+
+    def result(self) -> Buckets | None:
+        """The kept cap, with its gain over the reference where it is not the reference's own
+        (gain None: the reference stays); None until decided."""
+        if self.kept is None:
+            return None
+        if self.kept == self.reference:
+            return Buckets(self.reference, None)
+        gain = next(o.gain for cap, o in self.history if cap == self.kept)
+        return Buckets(self.kept, gain)
+
+    @property
+    def pairs(self) -> int:
+        """Pairs of blocks run so far, over every duel."""
+        return sum(o.gain.pairs for _, o in self.history) + (
+            len(self._duel.ratios) if self._duel is not None else 0
+        )
+
+
+def why_not_tuned(ddp: DistributedDataParallel) -> str | None:
+    """Why DDP's bucket size is not tuned on ``ddp``, or None."""
+    config = getattr(ddp, "_bucket_config", None)
+    if config is not None and len(getattr(config, "per_bucket_bytes_caps", ())) > 0:
+        return "the model sets its buckets one by one (bucket_cap_mb_list)"
+    if getattr(ddp, "_use_python_reducer", False):
+        return "DDP's Python reducer"
+    return None
+
+
+class BucketTuner:
+    """Runs a `BucketSearch` on a DDP model that has stepped aside, from its forward pre-hook.
+
+    `StepAside` calls `pre_forward` before each forward once the reducer is DDP's own; it
+    returns False once the search is over. ``first``: the fusion size the tuner kept (None:
+    none); ``stored``: the size a previous job kept (rank 0 knows it; every rank gets it at the
+    first forward aside); ``on_done(kept)`` is called on every rank once it has decided, the
+    reducer rebuilt for the kept size."""
+
+    def __init__(
+        self,
+        ddp: DistributedDataParallel,
+        *,
+        first: int | None,
+        stored: Callable[[], int | None],
+        on_done: Callable[[Buckets], None],
+        max_pairs: int = MAX_PAIRS,
+    ) -> None:
+        self._ddp = ddp
+        self._first = first
+        self._stored = stored
+        self._on_done = on_done
+        self._max_pairs = max_pairs
+        self._reference = saved_bucket_config(ddp)
+        self.reference_cap = int(ddp.bucket_bytes_cap)
+        self.total = int(
+            sum(p.numel() * p.element_size() for p in ddp.module.parameters() if p.requires_grad)
+        )
+        self.search: BucketSearch | None = None
+        self.running = self.reference_cap  # the cap the reducer has now
+        self._times: list[float] = []
+        self._last: float | None = None
+        #: Forwards (synced, with grad) since the search began; its cost's measure.
+        self.iterations = 0
+        self.seconds_rebuilding = 0.0
+
+    def pre_forward(self) -> bool:
+        """Before a forward: time the step that just ended; at a block's end, decide the next
+        block's cap and rebuild the reducer for it. False once the search is over."""
+        ddp = self._ddp
+        if not (torch.is_grad_enabled() and ddp.require_backward_grad_sync):
+            return True  # not an iteration that all-reduces (eval, or under no_sync)
+        if self.search is None:
+            self.search = self._begin()
+            if self.search.done:
+                return self._finish()
+        now = time.perf_counter()
+        if self._last is not None:
+            self._times.append(now - self._last)
+        self.iterations += 1
+        going = True
+        if len(self._times) == BLOCK:
+            going = self._block_end()
+            now = time.perf_counter()
+        self._last = now
+        return going
+
+    def _begin(self) -> BucketSearch:
+        """At the first forward aside, on every rank: the stored size (rank 0 knows it), and
+        the search. A stored size that makes the job's own layout is the job's: kept as it is."""
+        stored = self._max([float(self._stored() or 0)])[0]
+        shared = int(stored) or None
+        if shared is not None and self._layout(shared) == self._layout(self.reference_cap):
+            return BucketSearch(self.reference_cap, [])
+        candidates = challengers(self.reference_cap, self.total, self._first)
+        return BucketSearch(self.reference_cap, candidates, shared, self._max_pairs)
+
+    def _layout(self, cap: int) -> int:
+        return min(cap, self.total)
+
+    def _max(self, values: list[float]) -> list[float]:
+        """``values``, each the largest over the ranks of DDP's group."""
+        device = bookkeeping_device(self._ddp.process_group, _device(self._ddp))
+        row = torch.tensor(values, dtype=torch.float64).to(device)
+        dist.all_reduce(row, op=dist.ReduceOp.MAX, group=self._ddp.process_group)
+        out: list[float] = row.cpu().tolist()
+        return out
+
+    def _block_end(self) -> bool:
+        search = self.search
+        assert search is not None
+        steps = self._max(self._times[BLOCK_WARMUP:])
+        self._times = []
+        told = len(search.history)
+        search.block(statistics.median(steps))
+        for cap, outcome in search.history[told:]:
+            g = outcome.gain
+            _log.info(
+                "autotune bucket duel: DDP's buckets at %s %s, %.3fx the step with the job's "
+                "own %s (%d pairs of blocks, 95%% interval %.3f-%.3f): %s",
+                format_bytes(cap),
+                "won" if outcome.challenger_won else "lost",
+                g.ratio,
+                format_bytes(self.reference_cap),
+                g.pairs,
+                g.low,
+                g.high,
+                outcome.why,
+            )
+        nxt = search.cap()
+        if nxt is None:
+            return self._finish()
+        self._run(nxt)
+        return True
+
+    def _run(self, cap: int) -> None:
+        if cap == self.running:
+            return
+        begin = time.perf_counter()
+        ddp = self._ddp
+        if cap == self.reference_cap:
+            restore_bucket_config(ddp, self._reference)
+        else:
+            set_bucket_cap(ddp, cap)
+        rebuild_reducer(ddp)
+        self.running = cap
+        self.seconds_rebuilding += time.perf_counter() - begin
+
+    def _finish(self) -> bool:
+        search = self.search
+        assert search is not None and search.kept is not None
+        self._run(search.kept)
+        result = search.result()
+        assert result is not None
+        if result.gain is not None:
+            g = result.gain
+            _log.info(
+                "autotune kept DDP's buckets at %s: %.3fx the step with the job's own %s "
+                "(%d pairs of %d-iteration blocks, 95%% interval %.3f-%.3f)",
+                format_bytes(result.bucket_bytes),
+                g.ratio,
+                format_bytes(self.reference_cap),
+                g.pairs,
+                BLOCK,
+                g.low,
+                g.high,
+            )
+        elif search.history:
+            _log.info(
+                "autotune kept DDP's buckets as the job built them (%s): no bucket size beat "
+                "them over %d pairs of %d-iteration blocks",
+                format_bytes(self.reference_cap),
+                search.pairs,
+                BLOCK,
+            )
+        self._on_done(result)
+        return False
+
+
+def _device(ddp: DistributedDataParallel) -> torch.device:
+    for p in ddp.module.parameters():
+        device: torch.device = p.device
+        return device
+    return torch.device("cpu")

@@ -1,0 +1,118 @@
+"""DDP's bucket size, searched once autotune has stepped aside: which sizes are tried, and the
+search's verdicts from given block steps (the same numbers give the same verdict on every rank).
+The search on real ranks, rebuilding DDP's reducer, is in tests/test_aside.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.buckets import LADDER, BucketSearch, challengers
+from autotune.plan import Buckets, Choice, Entry, Gain, Table
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("reference", "total", "first", "expected"),
+    [
+        # The example's mlp: 3.4 MB in 1 MiB buckets; every larger cap is one bucket.
+        (MIB, 3_400_000, None, [4 * MIB]),
+        # The tuner kept fusion 16 MiB: tried first, and the ladder's 4 MiB is the same layout.
+        (MIB, 3_400_000, 16 * MIB, [16 * MIB]),
+        # DDP's default 25 MiB on 12 MB: 16 MiB and 64 MiB make its layout; smaller ones do not.
+        (25 * MIB, 12_000_000, None, [MIB, 4 * MIB]),
+        # A model larger than every cap: each one is its own layout.
+        (25 * MIB, 1 << 30, None, list(LADDER)),
+        # Gradients smaller than the job's cap already: nothing to try.
+        (25 * MIB, 500_000, None, []),
+    ],
+)
+def test_the_sizes_tried_are_those_that_change_the_layout(
+    reference: int, total: int, first: int | None, expected: list[int]
+) -> None:
+    assert challengers(reference, total, first) == expected
+
+
+def run(search: BucketSearch, step_of: dict[int, float], limit: int = 500) -> list[int]:
+    """Feed the search each block's step by the cap it ran; the caps run, in order."""
+    ran = []
+    while (cap := search.cap()) is not None:
+        ran.append(cap)
+        search.block(step_of[cap])
+        assert len(ran) < limit, "the search did not end"
+    return ran
+
+
+def test_a_faster_size_wins_its_duel_in_a_b_b_a_blocks_and_is_kept() -> None:
+    search = BucketSearch(MIB, [4 * MIB])
+    ran = run(search, {MIB: 0.010, 4 * MIB: 0.008})
+    assert ran[:8] == [MIB, 4 * MIB, 4 * MIB, MIB] * 2
+    assert len(ran) == 12  # 6 pairs, every one ahead: the interval's upper end is below 1
+    assert search.kept == 4 * MIB
+    result = search.result()
+    assert result is not None and result.bucket_bytes == 4 * MIB and result.gain is not None
+    assert result.gain.ratio == pytest.approx(0.8) and result.gain.pairs == 6
+    assert search.pairs == 6
+
+
+def test_a_slower_size_loses_and_the_job_s_own_stays() -> None:
+    search = BucketSearch(MIB, [4 * MIB, 16 * MIB])
+    run(search, {MIB: 0.010, 4 * MIB: 0.012, 16 * MIB: 0.011})
+    assert [(cap, o.challenger_won) for cap, o in search.history] == [
+        (4 * MIB, False),
+        (16 * MIB, False),
+    ]
+    assert search.kept == MIB and search.result() == Buckets(MIB, None)
+
+
+def test_of_two_sizes_that_win_the_faster_is_kept() -> None:
+    search = BucketSearch(MIB, [4 * MIB, 16 * MIB])
+    run(search, {MIB: 0.010, 4 * MIB: 0.009, 16 * MIB: 0.007})
+    assert [o.challenger_won for _, o in search.history] == [True, True]
+    assert search.kept == 16 * MIB
+    result = search.result()
+    assert result is not None and result.gain is not None
+    assert result.gain.ratio == pytest.approx(0.7)
+
+
+def test_a_stored_size_is_tried_first_and_if_it_wins_nothing_else_is() -> None:
+    search = BucketSearch(MIB, [4 * MIB, 16 * MIB], stored=16 * MIB)
+    run(search, {MIB: 0.010, 4 * MIB: 0.005, 16 * MIB: 0.008})
+    assert [cap for cap, _ in search.history] == [16 * MIB]
+    assert search.kept == 16 * MIB
+
+
+def test_a_stored_size_that_loses_leaves_the_others_to_try() -> None:
+    search = BucketSearch(MIB, [4 * MIB, 16 * MIB], stored=16 * MIB)
+    run(search, {MIB: 0.010, 4 * MIB: 0.008, 16 * MIB: 0.012})
+    assert [(cap, o.challenger_won) for cap, o in search.history] == [
+        (16 * MIB, False),
+        (4 * MIB, True),
+    ]
+    assert search.kept == 4 * MIB
+
+
+def test_with_nothing_to_try_the_search_is_over_at_once() -> None:
+    search = BucketSearch(MIB, [])
+    assert search.cap() is None and search.kept == MIB and search.result() == Buckets(MIB, None)
+
+
+def test_the_table_keeps_the_bucket_size_and_refuses_a_bad_one() -> None:
+    kept = Buckets(4 * MIB, Gain(0.85, 0.8, 0.9, 12))
+    table = Table({}, None, buckets=kept)
+    assert Table.from_json(table.to_json()).buckets == kept
+    assert "4 MiB (0.85x over 12 pairs of blocks)" in kept.describe()
+    own = Buckets(MIB, None)
+    assert Table.from_json(Table({}, None, buckets=own).to_json()).buckets == own
+    assert "the job's own" in own.describe()
+    bad = table.to_json()
+    bad["buckets"] = {"bucket_bytes": -1, "gain": None}
+    with pytest.raises(ValueError, match="buckets: bucket_bytes"):
+        Table.from_json(bad)
+
+
+def test_a_table_keeps_a_bucket_size_only_with_the_backend_s_all_reduce_in_every_class() -> None:
+    kept = Buckets(4 * MIB, Gain(0.85, 0.8, 0.9, 12))
+    data = Table({MIB: Entry(Choice("tree"))}, None, buckets=kept).to_json()
+    with pytest.raises(ValueError, match="every class runs native"):
+        Table.from_json(data)
