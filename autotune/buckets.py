@@ -14,10 +14,11 @@ then compares bucket sizes on DDP's own reducer, without the hook:
 - the challengers are a few caps (`LADDER`, and the fusion size the tuner kept, first), those
   that give a layout other than the reference's: caps at or above the model's gradient bytes
   all make one bucket, and only the smallest of them is tried;
-- each challenger duels the reference in blocks of `BLOCK` iterations, A B B A (`Duel`, the
-  sign test on each pair of blocks' median steps): a switch rebuilds the reducer (as stepping
-  aside does), whose first iterations (DDP's initial layout, then its bucket rebuild) are not
-  timed; a step is the time from one forward to the next, the slowest rank's;
+- each challenger duels the reference in blocks of `BLOCK` iterations, A B B A (`Duel`, with
+  Wilcoxon's signed-rank interval on the log ratios of each pair of blocks' median steps): a
+  switch rebuilds the reducer (as stepping aside does), whose first iterations (DDP's initial
+  layout, then its bucket rebuild) are not timed; a step is the time from one forward to the
+  next, the slowest rank's;
 - among the challengers that beat the reference beyond noise, the fastest on the median is
   kept; none: the reference. The kept size is stored with the plan, and the next job's first
   duel is that size against the reference (won: kept at once).
@@ -122,7 +123,9 @@ class BucketSearch:
             if not self._queue:
                 self._decide()
                 return None
-            self._duel = Duel(self.max_pairs, warmup=0, extend_to=2 * self.max_pairs)
+            self._duel = Duel(
+                self.max_pairs, warmup=0, extend_to=2 * self.max_pairs, signed_rank=True
+            )
         return self._queue[0] if self._duel.schedule() else self.reference
 
     @property

@@ -16,7 +16,15 @@ from autotune.tuning.campaign import (
     Campaign,
     nominate,
 )
-from autotune.tuning.duel import FUTILE_FROM, MIN_PAIRS, PROMISING, Duel, median_interval
+from autotune.tuning.duel import (
+    FUTILE_FROM,
+    MIN_PAIRS,
+    PROMISING,
+    Duel,
+    hodges_lehmann,
+    median_interval,
+    signed_rank_interval,
+)
 
 
 def test_median_interval_is_the_sign_tests_order_statistics() -> None:
@@ -38,6 +46,36 @@ def run(duel: Duel, step: dict[bool, float], noise: float = 0.0, seed: int = 0) 
             break
     assert duel.outcome is not None
     return len(duel.ratios)
+
+
+def test_the_signed_rank_interval_is_walsh_averages_at_the_tables_critical_values() -> None:
+    # Critical values of the signed-rank statistic, two-sided 5% (Hollander & Wolfe): T <= 0
+    # at n=6, T <= 8 at n=10, T <= 25 at n=15. The interval is the (T+1)-th smallest and
+    # largest of the n(n+1)/2 Walsh averages; of 0..n-1, the averages step by 0.5.
+    for n, critical in ((6, 0), (10, 8), (15, 25)):
+        values = [float(v) for v in range(n)]
+        walsh = sorted((a + b) / 2 for i, a in enumerate(values) for b in values[i:])
+        assert signed_rank_interval(values) == (walsh[critical], walsh[-critical - 1])
+    assert signed_rank_interval([1.0] * 5) == (0.0, math.inf)
+    assert hodges_lehmann([1.0, 2.0, 9.0]) == 3.5  # of the Walsh averages 1 1.5 2 5 5.5 9
+
+
+def test_with_signed_ranks_a_gain_the_sign_test_cannot_prove_wins() -> None:
+    # Block ratios measured on the mlp at 2 ranks (one bucket against 1 MiB buckets). At 12
+    # pairs the sign test's upper end is the 10th smallest ratio, 1.00: not beyond noise. The
+    # signed-rank interval, which weighs how far below 1 the other nine lie, ends below 1.
+    ratios = [1.13, 0.98, 1.04, 0.86, 0.81, 0.89, 0.82, 1.00, 0.77, 0.95, 0.97, 0.90]
+    outcomes = {}
+    for signed in (False, True):
+        duel = Duel(12, warmup=0, signed_rank=signed)
+        for r in ratios:
+            duel.measure(False, 1.0)
+            outcome = duel.measure(True, r)
+        assert outcome is not None
+        outcomes[signed] = outcome
+    assert outcomes[True].challenger_won and outcomes[True].gain.high < 1.0
+    assert outcomes[True].gain.ratio == pytest.approx(0.921, abs=0.001)
+    assert not outcomes[False].challenger_won and outcomes[False].gain.high == 1.0
 
 
 def test_a_faster_challenger_wins_at_the_first_look() -> None:
