@@ -11,9 +11,9 @@ then compares bucket sizes on DDP's own reducer, without the hook:
 
 - the reference is DDP's reducer as the job built it (its ``bucket_cap_mb``): plain DDP as the
   user set it up, so every gain this measures is against plain DDP itself;
-- the challengers are a few caps (`LADDER`, and the fusion size the tuner kept, first), those
-  that give a layout other than the reference's: caps at or above the model's gradient bytes
-  all make one bucket, and only the smallest of them is tried;
+- the challengers: the fusion size the tuner kept, first, then the reference's neighbours in
+  `LADDER` (the next size up, the next down), those that give a layout other than the
+  reference's: caps at or above the model's gradient bytes all make one bucket;
 - each challenger duels the reference in blocks of `BLOCK` iterations, A B B A (`Duel`, with
   Wilcoxon's signed-rank interval on the log ratios of each pair of blocks' median steps): a
   switch rebuilds the reducer (as stepping aside does), whose first iterations (DDP's initial
@@ -74,20 +74,29 @@ BLOCK_WARMUP = 2
 MAX_PAIRS = 12
 
 
-def challengers(reference: int, total: int, first: int | None = None) -> list[int]:
+def challengers(
+    reference: int, total: int, first: int | None = None, first_bucket: int | None = None
+) -> list[int]:
     """The caps to try against ``reference`` (bytes) for ``total`` bytes of gradients: ``first``
-    (the tuner's fusion size), then `LADDER`'s, without those that repeat a layout: at or above
-    ``total`` every cap makes one bucket (only the smallest such is kept), and the reference's
-    own layout is not a challenger."""
+    (the tuner's fusion size), then `LADDER`'s neighbours of the reference, the next size up and
+    the next down, without those that repeat a layout. A layout is the first bucket and the size
+    of the rest: at or above ``total`` every cap makes one bucket, and DDP's default (25 MiB)
+    starts with a 1 MiB bucket (``first_bucket``; None: as large as the others), so 1 MiB
+    buckets on a 1.5 MB model are the default's own layout. Neighbours only: each duel costs
+    100-400 iterations, and a size two steps away rarely wins where the next one loses."""
 
-    def layout(cap: int) -> int:
-        return min(cap, total)
+    def layout(cap: int, head: int) -> tuple[int, int]:
+        head = min(head, total)
+        return head, min(cap, total - head)
 
-    seen = {layout(reference)}
+    now = min(reference, total)
+    up = next((c for c in sorted(LADDER) if min(c, total) > now), None)
+    down = next((c for c in sorted(LADDER, reverse=True) if c < now), None)
+    seen = {layout(reference, first_bucket or reference)}
     out = []
-    for cap in ([first] if first else []) + sorted(LADDER):
-        if layout(cap) not in seen:
-            seen.add(layout(cap))
+    for cap in (first, up, down):
+        if cap and layout(cap, cap) not in seen:
+            seen.add(layout(cap, cap))
             out.append(cap)
     return out
 
@@ -245,7 +254,9 @@ class BucketTuner:
         shared = int(stored) or None
         if shared is not None and self._layout(shared) == self._layout(self.reference_cap):
             return BucketSearch(self.reference_cap, [])
-        candidates = challengers(self.reference_cap, self.total, self._first)
+        candidates = challengers(
+            self.reference_cap, self.total, self._first, _first_bucket(self._ddp)
+        )
         return BucketSearch(self.reference_cap, candidates, shared, self._max_pairs)
 
     def _layout(self, cap: int) -> int:
@@ -328,6 +339,16 @@ class BucketTuner:
             )
         self._on_done(result)
         return False
+
+
+def _first_bucket(ddp: DistributedDataParallel) -> int:
+    """The first bucket's size in DDP's layout as the job built it (DDP's default: 1 MiB)."""
+    config = getattr(ddp, "_bucket_config", None)
+    if config is not None:
+        return int(config.first_bucket_bytes_cap)
+    if getattr(ddp, "bucket_bytes_cap_default", False):
+        return int(dist._DEFAULT_FIRST_BUCKET_BYTES)
+    return int(ddp.bucket_bytes_cap)
 
 
 def _device(ddp: DistributedDataParallel) -> torch.device:

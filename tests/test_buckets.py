@@ -6,31 +6,33 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.buckets import LADDER, BucketSearch, challengers
+from autotune.buckets import BucketSearch, challengers
 from autotune.plan import Buckets, Choice, Entry, Gain, Table
 
 MIB = 1 << 20
 
 
 @pytest.mark.parametrize(
-    ("reference", "total", "first", "expected"),
+    ("reference", "total", "first", "first_bucket", "expected"),
     [
-        # The example's mlp: 3.4 MB in 1 MiB buckets; every larger cap is one bucket.
-        (MIB, 3_400_000, None, [4 * MIB]),
-        # The tuner kept fusion 16 MiB: tried first, and the ladder's 4 MiB is the same layout.
-        (MIB, 3_400_000, 16 * MIB, [16 * MIB]),
-        # DDP's default 25 MiB on 12 MB: 16 MiB and 64 MiB make its layout; smaller ones do not.
-        (25 * MIB, 12_000_000, None, [MIB, 4 * MIB]),
-        # A model larger than every cap: each one is its own layout.
-        (25 * MIB, 1 << 30, None, list(LADDER)),
-        # Gradients smaller than the job's cap already: nothing to try.
-        (25 * MIB, 500_000, None, []),
+        # The example's mlp: 3.4 MB in 1 MiB buckets; the next size up makes one bucket.
+        (MIB, 3_400_000, None, None, [4 * MIB]),
+        # The tuner kept fusion 16 MiB: tried first, and 4 MiB is the same layout.
+        (MIB, 3_400_000, 16 * MIB, None, [16 * MIB]),
+        # DDP's default (25 MiB, a 1 MiB first bucket) on 12 MB: the next size down.
+        (25 * MIB, 12_000_000, None, MIB, [4 * MIB]),
+        # ... on 1.5 MB: 1 MiB buckets are the default's own layout; nothing to try.
+        (25 * MIB, 1_500_000, None, MIB, []),
+        # 25 MiB for every bucket on a large model: both neighbours.
+        (25 * MIB, 1 << 30, None, None, [64 * MIB, 16 * MIB]),
+        # Gradients smaller than every bucket already: nothing to try.
+        (25 * MIB, 500_000, None, None, []),
     ],
 )
-def test_the_sizes_tried_are_those_that_change_the_layout(
-    reference: int, total: int, first: int | None, expected: list[int]
+def test_the_sizes_tried_are_the_neighbours_that_change_the_layout(
+    reference: int, total: int, first: int | None, first_bucket: int | None, expected: list[int]
 ) -> None:
-    assert challengers(reference, total, first) == expected
+    assert challengers(reference, total, first, first_bucket) == expected
 
 
 def run(search: BucketSearch, step_of: dict[int, float], limit: int = 500) -> list[int]:
