@@ -59,6 +59,7 @@ __all__ = [
     "BucketSearch",
     "BucketTuner",
     "challengers",
+    "layout",
 ]
 
 _log = logging.getLogger("autotune")
@@ -85,20 +86,24 @@ def challengers(
     buckets on a 1.5 MB model are the default's own layout. Neighbours only: each duel costs
     100-400 iterations, and a size two steps away rarely wins where the next one loses."""
 
-    def layout(cap: int, head: int) -> tuple[int, int]:
-        head = min(head, total)
-        return head, min(cap, total - head)
-
     now = min(reference, total)
     up = next((c for c in sorted(LADDER) if min(c, total) > now), None)
     down = next((c for c in sorted(LADDER, reverse=True) if c < now), None)
-    seen = {layout(reference, first_bucket or reference)}
+    seen = {layout(reference, total, first_bucket)}
     out = []
     for cap in (first, up, down):
-        if cap and layout(cap, cap) not in seen:
-            seen.add(layout(cap, cap))
+        if cap and layout(cap, total) not in seen:
+            seen.add(layout(cap, total))
             out.append(cap)
     return out
+
+
+def layout(cap: int, total: int, first_bucket: int | None = None) -> tuple[int, int]:
+    """What DDP's buckets of ``cap`` bytes (the first one of ``first_bucket``; None: ``cap``)
+    make of ``total`` bytes of gradients, as far as the search tells layouts apart: the first
+    bucket's size, and the largest of the rest's."""
+    head = min(first_bucket or cap, total)
+    return head, min(cap, total - head)
 
 
 class BucketSearch:
@@ -224,7 +229,6 @@ class BucketTuner:
         self._last: float | None = None
         #: Forwards (synced, with grad) since the search began; its cost's measure.
         self.iterations = 0
-        self.seconds_rebuilding = 0.0
 
     def pre_forward(self) -> bool:
         """Before a forward: time the step that just ended; at a block's end, decide the next
@@ -252,15 +256,14 @@ class BucketTuner:
         the search. A stored size that makes the job's own layout is the job's: kept as it is."""
         stored = self._max([float(self._stored() or 0)])[0]
         shared = int(stored) or None
-        if shared is not None and self._layout(shared) == self._layout(self.reference_cap):
+        head = _first_bucket(self._ddp)
+        own = layout(self.reference_cap, self.total, head)
+        if shared is not None and (
+            shared == self.reference_cap or layout(shared, self.total) == own
+        ):
             return BucketSearch(self.reference_cap, [])
-        candidates = challengers(
-            self.reference_cap, self.total, self._first, _first_bucket(self._ddp)
-        )
+        candidates = challengers(self.reference_cap, self.total, self._first, head)
         return BucketSearch(self.reference_cap, candidates, shared, self._max_pairs)
-
-    def _layout(self, cap: int) -> int:
-        return min(cap, self.total)
 
     def _max(self, values: list[float]) -> list[float]:
         """``values``, each the largest over the ranks of DDP's group."""
@@ -300,7 +303,6 @@ class BucketTuner:
     def _run(self, cap: int) -> None:
         if cap == self.running:
             return
-        begin = time.perf_counter()
         ddp = self._ddp
         if cap == self.reference_cap:
             restore_bucket_config(ddp, self._reference)
@@ -308,7 +310,6 @@ class BucketTuner:
             set_bucket_cap(ddp, cap)
         rebuild_reducer(ddp)
         self.running = cap
-        self.seconds_rebuilding += time.perf_counter() - begin
 
     def _finish(self) -> bool:
         search = self.search
