@@ -230,6 +230,11 @@ class BucketTuner:
         #: Forwards (synced, with grad) since the search began; its cost's measure.
         self.iterations = 0
 
+    @property
+    def done(self) -> bool:
+        """Whether the search has decided (and the reducer has the kept size)."""
+        return self.search is not None and self.search.done
+
     def pre_forward(self) -> bool:
         """Before a forward: time the step that just ended; at a block's end, decide the next
         block's cap and rebuild the reducer for it. False once the search is over."""

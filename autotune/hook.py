@@ -8,7 +8,6 @@ and string annotations would fail that check.
 import contextlib
 import json
 import logging
-import math
 import os
 import threading
 import time
@@ -194,8 +193,7 @@ class AutotuneState:
             return True
         if aside.at is None:
             return False  # steps aside before the next forward
-        search = None if aside.buckets is None else aside.buckets.search
-        return aside.buckets is None or (search is not None and search.done)
+        return aside.buckets is None or aside.buckets.done
 
     def verdict(self) -> str:
         """One line for a job's summary: its training step against plain DDP's, as the tuner
@@ -215,10 +213,10 @@ class AutotuneState:
             f"autotune stepped aside after iteration {aside.at}: DDP runs its own all-reduce, "
             "without the hook"
         )
-        search = None if aside.buckets is None else aside.buckets.search
         if aside.buckets is None:
             return f"{self.tuner.verdict()}; {after}"
-        if search is None or not search.done:
+        search = aside.buckets.search
+        if search is None or not aside.buckets.done:
             pairs = 0 if search is None else search.pairs
             return (
                 f"{self.tuner.verdict()}; {after}, and compares bucket sizes on it ({pairs} "
@@ -236,13 +234,8 @@ class AutotuneState:
                 "autotune vs plain DDP: 1.00x step time (DDP's own all-reduce on the job's "
                 f"buckets: {why}); {after}"
             )
-        g = kept.gain
-        high = "?" if math.isinf(g.high) else f"{g.high:.2f}"
-        return (
-            f"autotune vs plain DDP: {g.ratio:.2f}x step time ({g.pairs} pairs of {BLOCK}-"
-            f"iteration blocks, 95% interval {g.low:.2f}-{high}x; DDP's own all-reduce in "
-            f"{format_bytes(kept.bucket_bytes)} buckets); {after}"
-        )
+        buckets = f"DDP's own all-reduce in {format_bytes(kept.bucket_bytes)} buckets"
+        return f"{kept.gain.verdict(f'{BLOCK}-iteration blocks', buckets)}; {after}"
 
     def stats(self) -> dict[tuple[int, str], Summary]:
         """(size class, algorithm) -> count, bytes, median and p99 seconds, busbw.

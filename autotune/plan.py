@@ -223,6 +223,20 @@ class Gain:
     high: float
     pairs: int
 
+    def over(self, pairs_of: str = "") -> str:
+        """``0.95x over 24 pairs`` (``pairs_of``: what is paired, where not iterations)."""
+        return f"{self.ratio:.2f}x over {self.pairs} pairs" + (
+            f" of {pairs_of}" if pairs_of else ""
+        )
+
+    def verdict(self, pairs_of: str, what: str) -> str:
+        """The summary line of a job whose step this gain measures against plain DDP's."""
+        high = "?" if math.isinf(self.high) else f"{self.high:.2f}"
+        return (
+            f"autotune vs plain DDP: {self.ratio:.2f}x step time ({self.pairs} pairs of "
+            f"{pairs_of}, 95% interval {self.low:.2f}-{high}x; {what})"
+        )
+
     def to_json(self) -> dict[str, object]:
         finite = {
             k: v if math.isfinite(v) else None
@@ -260,7 +274,7 @@ class Lead:
 
     def describe(self) -> str:
         """``fusion 16 MiB (0.95x over 24 pairs)``, as the verdict and ``autotune show`` say it."""
-        return f"{self.arm.describe()} ({self.gain.ratio:.2f}x over {self.gain.pairs} pairs)"
+        return f"{self.arm.describe()} ({self.gain.over()})"
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -304,7 +318,7 @@ class Buckets:
         size = f"DDP's buckets at {format_bytes(self.bucket_bytes)}"
         if self.gain is None:
             return f"{size} (the job's own: no other size beat them)"
-        return f"{size} ({self.gain.ratio:.2f}x over {self.gain.pairs} pairs of blocks)"
+        return f"{size} ({self.gain.over('blocks')})"
 
     def to_json(self) -> dict[str, object]:
         gain = None if self.gain is None else self.gain.to_json()

@@ -326,9 +326,9 @@ def merge_tables(saved: Sequence[tuple[float, Table]]) -> Table:
 
     Per size class the newest locked entry wins (an entry that is not locked only where no entry
     is); the fusion size is the newest locked one, the lead (`Lead`) and DDP's bucket size
-    (`Buckets`) the newest table's. A job
-    judges its plan as a whole, on the step against the baseline, so the latest verdict stands:
-    a plan that a later job dropped for the baseline does not come back. (The rule before this
+    (`Buckets`) the newest table's. A job judges its plan as a whole, on the step against the
+    baseline, so the latest verdict stands: a plan that a later job dropped for the baseline
+    does not come back. (The rule before this
     took the lowest screened latency per class, from the latency-tuned days: it brought a
     dropped class choice back, to be confirmed again, and dropped again, by every later job.)
     The same tables give the same plan whatever order the jobs wrote them in.

@@ -155,7 +155,7 @@ def _all_done(state: autotune.AutotuneState, synced: list[bool], after_aside: in
     aside = state.aside
     at = None if aside is None else aside.at
     tuner = None if aside is None else aside.buckets
-    decided = tuner is None or (tuner.search is not None and tuner.search.done)
+    decided = tuner is None or tuner.done
     return everywhere(at is not None and decided and sum(synced) >= at + after_aside)
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import statistics
 import threading
 import time
@@ -547,12 +546,7 @@ class Tuner:
         gain = campaign.gain
         if gain is None:
             return f"autotune vs plain DDP: not compared yet (tuning: {campaign.phase})"
-        high = "?" if math.isinf(gain.high) else f"{gain.high:.2f}"
-        return (
-            f"autotune vs plain DDP: {gain.ratio:.2f}x step time ({gain.pairs} pairs of "
-            f"iterations, 95% interval {gain.low:.2f}-{high}x; plan: "
-            f"{campaign.incumbent.describe()})"
-        )
+        return gain.verdict("iterations", f"plan: {campaign.incumbent.describe()}")
 
     def progress(self) -> dict[int | str, Progress]:
         """Per size class (and "fusion"): state, trials, best latency, current choice."""
