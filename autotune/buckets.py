@@ -21,7 +21,12 @@ then compares bucket sizes on DDP's own reducer, without the hook:
   next, the slowest rank's;
 - among the challengers that beat the reference beyond noise, the fastest on the median is
   kept; none: the reference. The kept size is stored with the plan, and the next job's first
-  duel is that size against the reference (won: kept at once).
+  duel is that size against the reference, a re-check (``Duel(hold=True)``): still ahead on the
+  median after `MAX_PAIRS` pairs, or faster beyond noise sooner, it is kept at once; not ahead
+  (or slower beyond noise), the other sizes are tried as in a first job. A stored size is not
+  made to prove its gain again: both arms are DDP's own reducer, with no Python algorithm whose
+  cost depends on the job's conditions, and a second proof of a 5-10% gain under a shared
+  machine's noise fails about half the time (the mlp at 2 ranks, docs/BENCHMARKS.md).
 
 Every rank runs the same schedule and decides alike on the same numbers (the block's steps are
 MAX-reduced over DDP's group at each block's end, in a forward pre-hook where every rank is at
@@ -50,6 +55,7 @@ from autotune.aside import (
     set_bucket_cap,
 )
 from autotune.plan import Buckets
+from autotune.tuning.campaign import LEAD_BELOW
 from autotune.tuning.duel import MIN_PAIRS, Duel, Outcome
 from autotune.units import format_bytes
 
@@ -109,8 +115,10 @@ def layout(cap: int, total: int, first_bucket: int | None = None) -> tuple[int, 
 class BucketSearch:
     """Which cap each block runs, and the verdict; the same on every rank given the same steps.
 
-    ``reference``: the job's own cap. ``stored``: the cap a previous job kept (first, and if it
-    wins, at once); ``candidates``: the rest, each dueled against the reference in turn."""
+    ``reference``: the job's own cap. ``stored``: the cap a previous job kept over it (first, a
+    re-check; if it holds, kept at once); ``candidates``: the rest, each dueled against the
+    reference in turn. ``lead``: where nothing is stored, the cap that came close in the job
+    before (`result`'s lead): dueled once more, alone (won: kept; lost: forgotten)."""
 
     def __init__(
         self,
@@ -118,12 +126,17 @@ class BucketSearch:
         candidates: Sequence[int],
         stored: int | None = None,
         max_pairs: int = MAX_PAIRS,
+        lead: int | None = None,
     ) -> None:
         self.reference = reference
         self.stored = stored if stored != reference else None
-        self._queue = [c for c in candidates if c != self.stored]
-        if self.stored is not None:
-            self._queue.insert(0, self.stored)
+        self.retry = lead if self.stored is None and lead not in (None, reference) else None
+        if self.retry is not None:
+            self._queue = [self.retry]
+        else:
+            self._queue = [c for c in candidates if c != self.stored]
+            if self.stored is not None:
+                self._queue.insert(0, self.stored)
         self.max_pairs = max(MIN_PAIRS, max_pairs)
         #: Each challenger's cap and how its duel ended.
         self.history: list[tuple[int, Outcome]] = []
@@ -137,9 +150,12 @@ class BucketSearch:
             if not self._queue:
                 self._decide()
                 return None
-            self._duel = Duel(
-                self.max_pairs, warmup=0, extend_to=2 * self.max_pairs, signed_rank=True
-            )
+            if self._queue[0] == self.stored:  # proven in a job before: a re-check
+                self._duel = Duel(self.max_pairs, warmup=0, signed_rank=True, hold=True)
+            else:
+                self._duel = Duel(
+                    self.max_pairs, warmup=0, extend_to=2 * self.max_pairs, signed_rank=True
+                )
         return self._queue[0] if self._duel.schedule() else self.reference
 
     @property
@@ -169,11 +185,21 @@ class BucketSearch:
 
     def result(self) -> Buckets | None:
         """The kept cap, with its gain over the reference where it is not the reference's own
-        (gain None: the reference stays); None until decided."""
+        (gain None: the reference stays, with its lead: the cap that lost closest, ahead by
+        `LEAD_BELOW` or more, unless this search was a lead's retry); None until decided."""
         if self.kept is None:
             return None
         if self.kept == self.reference:
-            return Buckets(self.reference, None)
+            near = [
+                (o.gain.ratio, cap)
+                for cap, o in self.history
+                if not o.challenger_won and o.gain.ratio < LEAD_BELOW
+            ]
+            if self.retry is not None or not near:
+                return Buckets(self.reference, None)
+            cap = min(near)[1]
+            lead = next(o.gain for c, o in self.history if c == cap)
+            return Buckets(self.reference, None, Buckets(cap, lead))
         gain = next(o.gain for cap, o in self.history if cap == self.kept)
         return Buckets(self.kept, gain)
 
@@ -209,7 +235,7 @@ class BucketTuner:
         ddp: DistributedDataParallel,
         *,
         first: int | None,
-        stored: Callable[[], int | None],
+        stored: Callable[[], Buckets | None],
         on_done: Callable[[Buckets], None],
         max_pairs: int = MAX_PAIRS,
     ) -> None:
@@ -257,18 +283,33 @@ class BucketTuner:
         return going
 
     def _begin(self) -> BucketSearch:
-        """At the first forward aside, on every rank: the stored size (rank 0 knows it), and
-        the search. A stored size that makes the job's own layout is the job's: kept as it is."""
-        stored = self._max([float(self._stored() or 0)])[0]
-        shared = int(stored) or None
+        """At the first forward aside, on every rank: what a previous job stored (rank 0 knows
+        it), and the search. A stored size that makes the job's own layout is the job's: kept
+        as it is, or its lead dueled once more. A stored size without a gain that is not the
+        job's own (the job's cap has changed since) proves nothing here: a search as in a
+        first job."""
+        stored = self._stored()
+        row = [0.0, 0.0, 0.0]
+        if stored is not None:
+            lead = stored.lead
+            row = [
+                float(stored.bucket_bytes),
+                float(stored.gain is not None),
+                0.0 if lead is None else float(lead.bucket_bytes),
+            ]
+        size, proven, lead_bytes = (int(v) for v in self._max(row))
         head = _first_bucket(self._ddp)
         own = layout(self.reference_cap, self.total, head)
-        if shared is not None and (
-            shared == self.reference_cap or layout(shared, self.total) == own
-        ):
-            return BucketSearch(self.reference_cap, [])
+
+        def is_own(cap: int) -> bool:
+            return cap == self.reference_cap or layout(cap, self.total) == own
+
+        if size and is_own(size):
+            retry = lead_bytes if lead_bytes and not is_own(lead_bytes) else None
+            return BucketSearch(self.reference_cap, [], None, self._max_pairs, lead=retry)
         candidates = challengers(self.reference_cap, self.total, self._first, head)
-        return BucketSearch(self.reference_cap, candidates, shared, self._max_pairs)
+        kept = size if size and proven else None
+        return BucketSearch(self.reference_cap, candidates, kept, self._max_pairs)
 
     def _max(self, values: list[float]) -> list[float]:
         """``values``, each the largest over the ranks of DDP's group."""
@@ -338,10 +379,13 @@ class BucketTuner:
         elif search.history:
             _log.info(
                 "autotune kept DDP's buckets as the job built them (%s): no bucket size beat "
-                "them over %d pairs of %d-iteration blocks",
+                "them over %d pairs of %d-iteration blocks%s",
                 format_bytes(self.reference_cap),
                 search.pairs,
                 BLOCK,
+                ""
+                if result.lead is None
+                else f"; the next job gives {result.lead.describe()} one more duel",
             )
         self._on_done(result)
         return False

@@ -230,6 +230,8 @@ class AutotuneState:
                 if search.history
                 else "as the stored plan says"
             )
+            if kept.lead is not None:
+                why += f"; the next job gives {kept.lead.describe()} one more duel"
             return (
                 "autotune vs plain DDP: 1.00x step time (DDP's own all-reduce on the job's "
                 f"buckets: {why}); {after}"
@@ -337,7 +339,7 @@ def _bucket_tuner(
         return BucketTuner(
             ddp,
             first=tuner.arm.fusion_bytes or None,
-            stored=tuner.stored_bucket_bytes,
+            stored=lambda: tuner.buckets,
             on_done=tuner.buckets_kept,
             max_pairs=min(MAX_PAIRS, config.duel_pairs),
         )

@@ -306,23 +306,37 @@ class Lead:
 class Buckets:
     """DDP's own bucket size that a job kept once autotune stepped aside (`autotune.buckets`),
     and its step over DDP's buckets as the job built them, plain DDP as the user set it up
-    (None: that size is the job's own; no other beat it)."""
+    (None: that size is the job's own; no other beat it). Where the job's own was kept,
+    ``lead`` is the size that came closest (ahead on the step, not beyond noise) with what it
+    measured: the next job duels it once more."""
 
     bucket_bytes: int
     gain: Gain | None
+    lead: Buckets | None = None
+
+    def __post_init__(self) -> None:
+        if self.lead is not None and (self.gain is not None or self.lead.gain is None):
+            raise ValueError(
+                "buckets: a lead (a size and its gain) goes only with the job's own size kept"
+            )
 
     def describe(self) -> str:
         """``DDP's buckets at 4 MiB (0.82x over 12 pairs of blocks)``."""
         from autotune.units import format_bytes
 
         size = f"DDP's buckets at {format_bytes(self.bucket_bytes)}"
-        if self.gain is None:
+        if self.gain is not None:
+            return f"{size} ({self.gain.over('blocks')})"
+        if self.lead is None:
             return f"{size} (the job's own: no other size beat them)"
-        return f"{size} ({self.gain.over('blocks')})"
+        return f"{size} (the job's own: no other size beat them; {self.lead.describe()} came close)"
 
     def to_json(self) -> dict[str, object]:
         gain = None if self.gain is None else self.gain.to_json()
-        return {"bucket_bytes": self.bucket_bytes, "gain": gain}
+        out: dict[str, object] = {"bucket_bytes": self.bucket_bytes, "gain": gain}
+        if self.lead is not None:
+            out["lead"] = self.lead.to_json()
+        return out
 
     @classmethod
     def from_json(cls, data: object) -> Buckets:
@@ -331,8 +345,12 @@ class Buckets:
         size = data.get("bucket_bytes")
         if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
             raise ValueError(f"buckets: bucket_bytes must be an int > 0 (bytes), got {size!r}")
-        gain = data.get("gain")
-        return cls(size, None if gain is None else Gain.from_json(gain))
+        gain, lead = data.get("gain"), data.get("lead")
+        return cls(
+            size,
+            None if gain is None else Gain.from_json(gain),
+            None if lead is None else Buckets.from_json(lead),
+        )
 
 
 def _choice_json(choice: Choice) -> dict[str, object]:

@@ -8,6 +8,7 @@ DDP's too), to rounding beyond.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from aside_jobs import KEEPS_BASELINE, Aside, beside_plain
 
 from autotune.launch import run_local
 from autotune.plan import Buckets, Gain, Table
+from autotune.store import Store
 from autotune.units import format_bytes
 
 STEPS = 40
@@ -176,6 +178,18 @@ def test_once_aside_ddp_keeps_the_job_s_buckets_when_no_size_beats_them(tmp_path
     for r in again:
         assert r.bucket_duels == [] and r.bucket_cap == SMALL_BUCKETS
     assert "as the stored plan says" in again[0].verdict, again[0].verdict
+    # Had the size come close, it would be the stored lead: the next job duels it alone once
+    # more, and here (the job's own slowed now) it wins and is kept by every rank.
+    cap = one_challenger(runs[0], won=False)
+    store = Store(str(config(tmp_path)["storage"]), job_id="seeded")
+    ((key, table),) = store.tables().items()
+    lead = Buckets(cap, Gain(0.96, 0.9, 1.02, 6))
+    store.save_table(key, dataclasses.replace(table, buckets=Buckets(SMALL_BUCKETS, None, lead)))
+    retried = run_local(beside_plain, 2, *args, "reference", timeout_s=600)
+    for r in retried:
+        assert r.bucket_duels == [(cap, True)] and r.bucket_kept == cap and r.bucket_cap == cap
+    stored = retried[0].stored_buckets
+    assert stored is not None and stored["bucket_bytes"] == cap and "lead" not in stored, stored
 
 
 def test_a_plan_file_that_keeps_ddp_s_bucket_size_steps_aside_onto_it(tmp_path: Path) -> None:

@@ -4,6 +4,8 @@ The search on real ranks, rebuilding DDP's reducer, is in tests/test_aside.py.""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from autotune.buckets import BucketSearch, challengers
@@ -94,6 +96,55 @@ def test_a_stored_size_that_loses_leaves_the_others_to_try() -> None:
     assert search.kept == 4 * MIB
 
 
+def test_a_stored_size_still_ahead_within_noise_is_kept_without_a_second_proof() -> None:
+    # Blocks alternate 0.88x and 1.04x of the reference: ahead on the median, never beyond
+    # noise. A stored size is re-checked, not proven again: kept at the 6-pair budget, and no
+    # other size is tried. The same blocks for a size no job kept lose it.
+    def noisy(cap: int) -> float:
+        n = sum(1 for c in ran if c == cap)
+        ran.append(cap)
+        return 0.010 if cap == MIB else 0.010 * (0.88 if n % 2 else 1.04)
+
+    ran: list[int] = []
+    search = BucketSearch(MIB, [4 * MIB, 16 * MIB], stored=16 * MIB, max_pairs=6)
+    while (cap := search.cap()) is not None:
+        search.block(noisy(cap))
+    assert [(cap, o.challenger_won, o.gain.pairs) for cap, o in search.history] == [
+        (16 * MIB, True, 6)
+    ]
+    assert search.kept == 16 * MIB
+    result = search.result()
+    assert result is not None and result.gain is not None and result.gain.high > 1.0
+    ran = []
+    search = BucketSearch(MIB, [16 * MIB], max_pairs=6)
+    while (cap := search.cap()) is not None:
+        search.block(noisy(cap))
+    assert [o.challenger_won for _, o in search.history] == [False]
+    assert search.kept == MIB
+    # ... ahead by more than 3% on the median: the job's own is kept with 16 MiB as its lead.
+    ((_, lost),) = search.history
+    assert lost.gain.ratio == pytest.approx(math.exp((math.log(0.88) + math.log(1.04)) / 2))
+    assert search.result() == Buckets(MIB, None, Buckets(16 * MIB, lost.gain))
+
+
+def test_the_lead_alone_is_dueled_again_and_kept_if_it_wins_or_forgotten() -> None:
+    candidates = [4 * MIB, 16 * MIB]
+    search = BucketSearch(MIB, candidates, lead=16 * MIB)
+    run(search, {MIB: 0.010, 4 * MIB: 0.005, 16 * MIB: 0.008})
+    assert [(cap, o.challenger_won) for cap, o in search.history] == [(16 * MIB, True)]
+    assert search.kept == 16 * MIB
+    search = BucketSearch(MIB, candidates, lead=16 * MIB)
+    run(search, {MIB: 0.010, 4 * MIB: 0.005, 16 * MIB: 0.0102})
+    ((cap, outcome),) = search.history
+    assert cap == 16 * MIB and not outcome.challenger_won
+    # Lost: the job's own, and no lead again (a retry leaves none), 4 MiB never tried.
+    assert search.kept == MIB and search.result() == Buckets(MIB, None)
+    # A stored size goes first; a lead is only for a job whose own size was kept.
+    search = BucketSearch(MIB, candidates, stored=4 * MIB, lead=16 * MIB)
+    run(search, {MIB: 0.010, 4 * MIB: 0.008, 16 * MIB: 0.007})
+    assert [cap for cap, _ in search.history] == [4 * MIB]
+
+
 def test_with_nothing_to_try_the_search_is_over_at_once() -> None:
     search = BucketSearch(MIB, [])
     assert search.cap() is None and search.kept == MIB and search.result() == Buckets(MIB, None)
@@ -107,6 +158,13 @@ def test_the_table_keeps_the_bucket_size_and_refuses_a_bad_one() -> None:
     own = Buckets(MIB, None)
     assert Table.from_json(Table({}, None, buckets=own).to_json()).buckets == own
     assert "the job's own" in own.describe()
+    near = Buckets(MIB, None, Buckets(4 * MIB, Gain(0.96, 0.9, 1.02, 12)))
+    assert Table.from_json(Table({}, None, buckets=near).to_json()).buckets == near
+    assert "DDP's buckets at 4 MiB (0.96x over 12 pairs of blocks) came close" in near.describe()
+    with pytest.raises(ValueError, match="a lead"):
+        Buckets(4 * MIB, Gain(0.85, 0.8, 0.9, 12), near.lead)
+    with pytest.raises(ValueError, match="a lead"):
+        Buckets(MIB, None, Buckets(4 * MIB, None))
     bad = table.to_json()
     bad["buckets"] = {"bucket_bytes": -1, "gain": None}
     with pytest.raises(ValueError, match="buckets: bucket_bytes"):

@@ -131,6 +131,29 @@ def test_an_extended_duel_the_challenger_cannot_win_ends_at_its_limit() -> None:
         Duel(24, extend_to=12)
 
 
+def test_a_re_check_keeps_a_challenger_still_ahead_and_drops_one_that_is_not() -> None:
+    # The restart's duel of the mlp's stored 4 MiB buckets at 2 ranks, as measured: ahead on
+    # the median, the interval still reaching 1. A first duel loses it (the gain is not proven
+    # again); a re-check of a size proven before keeps it, at the pair budget, unextended.
+    ratios = [1.16, 0.84, 0.97, 1.02, 0.88, 0.93, 1.05, 0.90, 0.99, 0.86, 1.08, 0.91]
+    for hold in (False, True):
+        duel = Duel(12, warmup=0, signed_rank=True, hold=hold)
+        for r in ratios:
+            duel.measure(False, 1.0)
+            outcome = duel.measure(True, r)
+        assert outcome is not None and len(duel.ratios) == 12
+        assert outcome.gain.ratio < 1.0 and outcome.gain.low < 1.0 < outcome.gain.high
+        assert outcome.challenger_won is hold
+        assert outcome.why == ("ahead on the median" if hold else "not faster beyond noise")
+    # Behind on the median, a re-check loses as any duel does; slower beyond noise, at once.
+    duel = Duel(12, warmup=0, hold=True)
+    assert cycle(duel, [1.01, 1.02, 0.99]) == FUTILE_FROM
+    assert duel.outcome is not None and not duel.outcome.challenger_won
+    duel = Duel(12, warmup=0, hold=True)
+    assert run(duel, {False: 1.0, True: 1.3}) == MIN_PAIRS
+    assert duel.outcome is not None and duel.outcome.why == "slower beyond noise"
+
+
 def test_a_challenger_behind_on_the_median_stops_at_the_second_look() -> None:
     duel = Duel(24, warmup=0)
     assert cycle(duel, [1.01, 1.02, 0.99]) == FUTILE_FROM

@@ -39,6 +39,15 @@ same gap. Measured on the example's mlp at 2 ranks, where one bucket runs about 
 of DDP's 1 MiB buckets, 16 block pairs had 6-8 of 24 above 1 (block medians still vary by
 +-15% on 2 shared cores): the sign test needs 18 of 24 below 1 and kept losing a real 10% gain.
 
+A duel may instead re-check a challenger that has proven itself before (``hold=True``; the bucket
+size a previous job kept, `autotune.buckets`): then the burden of proof turns, and at
+``max_pairs`` a challenger still ahead on the median wins ("ahead on the median") without the
+interval excluding 1; it loses where it is slower beyond noise, or not ahead on the median from
+`FUTILE_FROM` pairs on, as any challenger does. The gain was proven once already; a second proof
+of a gain of 5-10% under a shared machine's noise fails about half the time (measured on the
+mlp at 2 ranks: 0.926x over 24 block pairs and 0.960x over 12 lost a 4 MiB bucket size that had
+won in the job before), and the job would then run slower than it can for nothing.
+
 Each look is a 95% two-sided interval. Looking several times raises the chance that a plan
 truly equal to the incumbent wins by luck above 2.5% (to about 8% over the looks a 24-pair duel
 makes, a little more with the rare extension); a plan that wins that way costs nothing, and
@@ -153,10 +162,12 @@ class Duel:
     iterations under neither arm are the caller's to drop). The first ``warmup`` steps of each
     arm are discarded: a newly chosen plan allocates its buffers and fills caches there.
     ``extend_to`` (at least ``max_pairs``; None: no extension) is how far a promising challenger
-    may go on (see the module doc). ``signed_rank``: judge the ratios' logarithms with
-    `signed_rank_interval` (the ratio reported: `hodges_lehmann`'s, back from the logarithm)
-    instead of the sign test; for measurements that are medians of several steps already
-    (`autotune.buckets`' blocks), whose long tails the medians have cut off.
+    may go on (see the module doc). ``hold``: a re-check of a challenger proven before, which
+    wins at ``max_pairs`` if it is still ahead on the median (no extension). ``signed_rank``:
+    judge the ratios' logarithms with `signed_rank_interval` (the ratio reported:
+    `hodges_lehmann`'s, back from the logarithm) instead of the sign test; for measurements
+    that are medians of several steps already (`autotune.buckets`' blocks), whose long tails
+    the medians have cut off.
     """
 
     def __init__(
@@ -165,6 +176,7 @@ class Duel:
         warmup: int = 1,
         extend_to: int | None = None,
         signed_rank: bool = False,
+        hold: bool = False,
     ) -> None:
         if max_pairs < MIN_PAIRS:
             raise ValueError(f"a duel needs at least {MIN_PAIRS} pairs, got {max_pairs}")
@@ -173,6 +185,7 @@ class Duel:
         self.max_pairs = max_pairs
         self.extend_to = max_pairs if extend_to is None else extend_to
         self.signed_rank = signed_rank
+        self.hold = hold
         self.ratios: list[float] = []
         self._warmup = {False: warmup, True: warmup}  # by "is the challenger"
         self._unpaired: tuple[bool, float] | None = None
@@ -228,6 +241,8 @@ class Duel:
             return Outcome(False, gain, "slower beyond noise")
         if n >= FUTILE_FROM and gain.ratio >= 1.0:
             return Outcome(False, gain, "not ahead on the median")
+        if n >= self.max_pairs and self.hold and gain.ratio < 1.0:
+            return Outcome(True, gain, "ahead on the median")
         if n >= self.max_pairs and (n >= self.extend_to or gain.ratio > PROMISING):
             return Outcome(False, gain, "not faster beyond noise")
         return None

@@ -510,10 +510,6 @@ class Tuner:
         fingerprint = getattr(self, "fingerprint", None)
         return Table(classes, fusion, fingerprint, campaign.gain, campaign.lead, self.buckets)
 
-    def stored_bucket_bytes(self) -> int | None:
-        """Rank 0: the bucket size a previous job kept (`autotune.buckets` duels it first)."""
-        return None if self.buckets is None else self.buckets.bucket_bytes
-
     def buckets_kept(self, buckets: Buckets) -> None:
         """Every rank, once `autotune.buckets` has decided (the hook no longer runs): the step
         gain is now the bucket size's over plain DDP's (None: the job's own buckets, 1.00x).
