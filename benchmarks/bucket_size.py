@@ -10,6 +10,13 @@ the backend's all-reduce at each ``--fusions`` size (MiB, 0: DDP's buckets as th
 Reported: each arm's median step over the reference's, per step, slowest rank, with the sign
 test's 95% interval. Why `autotune.buckets` tunes DDP's bucket size rather than fusing through
 the hook once it steps aside.
+
+With ``--block N`` the arms take turns in blocks of N steps instead, with no barrier, as a job
+runs (and as `autotune.buckets` compares sizes): the first `BLOCK_WARMUP` steps of each block
+are not timed, a block's value is the median of its other steps (per step, the slowest rank's),
+and each round's blocks are compared with the reference's block of the same round. The barrier
+lines the ranks up before every step; without it, a rank that finished early starts its next
+forward while the other still runs backward, and what the bucket size saves can differ.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
+from autotune.buckets import BLOCK_WARMUP
 from autotune.launch import run_local
 from autotune.tuning.duel import median_interval
 
@@ -48,20 +56,54 @@ def _rank(rank: int, world_size: int, args: argparse.Namespace) -> dict[str, lis
         states.append(autotune.register(ddp, config))
         arms[f"hook, fusion {fusion:g} MiB" if fusion else "hook, DDP's buckets"] = ddp
     opts = {k: torch.optim.SGD(m.parameters(), lr=0.01) for k, m in arms.items()}
-    times: dict[str, list[float]] = {k: [] for k in arms}
     g = torch.Generator().manual_seed(rank)
     order = list(arms)
-    for step in range(args.warmup + args.steps):
-        x, y = batch(g)
-        k = step % len(order)
-        for name in order[k:] + order[:k]:
-            dist.barrier()
-            t = _step(arms[name], opts[name], x, y)
-            if step >= args.warmup:
-                times[name].append(t)
+    if args.block:
+        out = _blocks(arms, opts, order, batch, g, args)
+    else:
+        times: dict[str, list[float]] = {k: [] for k in arms}
+        for step in range(args.warmup + args.steps):
+            x, y = batch(g)
+            k = step % len(order)
+            for name in order[k:] + order[:k]:
+                dist.barrier()
+                t = _step(arms[name], opts[name], x, y)
+                if step >= args.warmup:
+                    times[name].append(t)
+        out = {k: _slowest(v) for k, v in times.items()}
     for state in states:
         state.close()
-    return {k: _slowest(v) for k, v in times.items()}
+    return out
+
+
+def _blocks(
+    arms: dict[str, DDP],
+    opts: dict[str, torch.optim.SGD],
+    order: list[str],
+    batch: Any,
+    g: torch.Generator,
+    args: argparse.Namespace,
+) -> dict[str, list[float]]:
+    """``--block``: each arm in turn runs a block of steps, unaligned; per arm, each round's
+    block median (the slowest rank's steps)."""
+    rounds = max(1, args.steps // args.block)
+    warm = max(1, args.warmup // args.block)
+    times: dict[str, list[float]] = {k: [] for k in arms}
+    for r in range(warm + rounds):
+        k = r % len(order)
+        for name in order[k:] + order[:k]:
+            steps = []
+            for _ in range(args.block):
+                x, y = batch(g)
+                steps.append(_step(arms[name], opts[name], x, y))
+            if r >= warm:
+                times[name].extend(steps[BLOCK_WARMUP:])
+    per = args.block - BLOCK_WARMUP
+    out = {}
+    for name, t in times.items():
+        slowest = _slowest(t)
+        out[name] = [statistics.median(slowest[i : i + per]) for i in range(0, len(slowest), per)]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,14 +115,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
+    p.add_argument(
+        "--block",
+        type=int,
+        default=0,
+        help="arms take turns in blocks of this many steps, unaligned",
+    )
     p.add_argument("--json", default=None, help="also write every figure here")
     args = p.parse_args(argv)
     args.caps = [float(c) for c in args.caps.split(",")]
     args.fusions = [float(f) for f in args.fusions.split(",") if f]
     out = run_local(_rank, args.world_size, args, timeout_s=1800)[0]
     reference = next(iter(out.values()))
+    unit = f"blocks of {args.block} steps" if args.block else "steps"
     print(
-        f"{args.model} x{args.world_size}, {args.steps} steps; reference "
+        f"{args.model} x{args.world_size}, {args.steps} steps in {unit}; reference "
         f"{next(iter(out))}: {statistics.median(reference) * 1e3:.1f} ms"
     )
     rows: dict[str, Any] = {}
