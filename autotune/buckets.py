@@ -194,15 +194,13 @@ class BucketSearch:
             return None
         if self.kept == self.reference:
             near = [
-                (o.gain.ratio, cap)
+                (o.gain.ratio, Buckets(cap, o.gain))
                 for cap, o in self.history
                 if not o.challenger_won and o.gain.ratio < LEAD_BELOW
             ]
             if self.retry is not None or not near:
                 return Buckets(self.reference, None)
-            cap = min(near)[1]
-            lead = next(o.gain for c, o in self.history if c == cap)
-            return Buckets(self.reference, None, Buckets(cap, lead))
+            return Buckets(self.reference, None, min(near, key=lambda n: n[0])[1])
         gain = next(o.gain for cap, o in self.history if cap == self.kept)
         return Buckets(self.kept, gain)
 
