@@ -15,7 +15,8 @@ then compares bucket sizes on DDP's own reducer, without the hook:
   `LADDER` (the next size up, the next down), those that give a layout other than the
   reference's: caps at or above the model's gradient bytes all make one bucket;
 - each challenger duels the reference in blocks of `BLOCK` iterations, A B B A (`Duel`, with
-  Wilcoxon's signed-rank interval on the log ratios of each pair of blocks' median steps): a
+  Wilcoxon's signed-rank interval on the log ratios of each pair of blocks' median steps; a
+  challenger ahead on the median at `MAX_PAIRS` pairs goes on to twice that, `EXTEND_BELOW`): a
   switch rebuilds the reducer (as stepping aside does), whose first iterations (DDP's initial
   layout, then its bucket rebuild) are not timed; a step is the time from one forward to the
   next, the slowest rank's;
@@ -82,6 +83,12 @@ BLOCK_WARMUP = 2
 #: Most pairs of blocks a bucket duel runs (fewer where ``Config.duel_pairs`` says so): a pair
 #: of blocks is 2 x 6 timed iterations, each block's median steadier than one iteration's step.
 MAX_PAIRS = 12
+#: A first bucket duel goes on to twice `MAX_PAIRS` for a challenger ahead on the median at all,
+#: not only at the hooked duels' `PROMISING` (0.95): both arms are DDP's own reducer, so pairs
+#: spent on a challenger that is ahead cost the job little more than the rebuilds, while on 2
+#: shared cores the mlp's real 10% gain at 2 ranks measured 0.955-0.977x over 12 pairs of
+#: blocks in three first jobs of nine, and was lost (docs/BENCHMARKS.md).
+EXTEND_BELOW = 1.0
 
 
 def challengers(
@@ -157,7 +164,11 @@ class BucketSearch:
                 self._duel = Duel(self.max_pairs, warmup=0, signed_rank=True, hold=True)
             else:
                 self._duel = Duel(
-                    self.max_pairs, warmup=0, extend_to=2 * self.max_pairs, signed_rank=True
+                    self.max_pairs,
+                    warmup=0,
+                    extend_to=2 * self.max_pairs,
+                    signed_rank=True,
+                    promising=EXTEND_BELOW,
                 )
         return self._queue[0] if self._duel.schedule() else self.reference
 

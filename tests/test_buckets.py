@@ -5,11 +5,13 @@ The search on real ranks, rebuilding DDP's reducer, is in tests/test_aside.py.""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 
-from autotune.buckets import BucketSearch, challengers
+from autotune.buckets import MAX_PAIRS, BucketSearch, challengers
 from autotune.plan import Buckets, Choice, Entry, Gain, Table
+from autotune.tuning.duel import Duel
 
 MIB = 1 << 20
 
@@ -37,12 +39,15 @@ def test_the_sizes_tried_are_the_neighbours_that_change_the_layout(
     assert challengers(reference, total, first, first_bucket) == expected
 
 
-def run(search: BucketSearch, step_of: dict[int, float], limit: int = 500) -> list[int]:
+def run(
+    search: BucketSearch, step_of: dict[int, float] | Callable[[int], float], limit: int = 500
+) -> list[int]:
     """Feed the search each block's step by the cap it ran; the caps run, in order."""
+    step = step_of if callable(step_of) else step_of.__getitem__
     ran = []
     while (cap := search.cap()) is not None:
         ran.append(cap)
-        search.block(step_of[cap])
+        search.block(step(cap))
         assert len(ran) < limit, "the search did not end"
     return ran
 
@@ -79,6 +84,35 @@ def test_of_two_sizes_that_win_the_faster_is_kept() -> None:
     assert result.gain.ratio == pytest.approx(0.7)
 
 
+def alternating(low: float, high: float) -> Callable[[int], float]:
+    """Block steps: 10 ms for the job's own 1 MiB, and for any other size ``low`` and ``high``
+    times that in turn, so its pairs of blocks measure the two ratios by turns."""
+    seen: dict[int, int] = {}
+
+    def step(cap: int) -> float:
+        n = seen[cap] = seen.get(cap, 0) + 1
+        return 0.010 if cap == MIB else 0.010 * (low if n % 2 else high)
+
+    return step
+
+
+def test_a_size_ahead_but_not_proven_at_its_pairs_goes_on_to_twice_as_many() -> None:
+    # Pairs at 0.92x and 1.02x by turns: 0.97x on the median, within noise at 12 pairs, beyond
+    # it at 24. A hooked duel extends only from 0.95x (PROMISING), and loses at 12.
+    search = BucketSearch(MIB, [4 * MIB])
+    run(search, alternating(0.92, 1.02))
+    ((_, outcome),) = search.history
+    assert outcome.challenger_won and outcome.gain.pairs == 2 * MAX_PAIRS
+    assert outcome.gain.ratio == pytest.approx(math.sqrt(0.92 * 1.02)) and outcome.gain.high < 1
+    hooked = Duel(MAX_PAIRS, warmup=0, extend_to=2 * MAX_PAIRS, signed_rank=True)
+    for k in range(2 * MAX_PAIRS):
+        hooked.measure(False, 1.0)
+        if hooked.measure(True, 0.92 if k % 2 == 0 else 1.02):
+            break
+    assert hooked.outcome is not None and not hooked.outcome.challenger_won
+    assert hooked.outcome.gain.pairs == MAX_PAIRS
+
+
 def test_a_stored_size_is_tried_first_and_if_it_wins_nothing_else_is() -> None:
     search = BucketSearch(MIB, [4 * MIB, 16 * MIB], stored=16 * MIB)
     run(search, {MIB: 0.010, 4 * MIB: 0.005, 16 * MIB: 0.008})
@@ -97,29 +131,20 @@ def test_a_stored_size_that_loses_leaves_the_others_to_try() -> None:
 
 
 def test_a_stored_size_still_ahead_within_noise_is_kept_without_a_second_proof() -> None:
-    # Blocks alternate 0.88x and 1.04x of the reference: ahead on the median, never beyond
+    # Blocks alternate 1.04x and 0.88x of the reference: ahead on the median, never beyond
     # noise. A stored size is re-checked, not proven again: kept at the 6-pair budget, and no
-    # other size is tried. The same blocks for a size no job kept lose it.
-    def noisy(cap: int) -> float:
-        n = sum(1 for c in ran if c == cap)
-        ran.append(cap)
-        return 0.010 if cap == MIB else 0.010 * (0.88 if n % 2 else 1.04)
-
-    ran: list[int] = []
+    # other size is tried. The same blocks for a size no job kept lose it (at 12 pairs).
     search = BucketSearch(MIB, [4 * MIB, 16 * MIB], stored=16 * MIB, max_pairs=6)
-    while (cap := search.cap()) is not None:
-        search.block(noisy(cap))
+    run(search, alternating(1.04, 0.88))
     assert [(cap, o.challenger_won, o.gain.pairs) for cap, o in search.history] == [
         (16 * MIB, True, 6)
     ]
     assert search.kept == 16 * MIB
     result = search.result()
     assert result is not None and result.gain is not None and result.gain.high > 1.0
-    ran = []
     search = BucketSearch(MIB, [16 * MIB], max_pairs=6)
-    while (cap := search.cap()) is not None:
-        search.block(noisy(cap))
-    assert [o.challenger_won for _, o in search.history] == [False]
+    run(search, alternating(1.04, 0.88))
+    assert [(o.challenger_won, o.gain.pairs) for _, o in search.history] == [(False, 12)]
     assert search.kept == MIB
     # ... ahead by more than 3% on the median: the job's own is kept with 16 MiB as its lead.
     ((_, lost),) = search.history

@@ -162,7 +162,8 @@ class Duel:
     iterations under neither arm are the caller's to drop). The first ``warmup`` steps of each
     arm are discarded: a newly chosen plan allocates its buffers and fills caches there.
     ``extend_to`` (at least ``max_pairs``; None: no extension) is how far a promising challenger
-    may go on (see the module doc). ``hold``: a re-check of a challenger proven before, which
+    may go on (see the module doc), ``promising`` the median ratio at or below which it does.
+    ``hold``: a re-check of a challenger proven before, which
     wins at ``max_pairs`` if it is still ahead on the median (no extension). ``signed_rank``:
     judge the ratios' logarithms with `signed_rank_interval` (the ratio reported:
     `hodges_lehmann`'s, back from the logarithm) instead of the sign test; for measurements
@@ -177,6 +178,7 @@ class Duel:
         extend_to: int | None = None,
         signed_rank: bool = False,
         hold: bool = False,
+        promising: float = PROMISING,
     ) -> None:
         if max_pairs < MIN_PAIRS:
             raise ValueError(f"a duel needs at least {MIN_PAIRS} pairs, got {max_pairs}")
@@ -186,6 +188,7 @@ class Duel:
         self.extend_to = max_pairs if extend_to is None else extend_to
         self.signed_rank = signed_rank
         self.hold = hold
+        self.promising = promising
         self.ratios: list[float] = []
         self._warmup = {False: warmup, True: warmup}  # by "is the challenger"
         self._unpaired: tuple[bool, float] | None = None
@@ -243,6 +246,6 @@ class Duel:
             return Outcome(False, gain, "not ahead on the median")
         if n >= self.max_pairs and self.hold and gain.ratio < 1.0:
             return Outcome(True, gain, "ahead on the median")
-        if n >= self.max_pairs and (n >= self.extend_to or gain.ratio > PROMISING):
+        if n >= self.max_pairs and (n >= self.extend_to or gain.ratio > self.promising):
             return Outcome(False, gain, "not faster beyond noise")
         return None
