@@ -159,7 +159,9 @@ def alone(rank: int, world_size: int, args: argparse.Namespace, storage: str) ->
         "bucket_iterations": None if tuner is None else tuner.iterations,
         "bucket_duels": None
         if search is None
-        else [(cap, o.challenger_won, o.gain.ratio, o.gain.pairs) for cap, o in search.history],
+        else [
+            (cap, o.challenger_won, o.gain.ratio, o.gain.pairs, o.why) for cap, o in search.history
+        ],
     }
     if rank == 0:
         out["table"] = state.table().to_json()
@@ -386,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    {duel}", flush=True)
             if row["bucket_duels"] is not None:
                 print(
-                    f"  aside after {row['aside_at']}; bucket duels (cap, won, ratio, pairs) "
+                    f"  aside after {row['aside_at']}; bucket duels (cap, won, ratio, pairs, why) "
                     f"over {row['bucket_iterations']} iterations: {row['bucket_duels']}",
                     flush=True,
                 )
