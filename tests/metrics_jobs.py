@@ -52,6 +52,9 @@ def serve_while_training(
         fusion_bytes=0,
         # The per-message series under test stop if it keeps the baseline and steps aside.
         step_aside=False,
+        # A plan won over 6 pairs is often a lucky one: its re-check would drop it and search
+        # again, and the speedup series is absent while a search runs (docs/METRICS.md).
+        recheck_every=0,
     )
     state = autotune.register(ddp, config)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
