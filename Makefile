@@ -30,6 +30,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# Two pytest-xdist workers, a test file each at a time (its module fixtures, such as one
+# Prometheus for a file's tests, stay in one worker). `make pytest PYTEST_ARGS=` runs serially.
+PYTEST_ARGS ?= -n 2 --dist loadfile
+
 pytest: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 

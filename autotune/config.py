@@ -12,6 +12,7 @@ from typing import Any
 
 from autotune.algorithms import ALGORITHMS, BUILTINS, available
 from autotune.plan import check_fusion_bytes
+from autotune.testing.cluster import NETNS_TAG_ENV
 from autotune.topology import NODE_ID_ENV
 from autotune.units import parse_bytes
 
@@ -20,7 +21,10 @@ __all__ = ["ENV_PREFIX", "OTHER_VARIABLES", "Config"]
 ENV_PREFIX = "AUTOTUNE_"
 
 #: Variables of ours that are not Config fields, and who reads them.
-OTHER_VARIABLES = {NODE_ID_ENV: "autotune.topology: which ranks share a node"}
+OTHER_VARIABLES = {
+    NODE_ID_ENV: "autotune.topology: which ranks share a node",
+    NETNS_TAG_ENV: "autotune.testing.cluster: tags the network namespaces a test run makes",
+}
 
 
 @dataclass(frozen=True)

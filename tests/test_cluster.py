@@ -7,6 +7,7 @@ Needs root (CI runs as root); elsewhere these skip, saying so.
 
 from __future__ import annotations
 
+import os
 import pickle
 import signal
 import subprocess
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 from needs import unmet
 
-from autotune.testing.cluster import Cluster, namespaces, unavailable
+from autotune.testing.cluster import NETNS_TAG_ENV, Cluster, namespaces, unavailable
 from autotune.testing.conformance import algorithms_under_test, failures
 
 JOBS = str(Path(__file__).with_name("cluster_jobs.py"))
@@ -53,6 +54,10 @@ def test_cluster_is_limited_and_removed_even_when_the_body_fails() -> None:
         made = c.made
         assert len(made) == 3  # two nodes and the switch
         assert set(made) <= set(namespaces())  # others' (another run's) may exist too
+        # Tagged with this run's pid (the leak plugin sets it): a run beside it sees none.
+        tag = os.environ[NETNS_TAG_ENV]
+        assert tag == str(os.getpid()) and set(made) <= set(namespaces(tag))
+        assert not set(made) & set(namespaces(f"{tag}0"))
         assert "rate 800Mbit" in c.qdisc(0)
         sleeper = c.popen(1, ["sleep", "600"])
         raise ValueError("the body failed")

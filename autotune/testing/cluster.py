@@ -31,10 +31,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["NETNS_PREFIX", "Cluster", "NodeRun", "namespaces", "unavailable"]
+__all__ = ["NETNS_PREFIX", "NETNS_TAG_ENV", "Cluster", "NodeRun", "namespaces", "unavailable"]
 
-#: Every namespace a cluster makes is named ``<prefix><token>-...``: the leak check looks for it.
+#: Every namespace a cluster makes is named ``<prefix>[<tag>-]<token>-...``: the leak check looks
+#: for it.
 NETNS_PREFIX = "autotune-"
+#: The environment variable whose value, where set, tags the namespaces a cluster makes, so that
+#: one test run (one pytest-xdist worker) can tell its own from those another makes at once.
+NETNS_TAG_ENV = "AUTOTUNE_NETNS_TAG"
 _SUBNET = "10.213.0"
 _RDZV_PORT = 29400  # free: a fresh namespace has nothing listening
 
@@ -55,10 +59,12 @@ def unavailable() -> str | None:
     return None
 
 
-def namespaces() -> list[str]:
-    """The network namespaces a cluster made that exist now (``ip netns`` names)."""
+def namespaces(tag: str | None = None) -> list[str]:
+    """The network namespaces a cluster made that exist now (``ip netns`` names); with ``tag``,
+    only those made under that `NETNS_TAG_ENV`."""
+    start = NETNS_PREFIX if tag is None else f"{NETNS_PREFIX}{tag}-"
     try:
-        return sorted(n for n in os.listdir("/run/netns") if n.startswith(NETNS_PREFIX))
+        return sorted(n for n in os.listdir("/run/netns") if n.startswith(start))
     except FileNotFoundError:
         return []
 
@@ -95,7 +101,8 @@ class Cluster:
         self.ranks_per_node = tuple(per)
         self.rate_mbit = rate_mbit
         self.burst_bytes = burst_bytes
-        self.name = f"{NETNS_PREFIX}{secrets.token_hex(3)}"
+        tag = os.environ.get(NETNS_TAG_ENV)
+        self.name = f"{NETNS_PREFIX}{tag + '-' if tag else ''}{secrets.token_hex(3)}"
         self._made: list[str] = []
         self._procs: list[tuple[int, subprocess.Popen[str]]] = []
         self._read: dict[int, str] = {}  # output `wait_for` consumed, by pid

@@ -4,6 +4,8 @@ leaked non-daemon thread makes the interpreter wait forever after pytest's summa
 rank or server outlives the suite.
 
 Enable it with ``-p autotune.testing.leaks`` (autotune's own suite does, in ``conftest.py``).
+It works under pytest-xdist: each worker checks what it (and its children) made, the clusters'
+namespaces included (`autotune.testing.cluster.NETNS_TAG_ENV`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from autotune.testing.cluster import namespaces
+from autotune.testing.cluster import NETNS_TAG_ENV, namespaces
 
 __all__ = ["leftovers"]
 
@@ -88,7 +90,7 @@ def leftovers(
         found.append("the default process group is still initialised (destroy_process_group)")
     found += [
         f"network namespace {ns!r} still exists (ip netns del {ns})"
-        for ns in namespaces()
+        for ns in namespaces(os.environ.get(NETNS_TAG_ENV))
         if ns not in namespaces_before
     ]
     return found
@@ -97,7 +99,7 @@ def leftovers(
 @pytest.fixture(autouse=True)
 def _leaves_nothing_behind() -> Iterator[None]:
     threads, children, group = _threads(), set(_children()), _process_group()
-    netns = frozenset(namespaces())
+    netns = frozenset(namespaces(os.environ.get(NETNS_TAG_ENV)))
     yield
     found = leftovers(threads, children, group, namespaces_before=netns)
     if found:
@@ -109,9 +111,15 @@ _hang: list[str] = []
 _namespaces_at_start: frozenset[str] = frozenset()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # This run's clusters (and its children's) are tagged with its pid: run beside another (a
+    # pytest-xdist worker beside the next), each checks only the namespaces it made itself.
+    os.environ[NETNS_TAG_ENV] = str(os.getpid())
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     global _namespaces_at_start
-    _namespaces_at_start = frozenset(namespaces())
+    _namespaces_at_start = frozenset(namespaces(os.environ[NETNS_TAG_ENV]))
 
 
 @pytest.hookimpl(trylast=True)
