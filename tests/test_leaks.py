@@ -1,12 +1,19 @@
-"""The suite's own guard: a test that leaves a thread or a process group behind fails, and the run
-still ends (a leaked non-daemon thread used to keep the interpreter waiting after the summary)."""
+"""The suite's own guard: a test that leaves a thread, a process group or an emulated cluster's
+network namespace behind fails, and the run still ends (a leaked non-daemon thread used to keep
+the interpreter waiting after the summary)."""
 
 from __future__ import annotations
 
 import os
+import re
+import secrets
+import subprocess
 
 import pytest
+from needs import unmet
 from prometheus_server import free_port
+
+from autotune.testing.cluster import NETNS_PREFIX, namespaces, unavailable
 
 LEAKY = """
 import threading
@@ -48,3 +55,47 @@ def test_leftovers_fail_the_test_and_the_run_ends(pytester: pytest.Pytester) -> 
     # The run says so at its end, and exits (instead of hanging on the thread) with a failure.
     assert "the test run left things behind" in out
     assert result.ret == pytest.ExitCode.TESTS_FAILED
+
+
+LEAKY_CLUSTER = """
+import subprocess
+
+from autotune.testing.cluster import Cluster
+
+
+def test_leaks_a_cluster():
+    Cluster(1, 1).__enter__()  # never closed: only its atexit removes it
+
+
+def test_leaves_another_runs_namespace():
+    # As another pytest-xdist worker's cluster would exist beside this run: not its business.
+    subprocess.run(["ip", "netns", "add", "{other}"], check=True)
+"""
+
+
+def test_a_leaked_namespace_fails_the_test_and_another_runs_does_not(
+    pytester: pytest.Pytester,
+) -> None:
+    reason = unavailable()
+    if reason is not None:
+        unmet(f"the emulated cluster cannot be built here: {reason}")
+    other = f"{NETNS_PREFIX}other-{secrets.token_hex(3)}"
+    pytester.makepyfile(test_leaky=LEAKY_CLUSTER.replace("{other}", other))
+    os.environ["LEAKCHECK_GRACE_S"] = "0.5"
+    try:
+        result = pytester.runpytest_subprocess(
+            "-p", "autotune.testing.leaks", "-p", "no:cacheprovider", timeout=120
+        )
+    finally:
+        del os.environ["LEAKCHECK_GRACE_S"]
+        subprocess.run(["ip", "netns", "del", other], capture_output=True)
+    out = result.stdout.str()
+    result.assert_outcomes(passed=2, errors=1)
+    # The cluster's two namespaces (node and switch), named with the inner run's pid as its tag.
+    leaked = re.findall(r"network namespace '(autotune-(\d+)-[0-9a-f]+-\w+)' still exists", out)
+    assert len({name for name, _ in leaked}) == 2, out
+    assert all(tag != str(os.getpid()) for _, tag in leaked)
+    assert other not in out
+    assert "the test run left things behind" in out
+    # Gone once the inner run's interpreter exited (the cluster's atexit).
+    assert not {name for name, _ in leaked} & set(namespaces())

@@ -53,6 +53,11 @@ def _under(p: psutil.Process, pids: set[int]) -> bool:
         return False
 
 
+def _own_namespaces() -> list[str]:
+    """The clusters' namespaces this run (this pytest-xdist worker) and its children made."""
+    return namespaces(os.environ.get(NETNS_TAG_ENV))
+
+
 def _threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.is_alive() and not t.daemon}
 
@@ -90,7 +95,7 @@ def leftovers(
         found.append("the default process group is still initialised (destroy_process_group)")
     found += [
         f"network namespace {ns!r} still exists (ip netns del {ns})"
-        for ns in namespaces(os.environ.get(NETNS_TAG_ENV))
+        for ns in _own_namespaces()
         if ns not in namespaces_before
     ]
     return found
@@ -99,7 +104,7 @@ def leftovers(
 @pytest.fixture(autouse=True)
 def _leaves_nothing_behind() -> Iterator[None]:
     threads, children, group = _threads(), set(_children()), _process_group()
-    netns = frozenset(namespaces(os.environ.get(NETNS_TAG_ENV)))
+    netns = frozenset(_own_namespaces())
     yield
     found = leftovers(threads, children, group, namespaces_before=netns)
     if found:
@@ -119,7 +124,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     global _namespaces_at_start
-    _namespaces_at_start = frozenset(namespaces(os.environ[NETNS_TAG_ENV]))
+    _namespaces_at_start = frozenset(_own_namespaces())
 
 
 @pytest.hookimpl(trylast=True)
