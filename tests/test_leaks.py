@@ -38,15 +38,21 @@ def test_leaks_a_process_group():
 """
 
 
-def test_leftovers_fail_the_test_and_the_run_ends(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_leaky=LEAKY.replace("{port}", str(free_port())))
+def run_leak_checked(pytester: pytest.Pytester) -> pytest.RunResult:
+    """The inner run's files in a pytest of their own, under the leak plugin, with a short
+    grace (the leaks there are meant to stay)."""
     os.environ["LEAKCHECK_GRACE_S"] = "0.5"
     try:
-        result = pytester.runpytest_subprocess(
+        return pytester.runpytest_subprocess(
             "-p", "autotune.testing.leaks", "-p", "no:cacheprovider", timeout=120
         )
     finally:
         del os.environ["LEAKCHECK_GRACE_S"]
+
+
+def test_leftovers_fail_the_test_and_the_run_ends(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_leaky=LEAKY.replace("{port}", str(free_port())))
+    result = run_leak_checked(pytester)
     out = result.stdout.str()
     # Each leaking test fails in its teardown; the clean one passes.
     result.assert_outcomes(passed=3, errors=2)
@@ -81,13 +87,9 @@ def test_a_leaked_namespace_fails_the_test_and_another_runs_does_not(
         unmet(f"the emulated cluster cannot be built here: {reason}")
     other = f"{NETNS_PREFIX}other-{secrets.token_hex(3)}"
     pytester.makepyfile(test_leaky=LEAKY_CLUSTER.replace("{other}", other))
-    os.environ["LEAKCHECK_GRACE_S"] = "0.5"
     try:
-        result = pytester.runpytest_subprocess(
-            "-p", "autotune.testing.leaks", "-p", "no:cacheprovider", timeout=120
-        )
+        result = run_leak_checked(pytester)
     finally:
-        del os.environ["LEAKCHECK_GRACE_S"]
         subprocess.run(["ip", "netns", "del", other], capture_output=True)
     out = result.stdout.str()
     result.assert_outcomes(passed=2, errors=1)
