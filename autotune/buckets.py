@@ -24,10 +24,12 @@ then compares bucket sizes on DDP's own reducer, without the hook:
   kept; none: the reference. The kept size is stored with the plan, and the next job's first
   duel is that size against the reference, a re-check (``Duel(hold=True)``): still ahead on the
   median after `MAX_PAIRS` pairs, or faster beyond noise sooner, it is kept at once; not ahead
-  (or slower beyond noise), the other sizes are tried as in a first job. A stored size is not
-  made to prove its gain again: both arms are DDP's own reducer, with no Python algorithm whose
-  cost depends on the job's conditions, and a second proof of a 5-10% gain under a shared
-  machine's noise fails about half the time (the mlp at 2 ranks, docs/BENCHMARKS.md). Where
+  there, it goes on to twice `MAX_PAIRS` and is judged on the median of them all; not ahead
+  then (or slower beyond noise at any look), the other sizes are tried as in a first job. A
+  stored size is not made to prove its gain again: both arms are DDP's own reducer, with no
+  Python algorithm whose cost depends on the job's conditions, and a second proof of a 5-10%
+  gain under a shared machine's noise fails about half the time (the mlp at 2 ranks,
+  docs/BENCHMARKS.md). Where
   the job's own is kept, the size that came closest, ahead on the median by `LEAD_BELOW` or
   more, is stored as its lead (`Buckets.lead`, as the campaign's leads): the next job duels
   that size alone, once more, as a first duel, and forgets it if it loses.
@@ -161,7 +163,13 @@ class BucketSearch:
                 self._decide()
                 return None
             if self._queue[0] == self.stored:  # proven in a job before: a re-check
-                self._duel = Duel(self.max_pairs, warmup=0, signed_rank=True, hold=True)
+                self._duel = Duel(
+                    self.max_pairs,
+                    warmup=0,
+                    extend_to=2 * self.max_pairs,
+                    signed_rank=True,
+                    hold=True,
+                )
             else:
                 self._duel = Duel(
                     self.max_pairs,

@@ -21,7 +21,9 @@ rank as torchrun sets (``--threads`` to change it):
    size is stepped aside onto after the first iteration); else autotune on (a copy of) its
    storage, which locks the stored baseline at once and steps aside. They take turns step by
    step on the same batches, in a rotating order, every rank aligned before each step; once
-   autotune has settled, each one's step time over plain DDP's (slowest rank).
+   autotune has settled, each one's step time over plain DDP's (slowest rank), for
+   ``--paired-steps`` steps or until plain DDP's timed steps add up to ``--paired-seconds``,
+   whichever is later.
 
 ``--hook-only`` runs run 3 alone, with the autotune arm fixed on native (the baseline's lane,
 DDP's buckets): what the hook itself costs each model's step, which a plan must win back in the
@@ -205,7 +207,7 @@ def paired(
     order = list(arms)
     settled_at = None
     step = 0
-    while len(times["plain"]) < args.paired_steps:
+    while _more(times["plain"], args):
         x, y = batch(g)
         for name in order[step % 3 :] + order[: step % 3]:
             # Every arm's step starts with the ranks aligned, as a DDP step does after the last
@@ -229,6 +231,18 @@ def paired(
         out["verdict"] = state.verdict()
     state.close()
     return out
+
+
+def _more(plain: list[float], args: argparse.Namespace) -> bool:
+    """Whether run 3 goes on: fewer than ``--paired-steps`` timed, or (with
+    ``--paired-seconds``) less plain DDP step time than that on some rank. Every rank calls it
+    at the same point, untimed; with ``--paired-seconds`` the ranks agree on it (MAX)."""
+    more = len(plain) < int(args.paired_steps)
+    if args.paired_seconds <= 0:
+        return more
+    flag = torch.tensor([int(more or sum(plain) < args.paired_seconds)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item()) > 0
 
 
 def _ratio(a: list[float], b: list[float]) -> dict[str, float]:
@@ -351,7 +365,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--tune-steps", type=int, default=1000, help="run 1 and run 2, at most (see AFTER_DECIDED)"
     )
-    p.add_argument("--paired-steps", type=int, default=100, help="run 3, per model")
+    p.add_argument("--paired-steps", type=int, default=100, help="run 3, per model, at least")
+    p.add_argument(
+        "--paired-seconds",
+        type=float,
+        default=0.0,
+        help="run 3 goes on until plain DDP's timed steps add up to this too (short steps get "
+        "more pairs: a tighter interval for the same minutes)",
+    )
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
     p.add_argument("--json", default=None, help="also write every figure here")
     p.add_argument(

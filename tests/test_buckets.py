@@ -152,6 +152,26 @@ def test_a_stored_size_still_ahead_within_noise_is_kept_without_a_second_proof()
     assert search.result() == Buckets(MIB, None, Buckets(16 * MIB, lost.gain))
 
 
+def test_a_stored_size_behind_at_its_pairs_is_judged_again_on_twice_as_many() -> None:
+    # The stored 16 MiB's first 12 pairs of blocks: 1.05x and 0.97x by turns, behind on the
+    # median; its next 12: 0.90x and 0.99x. A re-check judged at 12 pairs would drop it and
+    # try 4 MiB; it goes on to 24, is ahead on the median of them all, and stays.
+    factors = [1.05, 0.97] * (MAX_PAIRS // 2) + [0.90, 0.99] * (MAX_PAIRS // 2)
+    seen = [0]
+
+    def step(cap: int) -> float:
+        if cap == MIB:
+            return 0.010
+        seen[0] += 1
+        return 0.010 * factors[(seen[0] - 1) % len(factors)]
+
+    search = BucketSearch(MIB, [4 * MIB, 16 * MIB], stored=16 * MIB)
+    run(search, step)
+    ((cap, outcome),) = search.history
+    assert (cap, outcome.challenger_won, outcome.gain.pairs) == (16 * MIB, True, 2 * MAX_PAIRS)
+    assert outcome.why == "ahead on the median" and search.kept == 16 * MIB
+
+
 def test_the_lead_alone_is_dueled_again_and_kept_if_it_wins_or_forgotten() -> None:
     candidates = [4 * MIB, 16 * MIB]
     search = BucketSearch(MIB, candidates, lead=16 * MIB)

@@ -35,6 +35,11 @@ def test_median_interval_is_the_sign_tests_order_statistics() -> None:
     assert median_interval(values) == (6, 15)
     # Five values cannot exclude anything at 95%: P(X = 0) = 1/32 > 0.025.
     assert median_interval([1, 2, 3, 4, 5]) == (0.0, math.inf)
+    # Past 1023 values (2.0**n overflows a float): still exact, and where the normal
+    # approximation puts it, n/2 - 1.96 sqrt(n)/2 (956.2 at n = 2000), within one value.
+    for n in (1024, 2000):
+        low, high = median_interval(list(range(1, n + 1)))
+        assert abs(low - (n / 2 - 1.96 * math.sqrt(n) / 2)) < 1 and high == n + 1 - low
 
 
 def run(duel: Duel, step: dict[bool, float], noise: float = 0.0, seed: int = 0) -> int:
@@ -145,13 +150,35 @@ def test_a_re_check_keeps_a_challenger_still_ahead_and_drops_one_that_is_not() -
         assert outcome.gain.ratio < 1.0 and outcome.gain.low < 1.0 < outcome.gain.high
         assert outcome.challenger_won is hold
         assert outcome.why == ("ahead on the median" if hold else "not faster beyond noise")
-    # Behind on the median, a re-check loses as any duel does; slower beyond noise, at once.
+    # Behind on the median, a re-check loses, judged at its budget only (no futility look at
+    # FUTILE_FROM pairs, as a first duel has); slower beyond noise, at once.
     duel = Duel(12, warmup=0, hold=True)
-    assert cycle(duel, [1.01, 1.02, 0.99]) == FUTILE_FROM
+    assert cycle(duel, [1.01, 1.02, 0.99]) == 12
     assert duel.outcome is not None and not duel.outcome.challenger_won
+    assert duel.outcome.why == "not ahead on the median"
     duel = Duel(12, warmup=0, hold=True)
     assert run(duel, {False: 1.0, True: 1.3}) == MIN_PAIRS
     assert duel.outcome is not None and duel.outcome.why == "slower beyond noise"
+
+
+def test_a_re_check_not_ahead_at_its_budget_is_judged_again_on_all_its_pairs() -> None:
+    # Its first 12 pairs: 1.05x and 0.97x by turns, behind on the median but not beyond noise.
+    # Then 0.90x and 0.99x by turns: over all 24 pairs, ahead on the median: kept, at 24 and
+    # not before (no look in between judges the median).
+    factors = [1.05, 0.97] * 6 + [0.90, 0.99] * 6
+    duel = Duel(12, warmup=0, extend_to=24, signed_rank=True, hold=True)
+    assert cycle(duel, factors) == 24
+    assert duel.outcome is not None and duel.outcome.challenger_won
+    assert duel.outcome.why == "ahead on the median" and duel.outcome.gain.high > 1.0
+    # Judged at 12 alone, the same pairs lose it.
+    duel = Duel(12, warmup=0, signed_rank=True, hold=True)
+    assert cycle(duel, factors) == 12 and duel.outcome is not None
+    assert not duel.outcome.challenger_won and duel.outcome.gain.ratio > 1.0
+    # Still behind after 24, within noise: dropped.
+    duel = Duel(12, warmup=0, extend_to=24, signed_rank=True, hold=True)
+    assert cycle(duel, [1.06, 0.96, 1.02]) == 24
+    assert duel.outcome is not None and not duel.outcome.challenger_won
+    assert duel.outcome.why == "not ahead on the median"
 
 
 def test_a_challenger_behind_on_the_median_stops_at_the_second_look() -> None:

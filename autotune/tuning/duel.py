@@ -40,13 +40,21 @@ of DDP's 1 MiB buckets, 16 block pairs had 6-8 of 24 above 1 (block medians stil
 +-15% on 2 shared cores): the sign test needs 18 of 24 below 1 and kept losing a real 10% gain.
 
 A duel may instead re-check a challenger that has proven itself before (``hold=True``; the bucket
-size a previous job kept, `autotune.buckets`): then the burden of proof turns, and at
-``max_pairs`` a challenger still ahead on the median wins ("ahead on the median") without the
-interval excluding 1; it loses where it is slower beyond noise, or not ahead on the median from
-`FUTILE_FROM` pairs on, as any challenger does. The gain was proven once already; a second proof
-of a gain of 5-10% under a shared machine's noise fails about half the time (measured on the
-mlp at 2 ranks: 0.926x over 24 block pairs and 0.960x over 12 lost a 4 MiB bucket size that had
-won in the job before), and the job would then run slower than it can for nothing.
+size a previous job kept, `autotune.buckets`): then the burden of proof turns. It loses at once
+where it is slower beyond noise, and wins where it is faster beyond noise, as any challenger;
+otherwise it is judged on the median only at ``max_pairs``: still ahead, it wins ("ahead on the
+median") without the interval excluding 1. Not ahead there, it goes on to ``extend_to`` pairs, and
+is judged on the median of them all ("not ahead on the median" only then); there is no futility look
+before. The gain was proven once already; a second proof of a gain of 5-10% under a shared machine's
+noise fails about half the time (measured on the mlp at 2 ranks: 0.926x over 24 block pairs and
+0.960x over 12 lost a 4 MiB bucket size that had won in the job before), and the job would then run
+slower than it can for nothing. Judged on the median from 10 pairs, as it was, a re-check still
+dropped that size once in nine (1.011x over 10 pairs). Simulated with block pairs as noisy as the
+mlp's (`benchmarks/duel_power.py`, log ratios spread by 0.10-0.13), a re-check of a 0.95x gain
+judged at 12 pairs drops it 4-9% of the time, and 0.6-2% when it goes on to 24; the price is a size
+that has turned 3% slower, kept 19-26% of the time instead of 16-22% (until the next job's
+re-check), and more pairs where the sizes are equal (17 instead of 12). A size 10% slower is dropped
+either way, about 99 times in 100.
 
 Each look is a 95% two-sided interval. Looking several times raises the chance that a plan
 truly equal to the incumbent wins by luck above 2.5% (to about 8% over the looks a 24-pair duel
@@ -58,7 +66,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from autotune.plan import Gain
@@ -96,17 +104,26 @@ def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> 
     P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2. With too few values for any such k, the
     interval is (0, inf): nothing can be excluded yet."""
     n = len(values)
-    ordered = sorted(values)
-    tail = (1.0 - confidence) / 2.0
-    k, below = 0, 0.0  # below: P(X < k + 1) accumulated term by term
-    while k < n:
-        below += math.comb(n, k) / 2.0**n
-        if below > tail:
-            break
-        k += 1
+    k = _critical((math.comb(n, j) for j in range(n)), n, confidence)
     if k == 0:
         return 0.0, math.inf
+    ordered = sorted(values)
     return ordered[k - 1], ordered[n - k]
+
+
+def _critical(counts: Iterable[int], n: int, confidence: float) -> int:
+    """The largest k with P(T < k) <= (1 - confidence) / 2, for a statistic T whose values
+    0, 1, ... occur in ``counts[t]`` of the 2**n equally likely outcomes. Exact in integers: a
+    float 2.0**n overflows from n = 1024 (a benchmark's 1300 paired steps)."""
+    tail = (1.0 - confidence) / 2.0
+    total, below = 2**n, 0  # below: outcomes with T < k + 1, accumulated term by term
+    k = 0
+    for count in counts:
+        below += count
+        if below / total > tail:
+            break
+        k += 1
+    return k
 
 
 def signed_rank_interval(
@@ -126,13 +143,7 @@ def signed_rank_interval(
         for t, c in enumerate(counts):
             grown[t + r] += c
         counts = grown
-    tail = (1.0 - confidence) / 2.0
-    k, below = 0, 0.0
-    while k < len(counts):
-        below += counts[k] / 2.0**n
-        if below > tail:
-            break
-        k += 1
+    k = _critical(counts, n, confidence)
     if k == 0:
         return 0.0, math.inf
     walsh = sorted((values[i] + values[j]) / 2.0 for i in range(n) for j in range(i, n))
@@ -164,7 +175,8 @@ class Duel:
     ``extend_to`` (at least ``max_pairs``; None: no extension) is how far a promising challenger
     may go on (see the module doc), ``promising`` the median ratio at or below which it does.
     ``hold``: a re-check of a challenger proven before, which
-    wins at ``max_pairs`` if it is still ahead on the median (no extension). ``signed_rank``:
+    wins at ``max_pairs`` if it is still ahead on the median, else is judged on the median again
+    at ``extend_to`` (see the module doc). ``signed_rank``:
     judge the ratios' logarithms with `signed_rank_interval` (the ratio reported:
     `hodges_lehmann`'s, back from the logarithm) instead of the sign test; for measurements
     that are medians of several steps already (`autotune.buckets`' blocks), whose long tails
@@ -242,10 +254,16 @@ class Duel:
             return Outcome(True, gain, "faster beyond noise")
         if gain.low > 1.0:
             return Outcome(False, gain, "slower beyond noise")
+        if self.hold:
+            if n not in (self.max_pairs, self.extend_to):
+                return None
+            if gain.ratio < 1.0:
+                return Outcome(True, gain, "ahead on the median")
+            if n >= self.extend_to:
+                return Outcome(False, gain, "not ahead on the median")
+            return None
         if n >= FUTILE_FROM and gain.ratio >= 1.0:
             return Outcome(False, gain, "not ahead on the median")
-        if n >= self.max_pairs and self.hold and gain.ratio < 1.0:
-            return Outcome(True, gain, "ahead on the median")
         if n >= self.max_pairs and (n >= self.extend_to or gain.ratio > self.promising):
             return Outcome(False, gain, "not faster beyond noise")
         return None

@@ -1,0 +1,83 @@
+"""How often a bucket duel keeps a challenger, by its true step ratio and the noise: simulated.
+
+    python benchmarks/duel_power.py --ratios 0.92,0.95,1.0,1.03,1.1 --sigmas 0.10,0.13
+
+A duel's stopping rules (`autotune.tuning.duel.Duel`) decide on noisy pairs of blocks; whether
+they keep a real gain, or drop a size that has turned slower, is a matter of chance that a few
+benchmark runs cannot count. This feeds the duels `autotune.buckets` runs with pairs whose log
+ratio is normal around the log of the true ratio, with the given spread, and counts how often
+each kept the challenger and how many pairs it took:
+
+- ``first``: a first duel (`BucketSearch`'s: `MAX_PAIRS`, extended to twice that while ahead
+  on the median, `EXTEND_BELOW`); the challenger must be faster beyond noise;
+- ``re-check at N``: a stored size's re-check judged at `MAX_PAIRS` alone (``extend_to`` =
+  ``max_pairs``);
+- ``re-check, extended``: the re-check `BucketSearch` runs, which goes on to twice `MAX_PAIRS`
+  where the stored size is not ahead on the median at `MAX_PAIRS`.
+
+The spread: the log ratios of the 12 block pairs measured in a re-check of the example mlp's
+4 MiB buckets at 2 ranks on 2 shared cores (tests/test_duel.py) have a standard deviation of
+0.099; 0.13 stands for a louder machine. Nothing here is timed; the figures are counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from autotune.buckets import EXTEND_BELOW, MAX_PAIRS
+from autotune.tuning.duel import Duel
+
+RULES = ("first", f"re-check at {MAX_PAIRS}", "re-check, extended")
+
+
+def duel(rule: str) -> Duel:
+    if rule == "first":
+        return Duel(
+            MAX_PAIRS,
+            warmup=0,
+            extend_to=2 * MAX_PAIRS,
+            signed_rank=True,
+            promising=EXTEND_BELOW,
+        )
+    extend = 2 * MAX_PAIRS if rule == "re-check, extended" else MAX_PAIRS
+    return Duel(MAX_PAIRS, warmup=0, extend_to=extend, signed_rank=True, hold=True)
+
+
+def run(rule: str, ratio: float, sigma: float, rng: random.Random) -> tuple[bool, int]:
+    """One duel: whether it kept the challenger, and its pairs."""
+    d = duel(rule)
+    while d.outcome is None:
+        d.measure(False, 1.0)
+        d.measure(True, math.exp(rng.gauss(math.log(ratio), sigma)))
+    return d.outcome.challenger_won, len(d.ratios)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ratios", default="0.92,0.95,1.0,1.03,1.1", help="true challenger/reference")
+    p.add_argument("--sigmas", default="0.10,0.13", help="spread of a pair's log ratio")
+    p.add_argument("--trials", type=int, default=4000, help="duels per cell")
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args()
+    rng = random.Random(args.seed)
+    ratios = [float(r) for r in args.ratios.split(",")]
+    print("| sigma | true ratio | " + " | ".join(f"{r}: kept (pairs)" for r in RULES) + " |")
+    print("|---|---|" + "---:|" * len(RULES))
+    for sigma in (float(s) for s in args.sigmas.split(",")):
+        for ratio in ratios:
+            cells = []
+            for rule in RULES:
+                results = [run(rule, ratio, sigma, rng) for _ in range(args.trials)]
+                kept = sum(won for won, _ in results) / args.trials
+                pairs = sum(n for _, n in results) / args.trials
+                cells.append(f"{kept:.1%} ({pairs:.1f})")
+            print(f"| {sigma} | {ratio} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
