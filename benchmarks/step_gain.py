@@ -29,6 +29,12 @@ rank as torchrun sets (``--threads`` to change it):
 DDP's buckets): what the hook itself costs each model's step, which a plan must win back in the
 duels before it beats a job that stepped aside.
 
+``--device cuda`` trains on CUDA tensors (rank r on GPU r modulo the GPUs there are; with one GPU
+every rank shares it), on gloo (autotune stages through pinned host memory) or, with
+``--backend nccl``, on NCCL (several ranks on one GPU need NCCL 2.30 or newer and
+``NCCL_MULTI_RANK_GPU_ENABLE=1`` in the environment). A step is then timed until the GPU has
+finished it. Written for issue 10's GPU cell; never run on a GPU yet (no session had one).
+
 Exploring cost: run 1's total step time until it locked, minus run 3's median plain step times as
 many steps (the restart's cost likewise). Ratios below 1 are faster than plain DDP; intervals
 are the sign test's 95% interval for the median (autotune.tuning.duel.median_interval).
@@ -52,6 +58,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hoo
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
+from autotune.algorithms import bookkeeping_device
 from autotune.launch import run_local
 from autotune.plan import Arm, Table
 from autotune.testing.settled import all_settled, everywhere
@@ -66,8 +73,23 @@ MODELS = ("mlp", "transformer", "convnet")
 AFTER_DECIDED = 20
 
 
-def model_and_batch(name: str, seed: int = 0) -> tuple[torch.nn.Module, Any]:
-    """The model (same weights on every rank), and a function giving (inputs, labels)."""
+def model_and_batch(
+    name: str, seed: int = 0, device: torch.device | None = None
+) -> tuple[torch.nn.Module, Any]:
+    """The model (same weights on every rank), and a function giving (inputs, labels); on
+    ``device`` where one is given (the batches drawn on the CPU, then moved there)."""
+    model, batch = _model_and_batch(name, seed)
+    if device is None or device.type == "cpu":
+        return model, batch
+
+    def moved(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = batch(g)
+        return x.to(device), y.to(device)
+
+    return model.to(device), moved
+
+
+def _model_and_batch(name: str, seed: int) -> tuple[torch.nn.Module, Any]:
     torch.manual_seed(seed)
     if name == "mlp":
         model: torch.nn.Module = build_model(512, 4)
@@ -103,16 +125,40 @@ def model_and_batch(name: str, seed: int = 0) -> tuple[torch.nn.Module, Any]:
 
 
 def _step(ddp: torch.nn.Module, opt: torch.optim.Optimizer, x: Any, y: Any) -> float:
+    """One training step's wall time; on CUDA tensors, until the GPU has finished it."""
+    cuda = isinstance(x, torch.Tensor) and x.is_cuda
+    if cuda:
+        torch.cuda.synchronize()
     begin = time.perf_counter()
     opt.zero_grad(set_to_none=True)
     torch.nn.functional.cross_entropy(ddp(x), y).backward()
     opt.step()
+    if cuda:
+        torch.cuda.synchronize()
     return time.perf_counter() - begin
+
+
+def _device(rank: int, args: argparse.Namespace) -> torch.device:
+    """This rank's device (``--device``): on CUDA, GPU ``rank`` modulo the GPUs there are
+    (one GPU: every rank on it), made the current one."""
+    if args.device != "cuda":
+        return torch.device("cpu")
+    device = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
+def _control() -> torch.device:
+    """Where the script's own small all-reduces travel: the CPU on gloo, the current GPU on
+    NCCL (`autotune.algorithms.bookkeeping_device`)."""
+    here = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+    assert dist.group.WORLD is not None
+    return bookkeeping_device(dist.group.WORLD, here or torch.device("cpu"))
 
 
 def _slowest(times: list[float]) -> list[float]:
     """Per step, the slowest rank's time (every rank calls this at the same point)."""
-    t = torch.tensor(times, dtype=torch.float64)
+    t = torch.tensor(times, dtype=torch.float64, device=_control())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist()
 
@@ -123,7 +169,7 @@ def alone(rank: int, world_size: int, args: argparse.Namespace, storage: str) ->
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    model, batch = model_and_batch(args.model)
+    model, batch = model_and_batch(args.model, device=_device(rank, args))
     ddp = DDP(model, **args.ddp)
     state = autotune.register(ddp, autotune.Config(storage=storage, timeout_s=120))
     assert state.tuner is not None
@@ -186,7 +232,7 @@ def paired(
     would time the other arms' steps too: the engine's step runs from one of its iterations'
     ends to the next. So the restart's confirmation is run 2's, alone.)"""
     torch.set_num_threads(args.threads)
-    model, batch = model_and_batch(args.model)
+    model, batch = model_and_batch(args.model, device=_device(rank, args))
     import copy
 
     plain = DDP(copy.deepcopy(model), **args.ddp)
@@ -240,7 +286,7 @@ def _more(plain: list[float], args: argparse.Namespace) -> bool:
     more = len(plain) < int(args.paired_steps)
     if args.paired_seconds <= 0:
         return more
-    flag = torch.tensor([int(more or sum(plain) < args.paired_seconds)])
+    flag = torch.tensor([int(more or sum(plain) < args.paired_seconds)], device=_control())
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return int(flag.item()) > 0
 
@@ -262,10 +308,15 @@ def _arm(table: Table) -> Arm:
     return Arm.of({cls: e.choice for cls, e in table.classes.items()}, table.fusion_bytes or 0)
 
 
+def _launch(args: argparse.Namespace) -> dict[str, Any]:
+    """`run_local`'s options for every run: the backend, and a generous limit."""
+    return {"backend": args.backend, "timeout_s": 1800}
+
+
 def hook_cost(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any]:
     """``--hook-only``: run 3 alone, the autotune arm fixed on the baseline's lane."""
     _for_model(args, model)
-    pair = run_local(paired, world_size, args, "", None, timeout_s=1800)[0]
+    pair = run_local(paired, world_size, args, "", None, **_launch(args))[0]
     return {
         "model": model,
         "world_size": world_size,
@@ -279,8 +330,8 @@ def cell(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any
     _for_model(args, model)
     with tempfile.TemporaryDirectory() as tmp:
         storage = f"sqlite:///{Path(tmp) / 'tuning.db'}"
-        tune = run_local(alone, world_size, args, storage, timeout_s=1800)
-        restart = run_local(alone, world_size, args, storage, timeout_s=1800)[0]
+        tune = run_local(alone, world_size, args, storage, **_launch(args))
+        restart = run_local(alone, world_size, args, storage, **_launch(args))[0]
         # Run 3 on a copy of what run 2 left, or on run 2's plan, fixed.
         plan_file = None
         table = Table.from_json(restart["table"])
@@ -289,7 +340,7 @@ def cell(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any
             Path(plan_file).write_text(json.dumps(restart["table"]))
         shutil.copy(Path(tmp) / "tuning.db", Path(tmp) / "paired.db")
         copied = f"sqlite:///{Path(tmp) / 'paired.db'}"
-        pair = run_local(paired, world_size, args, copied, plan_file, timeout_s=1800)[0]
+        pair = run_local(paired, world_size, args, copied, plan_file, **_launch(args))[0]
     plain_median = statistics.median(pair["plain"])
     first = tune[0]
 
@@ -374,6 +425,18 @@ def main(argv: list[str] | None = None) -> int:
         "more pairs: a tighter interval for the same minutes)",
     )
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
+    p.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where the models train (cuda: GPU rank modulo the GPUs there are)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=["gloo", "nccl"],
+        default="gloo",
+        help="the process group's backend (nccl needs --device cuda)",
+    )
     p.add_argument("--json", default=None, help="also write every figure here")
     p.add_argument(
         "--hook-only",
@@ -381,6 +444,10 @@ def main(argv: list[str] | None = None) -> int:
         help="run 3 alone, with autotune fixed on native (DDP's buckets): the hook's own cost",
     )
     args = p.parse_args(argv)
+    if args.backend == "nccl" and args.device != "cuda":
+        p.error("--backend nccl needs --device cuda")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: this torch sees no CUDA device")
     rows = []
     for world_size in (int(w) for w in args.world_sizes.split(",")):
         for model in args.models.split(","):

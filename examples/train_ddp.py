@@ -248,6 +248,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--no-hook", action="store_true", help="plain DDP, for comparison")
     args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: this torch sees no CUDA device")
     if args.backend is None:
         args.backend = "nccl" if args.device == "cuda" else "gloo"
     return args

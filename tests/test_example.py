@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -44,3 +47,16 @@ def test_the_demo_trains_tunes_and_serves_metrics(tmp_path: Path) -> None:
     assert (tmp_path / "tuning.db").exists()  # the plan was stored where it was told
     # It ends with the gain against plain DDP, or says it has not measured one yet.
     assert text.splitlines()[-1].startswith("autotune vs plain DDP: "), text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the error is for a machine without CUDA")
+def test_the_example_refuses_cuda_where_this_torch_has_none(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    from train_ddp import parse_args
+
+    with pytest.raises(SystemExit) as refused:
+        parse_args(["--device", "cuda", "--world-size", "2"])
+    assert refused.value.code == 2
+    assert "--device cuda: this torch sees no CUDA device" in capsys.readouterr().err
