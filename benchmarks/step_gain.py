@@ -58,10 +58,9 @@ from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hoo
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
-from autotune.algorithms import bookkeeping_device
 from autotune.launch import run_local
 from autotune.plan import Arm, Table
-from autotune.testing.settled import all_settled, everywhere
+from autotune.testing.settled import all_settled, control_device, everywhere
 from autotune.tuning.duel import median_interval
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -148,17 +147,9 @@ def _device(rank: int, args: argparse.Namespace) -> torch.device:
     return device
 
 
-def _control() -> torch.device:
-    """Where the script's own small all-reduces travel: the CPU on gloo, the current GPU on
-    NCCL (`autotune.algorithms.bookkeeping_device`)."""
-    here = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-    assert dist.group.WORLD is not None
-    return bookkeeping_device(dist.group.WORLD, here or torch.device("cpu"))
-
-
 def _slowest(times: list[float]) -> list[float]:
     """Per step, the slowest rank's time (every rank calls this at the same point)."""
-    t = torch.tensor(times, dtype=torch.float64, device=_control())
+    t = torch.tensor(times, dtype=torch.float64, device=control_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist()
 
@@ -286,7 +277,7 @@ def _more(plain: list[float], args: argparse.Namespace) -> bool:
     more = len(plain) < int(args.paired_steps)
     if args.paired_seconds <= 0:
         return more
-    flag = torch.tensor([int(more or sum(plain) < args.paired_seconds)], device=_control())
+    flag = torch.tensor([int(more or sum(plain) < args.paired_seconds)], device=control_device())
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return int(flag.item()) > 0
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from autotune.algorithms import bookkeeping_device
 from autotune.hook import AutotuneState
 
-__all__ = ["all_settled", "everywhere"]
+__all__ = ["all_settled", "control_device", "everywhere"]
 
 
 def all_settled(state: AutotuneState, on_baseline: bool = False) -> bool:
@@ -25,6 +26,16 @@ def all_settled(state: AutotuneState, on_baseline: bool = False) -> bool:
 
 def everywhere(done: bool, group: dist.ProcessGroup | None = None) -> bool:
     """Whether ``done`` holds on every rank of ``group`` (a MIN all-reduce: call it on all)."""
-    flag = torch.tensor([1 if done else 0])
+    flag = torch.tensor([1 if done else 0], device=control_device(group))
     dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
     return bool(flag.item())
+
+
+def control_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Where a job's own small all-reduces over ``group`` (default: the world) travel: the CPU
+    where the group has a CPU backend (gloo), else the current CUDA device (NCCL)."""
+    group = group or dist.group.WORLD
+    assert group is not None, "no process group"
+    cuda = torch.cuda.is_available()
+    here = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    return bookkeeping_device(group, here)
