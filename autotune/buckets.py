@@ -70,6 +70,7 @@ __all__ = [
     "LADDER",
     "BucketSearch",
     "BucketTuner",
+    "bucket_duel",
     "challengers",
     "layout",
 ]
@@ -124,6 +125,21 @@ def layout(cap: int, total: int, first_bucket: int | None = None) -> tuple[int, 
     return head, min(cap, total - head)
 
 
+def bucket_duel(max_pairs: int = MAX_PAIRS, recheck: bool = False) -> Duel:
+    """The duel of one challenger against the reference, in pairs of blocks: a first duel goes
+    on to twice ``max_pairs`` while ahead on the median at all (`EXTEND_BELOW`); a re-check of
+    a stored size (``recheck``) is judged on the median at ``max_pairs``, and again at twice
+    that where it was not ahead (``Duel(hold=True)``)."""
+    return Duel(
+        max_pairs,
+        warmup=0,
+        extend_to=2 * max_pairs,
+        signed_rank=True,
+        hold=recheck,
+        promising=EXTEND_BELOW,
+    )
+
+
 class BucketSearch:
     """Which cap each block runs, and the verdict; the same on every rank given the same steps.
 
@@ -162,22 +178,8 @@ class BucketSearch:
             if not self._queue:
                 self._decide()
                 return None
-            if self._queue[0] == self.stored:  # proven in a job before: a re-check
-                self._duel = Duel(
-                    self.max_pairs,
-                    warmup=0,
-                    extend_to=2 * self.max_pairs,
-                    signed_rank=True,
-                    hold=True,
-                )
-            else:
-                self._duel = Duel(
-                    self.max_pairs,
-                    warmup=0,
-                    extend_to=2 * self.max_pairs,
-                    signed_rank=True,
-                    promising=EXTEND_BELOW,
-                )
+            # Proven in a job before: a re-check.
+            self._duel = bucket_duel(self.max_pairs, recheck=self._queue[0] == self.stored)
         return self._queue[0] if self._duel.schedule() else self.reference
 
     @property

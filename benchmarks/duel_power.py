@@ -8,12 +8,12 @@ benchmark runs cannot count. This feeds the duels `autotune.buckets` runs with p
 ratio is normal around the log of the true ratio, with the given spread, and counts how often
 each kept the challenger and how many pairs it took:
 
-- ``first``: a first duel (`BucketSearch`'s: `MAX_PAIRS`, extended to twice that while ahead
-  on the median, `EXTEND_BELOW`); the challenger must be faster beyond noise;
+- ``first``: a first duel (`autotune.buckets.bucket_duel`, as the job runs it: `MAX_PAIRS`,
+  extended to twice that while ahead on the median); the challenger must be faster beyond noise;
 - ``re-check at N``: a stored size's re-check judged at `MAX_PAIRS` alone (``extend_to`` =
   ``max_pairs``);
-- ``re-check, extended``: the re-check `BucketSearch` runs, which goes on to twice `MAX_PAIRS`
-  where the stored size is not ahead on the median at `MAX_PAIRS`.
+- ``re-check, extended``: the re-check the job runs (``bucket_duel(recheck=True)``), which goes
+  on to twice `MAX_PAIRS` where the stored size is not ahead on the median at `MAX_PAIRS`.
 
 The spread: the log ratios of the 12 block pairs measured in a re-check of the example mlp's
 4 MiB buckets at 2 ranks on 2 shared cores (tests/test_duel.py) have a standard deviation of
@@ -29,23 +29,16 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from autotune.buckets import EXTEND_BELOW, MAX_PAIRS
+from autotune.buckets import MAX_PAIRS, bucket_duel
 from autotune.tuning.duel import Duel
 
 RULES = ("first", f"re-check at {MAX_PAIRS}", "re-check, extended")
 
 
 def duel(rule: str) -> Duel:
-    if rule == "first":
-        return Duel(
-            MAX_PAIRS,
-            warmup=0,
-            extend_to=2 * MAX_PAIRS,
-            signed_rank=True,
-            promising=EXTEND_BELOW,
-        )
-    extend = 2 * MAX_PAIRS if rule == "re-check, extended" else MAX_PAIRS
-    return Duel(MAX_PAIRS, warmup=0, extend_to=extend, signed_rank=True, hold=True)
+    if rule == f"re-check at {MAX_PAIRS}":  # judged at MAX_PAIRS alone
+        return Duel(MAX_PAIRS, warmup=0, signed_rank=True, hold=True)
+    return bucket_duel(MAX_PAIRS, recheck=rule != "first")
 
 
 def run(rule: str, ratio: float, sigma: float, rng: random.Random) -> tuple[bool, int]:
