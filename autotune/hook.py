@@ -9,6 +9,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import threading
 import time
 import warnings
@@ -33,6 +34,7 @@ from autotune.algorithms import (
 from autotune.aside import StepAside
 from autotune.buckets import BLOCK, MAX_PAIRS, BucketTuner, why_not_tuned
 from autotune.config import Config
+from autotune.cores import usable_cores, warn_if_oversubscribed
 from autotune.engine import Engine
 from autotune.faults import FailureBoard, release
 from autotune.plan import BASELINE_CHOICE, Buckets, Choice, Entry, Plan, Table, load_table
@@ -73,6 +75,8 @@ class AutotuneState:
     __slots__ = (
         "__weakref__",
         "_algorithms",
+        "_cores_check",
+        "_threads",
         "aside",
         "board",
         "config",
@@ -166,6 +170,15 @@ class AutotuneState:
         except BaseException:
             self.close()
             raise
+        #: The ranks of the group on this host, on the lowest of them (which says at the first
+        #: CPU bucket whether they oversubscribe the host's cores, `autotune.cores`); else None.
+        self._cores_check = _ranks_here(self.board)
+        self._threads = torch.get_num_threads()  # the main thread's, as the user set it
+
+    def _check_cores(self, buffer: torch.Tensor) -> None:
+        ranks_here, self._cores_check = self._cores_check, None
+        if ranks_here is not None and buffer.device.type == "cpu":
+            warn_if_oversubscribed(ranks_here, self._threads, usable_cores())
 
     def plan(self) -> dict[int, Choice]:
         """Size class (bytes, a power of two) -> the choice for it, for every class seen so far."""
@@ -384,6 +397,13 @@ def _shared(config: Config, table: Table | None) -> dict[str, object]:
     return read_back
 
 
+def _ranks_here(board: FailureBoard) -> int | None:
+    """How many of the board's ranks run on this host, on the lowest of them; else None."""
+    host = socket.gethostname()
+    here = [r for r, peer in board.peers.items() if peer.host == host] + [board.rank]
+    return len(here) if board.rank == min(here) else None
+
+
 def _check_at_backward_end(future: torch.futures.Future[torch.Tensor]) -> None:
     """Have backward() raise the engine's error itself, as the `PeerError` it is.
 
@@ -420,6 +440,8 @@ def hook(
     if state is None:
         state = _built_default_state()
     buffer = bucket.buffer()
+    if state._cores_check is not None:
+        state._check_cores(buffer)
     future = state.engine.submit(buffer, bucket.is_last())
     if bucket.is_last():
         _check_at_backward_end(future)

@@ -470,3 +470,28 @@ def frameworks_attach(rank: int, world_size: int) -> dict[str, Any]:
     except TypeError as exc:
         out["not_ddp"] = str(exc)
     return out
+
+
+def oversubscription_warnings(rank: int, world_size: int) -> list[str]:
+    """Two steps of a small model with the hook fixed on native; the warnings about this host's
+    cores (autotune.cores) that this rank logged."""
+    import logging
+
+    seen: list[str] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "intra-op threads" in record.getMessage():
+                seen.append(record.getMessage())
+
+    catch = Catch()
+    logging.getLogger("autotune").addHandler(catch)
+    try:
+        model = DDP(Net())
+        state = autotune.register(model, Config(algorithm="native"))
+        for _ in range(2):
+            model(torch.randn(8, 16)).sum().backward()
+        state.close()
+    finally:
+        logging.getLogger("autotune").removeHandler(catch)
+    return seen
