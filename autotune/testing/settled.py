@@ -36,6 +36,8 @@ def control_device(group: dist.ProcessGroup | None = None) -> torch.device:
     where the group has a CPU backend (gloo), else the current CUDA device (NCCL)."""
     group = group or dist.group.WORLD
     assert group is not None, "no process group"
-    cuda = torch.cuda.is_available()
-    here = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    return bookkeeping_device(group, here)
+    # Asked with the bare "cuda" first, which starts nothing on a GPU: a CPU job there would
+    # otherwise open a CUDA context in every rank.
+    if bookkeeping_device(group, torch.device("cuda")).type == "cpu":
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
