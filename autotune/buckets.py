@@ -29,10 +29,10 @@ then compares bucket sizes on DDP's own reducer, without the hook:
   stored size is not made to prove its gain again: both arms are DDP's own reducer, with no
   Python algorithm whose cost depends on the job's conditions, and a second proof of a 5-10%
   gain under a shared machine's noise fails about half the time (the mlp at 2 ranks,
-  docs/BENCHMARKS.md). Where
-  the job's own is kept, the size that came closest, ahead on the median by `LEAD_BELOW` or
-  more, is stored as its lead (`Buckets.lead`, as the campaign's leads): the next job duels
-  that size alone, once more, as a first duel, and forgets it if it loses.
+  docs/BENCHMARKS.md). Where the job's own is kept, the size that came closest, ahead on the
+  median by `LEAD_BELOW` or more, is stored as its lead (`Buckets.lead`, as the campaign's
+  leads): the next job duels that size alone, once more, as a first duel, and forgets it if it
+  loses.
 
 Every rank runs the same schedule and decides alike on the same numbers (the block's steps are
 MAX-reduced over DDP's group at each block's end, in a forward pre-hook where every rank is at

@@ -86,7 +86,7 @@ __all__ = [
 MIN_PAIRS = 6
 #: Pairs between looks after the first.
 LOOK_EVERY = 4
-#: From this many pairs on, a challenger not ahead on the median stops.
+#: From this many pairs on, a challenger not ahead on the median stops (not a re-check's).
 FUTILE_FROM = MIN_PAIRS + LOOK_EVERY
 #: A pair whose challenger step is this many times the incumbent's ends the duel at once: a plan
 #: that slow is not worth more of the user's steps to measure.
