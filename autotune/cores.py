@@ -13,12 +13,9 @@ than setting it (``torch.set_num_threads`` changes the whole process).
 
 from __future__ import annotations
 
-import logging
 import os
 
-__all__ = ["oversubscription", "usable_cores", "warn_if_oversubscribed"]
-
-_log = logging.getLogger("autotune")
+__all__ = ["oversubscription", "usable_cores"]
 
 
 def usable_cores() -> int:
@@ -43,11 +40,3 @@ def oversubscription(ranks_here: int, threads: int, cores: int) -> str | None:
         f"torch.set_num_threads({fit}) in each rank. (The example's mlp at 2 ranks on 2 cores: "
         f"plain DDP's step 4.2x as long with 2 threads a rank as with 1; docs/BENCHMARKS.md)"
     )
-
-
-def warn_if_oversubscribed(ranks_here: int, threads: int, cores: int) -> str | None:
-    """Log `oversubscription`'s warning, if any; return it."""
-    why = oversubscription(ranks_here, threads, cores)
-    if why is not None:
-        _log.warning("autotune: %s", why)
-    return why

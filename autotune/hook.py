@@ -34,7 +34,7 @@ from autotune.algorithms import (
 from autotune.aside import StepAside
 from autotune.buckets import BLOCK, MAX_PAIRS, BucketTuner, why_not_tuned
 from autotune.config import Config
-from autotune.cores import usable_cores, warn_if_oversubscribed
+from autotune.cores import oversubscription, usable_cores
 from autotune.engine import Engine
 from autotune.faults import FailureBoard, release
 from autotune.plan import BASELINE_CHOICE, Buckets, Choice, Entry, Plan, Table, load_table
@@ -75,8 +75,7 @@ class AutotuneState:
     __slots__ = (
         "__weakref__",
         "_algorithms",
-        "_cores_check",
-        "_threads",
+        "_cores_warning",
         "aside",
         "board",
         "config",
@@ -170,15 +169,14 @@ class AutotuneState:
         except BaseException:
             self.close()
             raise
-        #: The ranks of the group on this host, on the lowest of them (which says at the first
-        #: CPU bucket whether they oversubscribe the host's cores, `autotune.cores`); else None.
-        self._cores_check = _ranks_here(self.board)
-        self._threads = torch.get_num_threads()  # the main thread's, as the user set it
+        #: On the lowest of the group's ranks on this host, where they oversubscribe its cores
+        #: (`autotune.cores`), what to say at the first bucket if it is on the CPU; else None.
+        self._cores_warning = _oversubscribed_here(self.board)
 
-    def _check_cores(self, buffer: torch.Tensor) -> None:
-        ranks_here, self._cores_check = self._cores_check, None
-        if ranks_here is not None and buffer.device.type == "cpu":
-            warn_if_oversubscribed(ranks_here, self._threads, usable_cores())
+    def _warn_cores(self, buffer: torch.Tensor) -> None:
+        why, self._cores_warning = self._cores_warning, None
+        if why is not None and buffer.device.type == "cpu":
+            _log.warning("autotune: %s", why)
 
     def plan(self) -> dict[int, Choice]:
         """Size class (bytes, a power of two) -> the choice for it, for every class seen so far."""
@@ -397,11 +395,14 @@ def _shared(config: Config, table: Table | None) -> dict[str, object]:
     return read_back
 
 
-def _ranks_here(board: FailureBoard) -> int | None:
-    """How many of the board's ranks run on this host, on the lowest of them; else None."""
+def _oversubscribed_here(board: FailureBoard) -> str | None:
+    """On the lowest of the board's ranks on this host, `oversubscription`'s word on them (the
+    intra-op threads as the user set them on this, the main thread); elsewhere None."""
     host = socket.gethostname()
     here = [r for r, peer in board.peers.items() if peer.host == host] + [board.rank]
-    return len(here) if board.rank == min(here) else None
+    if board.rank != min(here):
+        return None
+    return oversubscription(len(here), torch.get_num_threads(), usable_cores())
 
 
 def _check_at_backward_end(future: torch.futures.Future[torch.Tensor]) -> None:
@@ -440,8 +441,8 @@ def hook(
     if state is None:
         state = _built_default_state()
     buffer = bucket.buffer()
-    if state._cores_check is not None:
-        state._check_cores(buffer)
+    if state._cores_warning is not None:
+        state._warn_cores(buffer)
     future = state.engine.submit(buffer, bucket.is_last())
     if bucket.is_last():
         _check_at_backward_end(future)

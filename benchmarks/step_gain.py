@@ -64,7 +64,7 @@ from autotune.testing.settled import all_settled, control_device, everywhere
 from autotune.tuning.duel import median_interval
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from train_ddp import build_model
+from train_ddp import build_model, rank_device
 
 MODELS = ("mlp", "transformer", "convnet")
 #: Runs 1 and 2 end this many steps after autotune stepped aside and decided DDP's bucket size
@@ -137,16 +137,6 @@ def _step(ddp: torch.nn.Module, opt: torch.optim.Optimizer, x: Any, y: Any) -> f
     return time.perf_counter() - begin
 
 
-def _device(rank: int, args: argparse.Namespace) -> torch.device:
-    """This rank's device (``--device``): on CUDA, GPU ``rank`` modulo the GPUs there are
-    (one GPU: every rank on it), made the current one."""
-    if args.device != "cuda":
-        return torch.device("cpu")
-    device = torch.device("cuda", rank % torch.cuda.device_count())
-    torch.cuda.set_device(device)
-    return device
-
-
 def _slowest(times: list[float]) -> list[float]:
     """Per step, the slowest rank's time (every rank calls this at the same point)."""
     t = torch.tensor(times, dtype=torch.float64, device=control_device())
@@ -160,7 +150,7 @@ def alone(rank: int, world_size: int, args: argparse.Namespace, storage: str) ->
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    model, batch = model_and_batch(args.model, device=_device(rank, args))
+    model, batch = model_and_batch(args.model, device=rank_device(rank, args.device))
     ddp = DDP(model, **args.ddp)
     state = autotune.register(ddp, autotune.Config(storage=storage, timeout_s=120))
     assert state.tuner is not None
@@ -223,7 +213,7 @@ def paired(
     would time the other arms' steps too: the engine's step runs from one of its iterations'
     ends to the next. So the restart's confirmation is run 2's, alone.)"""
     torch.set_num_threads(args.threads)
-    model, batch = model_and_batch(args.model, device=_device(rank, args))
+    model, batch = model_and_batch(args.model, device=rank_device(rank, args.device))
     import copy
 
     plain = DDP(copy.deepcopy(model), **args.ddp)

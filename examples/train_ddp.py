@@ -78,14 +78,21 @@ class Result:
     metrics: str | None = None  # what rank 0's exporter served at the end, if it was on
 
 
+def rank_device(rank: int, kind: str) -> torch.device:
+    """Where ``rank`` trains: the CPU, or (``kind`` "cuda") GPU ``rank`` modulo the GPUs there
+    are (one GPU: every rank on it), made the current one."""
+    if kind != "cuda":
+        return torch.device("cpu")
+    device = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
 def train(rank: int, world_size: int, args: argparse.Namespace) -> Result:
     """One rank's training loop; the process group is already initialised."""
     # Optuna reports every trial at INFO; the summary at the end says what matters here.
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    device = torch.device("cpu")
-    if args.device == "cuda":
-        device = torch.device("cuda", rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
+    device = rank_device(rank, args.device)
     model = build_model(args.width, args.depth).to(device)
     ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
     state = None
