@@ -14,7 +14,9 @@ def test_defaults() -> None:
     assert (c.tune_warmup, c.tune_samples, c.tune_trials) == (2, 5, 20)
     assert (c.duel_pairs, c.recheck_every) == (24, 200)
     assert c.metrics_port is None
-    builtins = ("native", "ring", "tree", "two_tree", "hierarchical_ring", "hierarchical_two_tree")
+    builtins = (
+        "native", "ring", "tree", "two_tree", "hierarchical_ring", "hierarchical_two_tree", "shm"
+    )  # fmt: skip
     assert c.candidates[: len(builtins)] == builtins
     # Then what joins "auto" by itself: NCCL's own combinations (autotune-nccl), which a group
     # keeps only where NCCL asks the plugin. The naive baselines (direct, star) do not join.

@@ -1,7 +1,8 @@
 """Swappable all-reduce algorithms on torch.distributed point-to-point operations; their registry.
 
-Built in: ``ring``, ``tree``, ``two_tree``, ``hierarchical_ring``, ``hierarchical_two_tree`` and
-``native``; more arrive through `register` or the ``autotune.algorithms`` entry-point group (the
+Built in: ``ring``, ``tree``, ``two_tree``, ``hierarchical_ring``, ``hierarchical_two_tree``,
+``native``, and ``shm`` (ranks on one host: through shared memory, with the group only to say
+when); more arrive through `register` or the ``autotune.algorithms`` entry-point group (the
 ``direct`` and ``star`` baselines ship that way).
 """
 
@@ -35,6 +36,7 @@ from autotune.algorithms._registry import (
     register,
 )
 from autotune.algorithms._ring import RingAllReduce
+from autotune.algorithms._shared_memory import SharedMemoryAllReduce
 from autotune.algorithms._transport import (
     Recv,
     Round,
@@ -72,6 +74,7 @@ __all__ = [
     "Round",
     "ScratchPool",
     "Send",
+    "SharedMemoryAllReduce",
     "Traffic",
     "Transport",
     "Tree",
@@ -107,6 +110,7 @@ BUILTINS: tuple[type[AllReduceAlgorithm], ...] = (
     TwoTreeAllReduce,
     HierarchicalRingAllReduce,
     HierarchicalTwoTreeAllReduce,
+    SharedMemoryAllReduce,
 )
 for _cls in BUILTINS:
     register(_cls.name, _cls)

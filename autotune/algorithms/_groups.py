@@ -200,7 +200,12 @@ def forget_p2p_group(group: ProcessGroup | None = None) -> ProcessGroup | None:
     base = dist.group.WORLD if group is None else group
     assert base is not None
     with _p2p_lock:
-        return _p2p_groups.pop(base.group_name, None)
+        dropped = _p2p_groups.pop(base.group_name, None)
+    if dropped is not None:
+        from autotune.algorithms._shared_memory import forget_window
+
+        forget_window(dropped)
+    return dropped
 
 
 def connect(

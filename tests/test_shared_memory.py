@@ -1,0 +1,122 @@
+"""The shared-memory all-reduce beyond the conformance suite: messages larger than its window,
+where it is offered and where not, a full /dev/shm, a peer that never comes, nothing left behind.
+(tests/test_conformance.py checks its sums at N = 1..8, every dtype and size.)"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from autotune.algorithms import PeerError, get_algorithm, p2p_group
+from autotune.algorithms import _shared_memory as shm
+from autotune.algorithms._groups import Comm
+from autotune.launch import launch, run_local
+from autotune.topology import NODE_ID_ENV
+
+
+def _many_turns(rank: int, world_size: int, dtype: torch.dtype) -> tuple[list[float], int, bool]:
+    shm.MAX_WINDOW_BYTES = shm.MIN_WINDOW_BYTES  # a slot of 256 KiB
+    size = torch.tensor([], dtype=dtype).element_size()
+    numel = 3 * shm.MIN_WINDOW_BYTES // size + 5  # three full turns and 5 elements more
+    # Integers the sum holds exactly in fp16 too (below 2048).
+    buf = (torch.arange(numel) % 500 + rank * 100).to(dtype)
+    group = p2p_group()
+    comm = Comm(group, dist.get_rank(group), world_size, "gloo", "shm", None)
+    algo = get_algorithm("shm")
+    algo._run(buf, comm, 1)
+    expected = (torch.arange(numel) % 500 * world_size + 100 * sum(range(world_size))).double()
+    exact = bool(torch.equal(buf.double(), expected))
+    window = shm._window(comm)
+    return (
+        [float(buf[0]), float(buf[-1])],
+        comm.traffic.messages_sent,
+        (exact and window.slot_bytes == shm.MIN_WINDOW_BYTES and not os.path.exists(window.path)),
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16], ids=str)
+@pytest.mark.parametrize("world_size", [2, 3])  # two pairs of slots in turns; a share each
+def test_a_message_larger_than_the_window_goes_through_it_in_turns(
+    world_size: int, dtype: torch.dtype
+) -> None:
+    got = run_local(_many_turns, world_size, dtype)
+    firsts = {tuple(g[0]) for g in got}
+    assert len(firsts) == 1  # every rank holds the same values
+    assert [g[1] for g in got] == [4] * world_size  # three full turns and one of 5 elements
+    assert all(g[2] for g in got)  # exact sums, the smallest slot, its file unlinked
+
+
+def _offered(rank: int, world_size: int, how: str, tmp: str) -> bool:
+    if how == "two nodes":
+        os.environ[NODE_ID_ENV] = f"node-{rank}"
+    elif how == "own /dev/shm":  # a container per rank, on one host name
+        shm.SHM_DIR = os.path.join(tmp, str(rank))
+        os.makedirs(shm.SHM_DIR)
+    elif how == "no room":
+        shm.MIN_WINDOW_BYTES = 1 << 60
+    cls = type(get_algorithm("shm"))
+    device = torch.device("cuda" if how == "cuda" else "cpu")
+    if how == "cuda":  # what the check says for CUDA tensors, without a GPU to make them
+        assert dist.group.WORLD is not None
+        return cls.offered(dist.group.WORLD, device)
+    return cls.offered(p2p_group(), device)
+
+
+@pytest.mark.parametrize(
+    ("how", "offered"),
+    [("one host", True), ("two nodes", False), ("own /dev/shm", False), ("no room", False),
+     ("cuda", False)],
+)  # fmt: skip
+def test_offered_only_where_every_rank_maps_the_same_shared_memory(
+    tmp_path: Path, how: str, offered: bool
+) -> None:
+    assert run_local(_offered, 2, how, str(tmp_path)) == [offered, offered]
+    if how == "own /dev/shm":
+        assert not list(tmp_path.rglob("autotune-*"))  # the probe file is gone
+
+
+def _full(rank: int, world_size: int) -> str:
+    shm.MIN_WINDOW_BYTES = 1 << 60
+    try:
+        get_algorithm("shm").all_reduce(torch.ones(10))
+    except RuntimeError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_a_full_dev_shm_is_an_error_on_every_rank_not_a_crash() -> None:
+    for message in run_local(_full, 2):
+        assert "/dev/shm has room for" in message and "leave 'shm' out" in message
+
+
+def _one_stays_away(rank: int, world_size: int) -> str:
+    algo = get_algorithm("shm")
+    algo.timeout_s = 2.0
+    t = torch.ones(1000)
+    algo.all_reduce(t)
+    assert float(t[0]) == world_size
+    if rank == 1:
+        return "away"
+    try:
+        algo.all_reduce(t)
+    except PeerError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_a_peer_that_never_comes_is_a_peer_error() -> None:
+    got = run_local(_one_stays_away, 2)
+    assert got[1] == "away"
+    assert "shm all-reduce" in got[0] and "the other ranks' writes in shared memory" in got[0]
+
+
+def test_nothing_is_left_in_dev_shm() -> None:
+    before = {p.name for p in Path(shm.SHM_DIR).glob("autotune-*")}
+    results = launch(_many_turns, 2, torch.float64)
+    assert all(r.ok for r in results)
+    # Other tests' windows may come and go meanwhile; none of this job's stays.
+    assert {p.name for p in Path(shm.SHM_DIR).glob("autotune-*")} <= before
