@@ -358,14 +358,23 @@ class Engine:
             # Average: scale first, as DDP does without a hook, since the sum of N fp16 gradients
             # can overflow where their mean cannot; and by the reciprocal, as DDP does, so that
             # with `native` the result is bitwise DDP's own (x * (1/3) and x / 3 round apart).
-            started.flat.mul_(1.0 / self.world_size)
+            # An algorithm that copies its input anyway scales it in that copy (`folds_scale`:
+            # `shm`), a pass over the bucket fewer; the others' pieces are scaled here.
+            scale = 1.0 / self.world_size
             for piece in self._pieces(started.flat):
                 nbytes = piece.numel() * piece.element_size()
                 choice = self.plan.choice(nbytes)
                 started.algorithm = choice.algorithm
                 algo = self.algorithm_for(choice.algorithm)
+                if not algo.folds_scale:
+                    piece.mul_(scale)
                 begin = time.perf_counter()
-                pending = algo.start(piece, self.group, segment_bytes=choice.segment_bytes)
+                if algo.folds_scale:
+                    pending = algo.start(
+                        piece, self.group, segment_bytes=choice.segment_bytes, scale=scale
+                    )
+                else:  # as a third party's `start`, written before ``scale``, takes it
+                    pending = algo.start(piece, self.group, segment_bytes=choice.segment_bytes)
                 traffic = pending.traffic
                 first_wait = traffic.first_wait_s if traffic is not None else None
                 sent = traffic.bytes_sent if traffic is not None else None

@@ -31,7 +31,7 @@ class Recording(AllReduceAlgorithm):
         self.fail_at = fail_at
         self.messages: list[int] = []  # bytes of each message, in order
 
-    def start(self, tensor, group=None, *, segment_bytes=None) -> Pending:  # type: ignore[no-untyped-def]
+    def start(self, tensor, group=None, *, segment_bytes=None, scale=None) -> Pending:  # type: ignore[no-untyped-def]
         if self.fail_at is not None and len(self.messages) == self.fail_at:
             raise PeerError(
                 "recording all-reduce: receive from rank 3 did not finish within 0:00:01"
@@ -178,7 +178,7 @@ def test_submit_returns_before_the_message_runs() -> None:
     gate = threading.Event()
 
     class Slow(Recording):
-        def start(self, tensor, group=None, *, segment_bytes=None) -> Pending:  # type: ignore[no-untyped-def]
+        def start(self, tensor, group=None, *, segment_bytes=None, scale=None) -> Pending:  # type: ignore[no-untyped-def]
             gate.wait(10)
             return super().start(tensor)
 
@@ -209,7 +209,7 @@ class Threaded(Recording):
         self.gate = gate
         self.threads: list[str] = []
 
-    def start(self, tensor, group=None, *, segment_bytes=None) -> Pending:  # type: ignore[no-untyped-def]
+    def start(self, tensor, group=None, *, segment_bytes=None, scale=None) -> Pending:  # type: ignore[no-untyped-def]
         assert self.gate.wait(10)
         self.threads.append(threading.current_thread().name)
         self.order.append(f"{self.name}:{tensor.numel()}")

@@ -120,3 +120,20 @@ def test_nothing_is_left_in_dev_shm() -> None:
     assert all(r.ok for r in results)
     # Other tests' windows may come and go meanwhile; none of this job's stays.
     assert {p.name for p in Path(shm.SHM_DIR).glob("autotune-*")} <= before
+
+
+def _scaled(rank: int, world_size: int, name: str) -> bool:
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(100_003, generator=g)
+    folded, first = x.clone(), x.clone().mul_(1.0 / world_size)
+    algo = get_algorithm(name)
+    algo.all_reduce(folded, scale=1.0 / world_size)
+    algo.all_reduce(first)
+    return torch.equal(folded, first) and (world_size == 1 or not torch.equal(folded, x))
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("name", ["shm", "ring"])  # folded into the copy; scaled first
+def test_a_scale_is_bitwise_the_input_scaled_first(name: str, world_size: int) -> None:
+    # The hook's 1/N: shm folds it into the copy into its slot, a pass over the bucket fewer.
+    assert run_local(_scaled, world_size, name) == [True] * world_size

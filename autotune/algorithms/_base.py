@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import dataclasses
 import zlib
 from collections.abc import Callable
 from datetime import timedelta
@@ -90,6 +91,9 @@ class AllReduceAlgorithm(abc.ABC):
     #: Whether "auto" considers this algorithm without being told (`Config.algorithms` None),
     #: beside the built-ins, wherever `offered` says it can run.
     joins_auto: ClassVar[bool] = False
+    #: Whether it applies a ``scale`` (`start`) itself, in a copy of the input it makes anyway
+    #: (``Comm.scale``); otherwise `start` scales the input in place first.
+    folds_scale: ClassVar[bool] = False
 
     @classmethod
     def offered(cls, group: ProcessGroup, device: torch.device) -> bool:
@@ -113,13 +117,16 @@ class AllReduceAlgorithm(abc.ABC):
         group: ProcessGroup | None = None,
         *,
         segment_bytes: int | None = None,
+        scale: float | None = None,
     ) -> None:
         """Sum ``tensor`` over ``group`` in place; on return (CPU) every rank holds the same sum.
 
         On CUDA the result is ordered on the current stream. ``segment_bytes`` is the pipeline
         segment (rounded down to whole elements, at least one); None uses the algorithm's default.
+        ``scale``: sum ``tensor * scale`` instead, bitwise as ``tensor.mul_(scale)`` first would
+        (the hook's 1/N, which an algorithm that copies its input anyway folds into that copy).
         """
-        self.start(tensor, group, segment_bytes=segment_bytes).wait()
+        self.start(tensor, group, segment_bytes=segment_bytes, scale=scale).wait()
 
     def start(
         self,
@@ -127,6 +134,7 @@ class AllReduceAlgorithm(abc.ABC):
         group: ProcessGroup | None = None,
         *,
         segment_bytes: int | None = None,
+        scale: float | None = None,
     ) -> Pending:
         """Begin `all_reduce`; the sum is in ``tensor`` once the returned `Pending` is waited on.
 
@@ -142,10 +150,16 @@ class AllReduceAlgorithm(abc.ABC):
         traffic = None if self.asynchronous else comm.traffic
         if dist.get_debug_level() == dist.DebugLevel.DETAIL:
             _check_same_call(tensor, segment_bytes, self.name, comm)
+        flat = tensor.view(-1)
+        fold = scale is not None and self.folds_scale and size > 1 and not flat.is_cuda
+        if scale is not None and not fold:
+            with torch.no_grad():
+                flat.mul_(scale)
         if size == 1 or tensor.numel() == 0:
             return Pending(traffic=traffic)
+        if fold:
+            comm = dataclasses.replace(comm, scale=scale)
         segment_elems = max(1, segment_bytes // tensor.element_size())
-        flat = tensor.view(-1)
         with torch.no_grad():
             if flat.is_cuda and backend == "gloo":
                 # gloo has no CUDA send/recv: run on a pinned host copy. The blocking copy orders

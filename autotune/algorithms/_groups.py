@@ -84,6 +84,8 @@ class Comm:
     timeout: timedelta | None
     traffic: Traffic = field(default_factory=Traffic)
     collective: str = "all-reduce"  # what the algorithm does, for errors
+    #: Multiply each rank's input by this as it is first copied (`folds_scale` algorithms).
+    scale: float | None = None
 
     def global_rank(self, peer: int) -> int:
         return dist.get_global_rank(self.group, peer)

@@ -86,6 +86,7 @@ class SharedMemoryAllReduce(AllReduceAlgorithm):
 
     name = "shm"
     segmented = False
+    folds_scale = True
 
     @classmethod
     def offered(cls, group: ProcessGroup, device: torch.device) -> bool:
@@ -126,8 +127,12 @@ class SharedMemoryAllReduce(AllReduceAlgorithm):
 
 
 def _put(slot: torch.Tensor, part: torch.Tensor, comm: Comm) -> None:
-    """Write this rank's ``part`` to its ``slot``; return once every rank has written its own."""
-    slot.copy_(part)
+    """Write this rank's ``part`` (times ``comm.scale``) to its ``slot``; return once every rank
+    has written its own."""
+    if comm.scale is None:
+        slot.copy_(part)
+    else:
+        torch.mul(part, comm.scale, out=slot)
     comm.traffic.bytes_sent += part.numel() * part.element_size()
     comm.traffic.messages_sent += 1
     first = comm.traffic.first_wait_s is None
