@@ -399,6 +399,12 @@ class Table:
     lead: Lead | None = None
     buckets: Buckets | None = None
 
+    @property
+    def runs_native(self) -> bool:
+        """Whether every class runs the baseline: only then does a bucket size (`buckets`)
+        apply, by stepping aside; a plan with a Python-driven class keeps the hook."""
+        return all(e.choice == BASELINE_CHOICE for e in self.classes.values())
+
     def to_json(self) -> dict[str, object]:
         return {
             "fingerprint": self.fingerprint,
@@ -455,7 +461,7 @@ class Table:
         assert fusion is None or isinstance(fusion, int)
         fingerprint = data.get("fingerprint")
         gain, lead, buckets = data.get("gain"), data.get("lead"), data.get("buckets")
-        if buckets is not None and any(e.choice != BASELINE_CHOICE for e in classes.values()):
+        if buckets is not None and not cls(classes).runs_native:
             raise ValueError(
                 "buckets: DDP's own bucket size is kept only where every class runs native "
                 "(autotune applies it by stepping aside, without the hook)"

@@ -7,6 +7,7 @@ fingerprint starts from it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -344,8 +345,12 @@ def merge_tables(saved: Sequence[tuple[float, Table]]) -> Table:
     fingerprint = next((t.fingerprint for _, t in newest_first if t.fingerprint), None)
     newest = newest_first[0][1] if newest_first else None
     lead = None if newest is None else newest.lead
-    buckets = None if newest is None else newest.buckets
-    return Table(classes, fusion, fingerprint, lead=lead, buckets=buckets)
+    merged = Table(classes, fusion, fingerprint, lead=lead)
+    # The newest job's bucket size, where every class the merge keeps runs native (a class
+    # only an older job saw may keep its Python-driven plan, and with it the hook).
+    if newest is None or not merged.runs_native:
+        return merged
+    return dataclasses.replace(merged, buckets=newest.buckets)
 
 
 def _open(url: str) -> optuna.storages.RDBStorage:

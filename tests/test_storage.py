@@ -192,6 +192,18 @@ def test_the_bucket_size_is_the_newest_tables() -> None:
     assert merge_tables([(2.0, aside), (1.0, later)]).buckets == Buckets(4 << 20, None)
 
 
+def test_a_bucket_size_is_not_merged_beside_a_python_driven_class() -> None:
+    # An older job kept shm for a class the newest job, which stepped aside with 4 MiB buckets,
+    # never saw: the merged plan runs shm there, through the hook, so no bucket size applies
+    # (a table with both does not load: `Table.from_json`).
+    older = Table({4096: entry("shm", 1e-3)}, 0)
+    aside = Table({1024: entry("native", 1e-3)}, 0, buckets=Buckets(4 << 20, None))
+    merged = merge_tables([(1.0, older), (2.0, aside)])
+    assert merged.classes[4096].choice == Choice("shm") and merged.buckets is None
+    assert Table.from_json(merged.to_json()) == merged
+    assert merge_tables([(1.0, aside)]).buckets == Buckets(4 << 20, None)
+
+
 def test_the_lead_is_the_newest_tables_settled_or_not() -> None:
     lead = Lead(Arm((), 4 << 20), Gain(0.95, 0.9, 1.02, 24))
     kept = Table({1024: entry("native", 1e-3)}, fusion_bytes=0, lead=lead)

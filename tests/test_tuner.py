@@ -19,7 +19,7 @@ from tuner_jobs import (
 )
 
 from autotune.launch import run_local
-from autotune.plan import Arm, Choice, Entry, Gain, Lead, Table, size_class
+from autotune.plan import Arm, Buckets, Choice, Entry, Gain, Lead, Table, size_class
 from autotune.store import Store
 
 QUICK = {"tune_warmup": 1, "tune_samples": 2, "fusion_bytes": 0, "duel_pairs": 10}
@@ -153,10 +153,14 @@ def test_a_stored_baseline_gives_the_plan_that_came_close_one_more_duel(tmp_path
     assert not others and kept.lead is None  # slow_ring lost by far: nothing came close
     trials = Store(url).trial_count()
 
-    def job_with_lead(algorithm: str, slow_native: bool, job_id: str) -> Tuned:
-        """A job from the stored baseline with a lead on ``algorithm`` for every class."""
+    def job_with_lead(
+        algorithm: str, slow_native: bool, job_id: str, buckets: Buckets | None = None
+    ) -> Tuned:
+        """A job from the stored baseline with a lead on ``algorithm`` for every class (and
+        the bucket size that the job that stored it stepped aside into)."""
         arm = Arm.of({cls: Choice(algorithm) for cls in kept.classes}, 0)
-        table = Table(kept.classes, 0, kept.fingerprint, None, Lead(arm, Gain(0.96, 0.9, 1.02, 10)))
+        lead = Lead(arm, Gain(0.96, 0.9, 1.02, 10))
+        table = Table(kept.classes, 0, kept.fingerprint, None, lead, buckets)
         Store(url, job_id=job_id).save_table(key, table)
         job = {**config, "algorithms": (algorithm,)}
         runs: list[Tuned] = run_local(
@@ -174,13 +178,18 @@ def test_a_stored_baseline_gives_the_plan_that_came_close_one_more_duel(tmp_path
     stored = Store(url).load_table(key)
     assert stored is not None and stored.lead is None
     # A lead that wins it (the baseline slowed): locked, without screening anything again.
-    won = job_with_lead("quick_ring", True, "seed-2")
+    # The stored bucket size goes with the baseline it was kept beside: the table the job
+    # stores keeps the hook's plan and no bucket size (both would not load).
+    won = job_with_lead("quick_ring", True, "seed-2", Buckets(4 << 20, Gain(0.9, 0.85, 0.95, 12)))
     assert [(kind, won) for kind, _, won in won.duels] == [("retry", True)], won.duels
     assert won.settled and not won.baseline_kept
     assert {cls: c.algorithm for cls, c in won.plan.items() if cls in kept.classes} == {
         cls: "quick_ring" for cls in kept.classes
     }
     assert Store(url).trial_count() == trials
+    stored = Store(url, job_id="seed-2").load_table(key)
+    assert stored is not None and stored.buckets is None
+    assert {c.choice.algorithm for c in stored.classes.values()} == {"quick_ring"}
 
 
 def test_a_json_table_runs_as_a_fixed_plan(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ ask, tell and storage writes run on a worker thread on rank 0, off the training'
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import statistics
 import threading
@@ -508,7 +509,10 @@ class Tuner:
         if campaign.phase == "locked" or not self.tune_fusion:
             fusion = plan.fusion_bytes
         fingerprint = getattr(self, "fingerprint", None)
-        return Table(classes, fusion, fingerprint, campaign.gain, campaign.lead, self.buckets)
+        table = Table(classes, fusion, fingerprint, campaign.gain, campaign.lead)
+        # A stored bucket size holds while the baseline does: not once a plan (a stored lead's
+        # retry, say) has won the job back for the hook.
+        return dataclasses.replace(table, buckets=self.buckets) if table.runs_native else table
 
     def buckets_kept(self, buckets: Buckets) -> None:
         """Every rank, once `autotune.buckets` has decided (the hook no longer runs): the step
