@@ -232,7 +232,7 @@ def _broadcast_name(comm: Comm, name: str) -> str:
     if comm.rank == 0:
         data = name.encode()
         raw[: len(data)] = torch.tensor(list(data), dtype=torch.uint8)
-    work = dist.broadcast(raw, group=comm.group, group_src=0, async_op=True)
+    work = dist.broadcast(raw, src=comm.global_rank(0), group=comm.group, async_op=True)
     assert work is not None
     comm.wait(work, "the shared-memory window's name", 0)
     return bytes(raw.tolist()).rstrip(b"\0").decode()
@@ -253,7 +253,7 @@ def _probe(group: ProcessGroup, timeout: timedelta | None) -> bool:
         except OSError:
             pass
     try:
-        work = dist.broadcast(raw, group=group, group_src=0, async_op=True)
+        work = dist.broadcast(raw, src=dist.get_global_rank(group, 0), group=group, async_op=True)
         assert work is not None
         _wait(work, timeout)
         theirs = bytes(raw.tolist()).rstrip(b"\0").decode()
