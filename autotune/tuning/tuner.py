@@ -448,7 +448,7 @@ class Tuner:
             for choice, saved in nominate(search.values, campaign.incumbent.choice(cls))
         ]
         for cls, search in active:
-            ranked = sorted(search.values.items(), key=lambda kv: kv[1])[:4]
+            ranked = sorted(search.values.items(), key=lambda kv: kv[1])
             _log.info(
                 "autotune screening, %s class: %s",
                 format_bytes(cls),
