@@ -26,7 +26,6 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import cast
 
 import torch
@@ -95,7 +94,8 @@ class SharedMemoryAllReduce(AllReduceAlgorithm):
         timeout = group_timeout(group)
         if topology.detect(group, timeout).nodes != 1:
             return False
-        return _probe(group, timeout)
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        return _probe(Comm(group, rank, size, "gloo", cls.name, timeout))
 
     def _run(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> None:
         window = _window(comm)
@@ -171,11 +171,7 @@ def _window(comm: Comm) -> _Window:
     # The slot: what every rank's /dev/shm can hold for all the slots, twice over.
     regions = _regions(comm.size)
     mine = min(MAX_WINDOW_BYTES, _room() // (2 * regions)) // 64 * 64
-    agreed = torch.tensor([mine], dtype=torch.int64)
-    work = dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=comm.group, async_op=True)
-    assert work is not None
-    comm.wait(work, "agreeing on the shared-memory window's size")
-    slot = int(agreed.item())
+    slot = _smallest(comm, mine, "agreeing on the shared-memory window's size")
     if slot < MIN_WINDOW_BYTES:
         raise RuntimeError(
             f"shm all-reduce: {SHM_DIR} has room for {slot} bytes per rank, less than "
@@ -211,16 +207,13 @@ def _share(comm: Comm, nbytes: int) -> tuple[torch.Tensor, str]:
             base = torch.empty(0, dtype=torch.uint8).set_(cast(torch.UntypedStorage, storage))
         except RuntimeError as exc:
             error = error or exc
-    ok = torch.tensor([1 if base is not None else 0], dtype=torch.int64)
-    work = dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=comm.group, async_op=True)
-    assert work is not None
     try:
-        comm.wait(work, "mapping the shared-memory window")
+        everyone = _smallest(comm, int(base is not None), "mapping the shared-memory window")
     finally:
         if comm.rank == 0 and name:
             with contextlib.suppress(OSError):
                 os.unlink(path)
-    if base is None or not ok.item():
+    if base is None or not everyone:
         why = f": {error}" if error is not None else " on another rank"
         raise RuntimeError(f"shm all-reduce: could not share {nbytes} bytes in {SHM_DIR}{why}")
     return base, path
@@ -234,44 +227,41 @@ def _broadcast_name(comm: Comm, name: str) -> str:
         raw[: len(data)] = torch.tensor(list(data), dtype=torch.uint8)
     work = dist.broadcast(raw, src=comm.global_rank(0), group=comm.group, async_op=True)
     assert work is not None
-    comm.wait(work, "the shared-memory window's name", 0)
+    comm.wait(work, f"a file name in {SHM_DIR}", 0)
     return bytes(raw.tolist()).rstrip(b"\0").decode()
 
 
-def _probe(group: ProcessGroup, timeout: timedelta | None) -> bool:
-    """Whether every rank of ``group`` finds in its `SHM_DIR` the file its rank 0 wrote in its
+def _smallest(comm: Comm, value: int, what: str) -> int:
+    """The smallest of every rank's ``value`` (collective over ``comm``)."""
+    t = torch.tensor([value], dtype=torch.int64)
+    work = dist.all_reduce(t, op=dist.ReduceOp.MIN, group=comm.group, async_op=True)
+    assert work is not None
+    comm.wait(work, what)
+    return int(t.item())
+
+
+def _probe(comm: Comm) -> bool:
+    """Whether every rank of ``comm`` finds in its `SHM_DIR` the file its rank 0 wrote in its
     own, and has room there for a window (a container of its own per rank has a ``/dev/shm``
     of its own)."""
-    rank = dist.get_rank(group)
-    name = f"autotune-probe-{uuid.uuid4().hex}"
-    raw = torch.zeros(_NAME_BYTES, dtype=torch.uint8)
-    if rank == 0:
+    name, mine = f"autotune-probe-{uuid.uuid4().hex}", ""
+    if comm.rank == 0:
         try:
             with open(os.path.join(SHM_DIR, name), "x") as f:
                 f.write(name)
-            raw[: len(name)] = torch.tensor(list(name.encode()), dtype=torch.uint8)
+            mine = name
         except OSError:
             pass
     try:
-        work = dist.broadcast(raw, src=dist.get_global_rank(group, 0), group=group, async_op=True)
-        assert work is not None
-        _wait(work, timeout)
-        theirs = bytes(raw.tolist()).rstrip(b"\0").decode()
+        theirs = _broadcast_name(comm, mine)
         seen = False
         if theirs:
-            try:
-                with open(os.path.join(SHM_DIR, theirs)) as f:
-                    seen = f.read() == theirs
-            except OSError:
-                seen = False
-        room = _room() >= 2 * _regions(dist.get_world_size(group)) * MIN_WINDOW_BYTES
-        flag = torch.tensor([1 if seen and room else 0], dtype=torch.int64)
-        work = dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group, async_op=True)
-        assert work is not None
-        _wait(work, timeout)
-        return bool(flag.item())
+            with contextlib.suppress(OSError), open(os.path.join(SHM_DIR, theirs)) as f:
+                seen = f.read() == theirs
+        room = _room() >= 2 * _regions(comm.size) * MIN_WINDOW_BYTES
+        return _smallest(comm, int(seen and room), f"checking {SHM_DIR} on every rank") == 1
     finally:
-        if rank == 0:
+        if comm.rank == 0:
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(SHM_DIR, name))
 
@@ -283,10 +273,3 @@ def _room() -> int:
     except OSError:
         return 0
     return stat.f_bavail * stat.f_frsize
-
-
-def _wait(work: dist.Work, timeout: timedelta | None) -> None:
-    if timeout is None:
-        work.wait()
-    else:
-        work.wait(timeout)
