@@ -366,15 +366,14 @@ class Engine:
                 choice = self.plan.choice(nbytes)
                 started.algorithm = choice.algorithm
                 algo = self.algorithm_for(choice.algorithm)
-                if not algo.folds_scale:
+                # A third party's `start`, written before ``scale``, is called without it.
+                folded = {"scale": scale} if algo.folds_scale else {}
+                if not folded:
                     piece.mul_(scale)
                 begin = time.perf_counter()
-                if algo.folds_scale:
-                    pending = algo.start(
-                        piece, self.group, segment_bytes=choice.segment_bytes, scale=scale
-                    )
-                else:  # as a third party's `start`, written before ``scale``, takes it
-                    pending = algo.start(piece, self.group, segment_bytes=choice.segment_bytes)
+                pending = algo.start(
+                    piece, self.group, segment_bytes=choice.segment_bytes, **folded
+                )
                 traffic = pending.traffic
                 first_wait = traffic.first_wait_s if traffic is not None else None
                 sent = traffic.bytes_sent if traffic is not None else None
