@@ -207,7 +207,7 @@ class Entry:
     """One size class of a tuned table: its choice and what the tuner learned about it."""
 
     choice: Choice
-    best_s: float | None = None  # median latency of the choice when it was locked
+    best_s: float | None = None  # the choice's screening latency when it was locked
     trials: int = 0
     state: str = "default"  # "default", "exploring" or "locked"
 

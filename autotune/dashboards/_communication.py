@@ -165,7 +165,8 @@ def communication(s: Sdk) -> Any:
     d = d.with_panel(
         s.timeseries_panel(
             "Best trial latency by size class",
-            "The tuner's best median latency so far (MAX over ranks), per size class.",
+            "The tuner's best screening latency so far per size class (what a message costs once "
+            "every rank is there: the least over ranks).",
             "s",
             [
                 s.query(

@@ -95,7 +95,7 @@ class Search(Generic[T]):
         self.trials_total = 0  # trials told by this job, every round (for a counter)
         self.tried: set[T] = set()
         self.best: tuple[T, float] | None = None
-        self.values: dict[T, float] = {}  # option -> its median latency, as measured
+        self.values: dict[T, float] = {}  # option -> the median of its windows, as measured
         self.study: optuna.Study | None = None
         self.last_seen = 0  # the tuner's exchange count when last measured
         self.counted: set[int] = set()  # numbers of the study's finished trials taken in
@@ -115,7 +115,8 @@ class Search(Generic[T]):
         self.worker.submit(self._ask)
 
     def measure(self, in_effect: T, value: float) -> None:
-        """A window's MAX-over-ranks latency, run with ``in_effect``."""
+        """A window's latency (the least over ranks, `autotune.tuning.wire`), run with
+        ``in_effect``."""
         s = self.tuner.config
         if self.state == "locked":
             return

@@ -1,7 +1,8 @@
 """The live tuner's orchestration: windows, the cross-rank exchange, and rank 0's decisions.
 
 After an iteration, one MAX all-reduce starts on a group of the tuner's own, carrying each rank's
-window (message latencies per size class, the step) together with rank 0's orders (the plan every
+window (message latencies per size class, the step; `autotune.tuning.wire` says which of each is
+kept) together with rank 0's orders (the plan every
 rank runs next; `autotune.tuning.wire`). It travels during the next iteration's compute and is
 finished at that iteration's end, at the same point of the bucket sequence on every rank, where
 every rank applies the orders it received: all ranks always run the same plan for the same
@@ -171,7 +172,7 @@ class Tuner:
             if self.arm != self._window_arm:  # a window holds one plan's iterations, or none
                 self._new_window()
         else:
-            latencies = {c: statistics.median(s) for c, s in self._latencies.items()}
+            latencies = {c: min(s) for c, s in self._latencies.items()}  # see wire.Window
             step = statistics.median(self._steps) if self._steps else None
             orders = self._decide(iteration) if self.rank == 0 else None
             row = wire.write(wire.Window(latencies, step), orders)
@@ -475,7 +476,9 @@ class Tuner:
             space = self.prior.order(
                 cls, ranks, universe, default, prune=not asked, ranks_per_node=per_node
             )
-        search = ClassSearch(self, f"class={cls}", space, default, universe)
+        # "/min": the least latency over ranks (wire.Window); studies stored before it held the
+        # MAX, a different figure, and are not mixed in.
+        search = ClassSearch(self, f"class={cls}/min", space, default, universe)
         search.round = self.campaign.round
         self.classes[cls] = search
         return search

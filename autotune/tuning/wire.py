@@ -1,8 +1,19 @@
 """The tuner's cross-rank exchange: one float64 row per rank, all-reduced with MAX.
 
-Every rank writes its window's measurements (the slowest rank sets DDP's pace, so MAX is the
-job's figure); rank 0 also writes its orders, where the other ranks write zeros, so the MAX
-carries rank 0's orders to everyone. Unmeasured slots are -1, below any measurement.
+Every rank writes its window's measurements; rank 0 also writes its orders, where the other
+ranks write zeros, so the MAX carries rank 0's orders to everyone.
+
+- The step: the MAX over ranks (the slowest rank sets DDP's pace). Unmeasured: -1, below any.
+- A size class's message latency: the MIN over ranks of each rank's fastest message, written
+  negated so that the MAX takes it. A rank's latency for a message is the time from its own
+  start to its own end, and holds the wait for the ranks that came later; the rank that came
+  last waits for nobody, so the least latency is what the message itself costs once every rank
+  is there. The MAX (as the step's) measured mostly the arrival skew where ranks share cores:
+  the transformer's 16 MiB class at 4 ranks on 2 cores screened `shm` at 16-18 ms in jobs with
+  nothing after the step, and at 17-55 ms with a one-element all-reduce after each step, which
+  moves where the ranks start backward (docs/BENCHMARKS.md, "What tuning pays"). What a choice
+  costs the step beyond its message (the CPU it takes from backward, the GIL) neither figure
+  shows; the duels on the step decide. Unmeasured: -inf, below any negated latency.
 """
 
 from __future__ import annotations
@@ -14,7 +25,7 @@ from autotune.plan import Gain, size_class
 __all__ = ["EXPLORING", "LOCKED", "PHASES", "WIDTH", "Orders", "Window", "read", "write"]
 
 CLASSES = 48  # size classes 2^0 .. 2^47 bytes
-_LAT = 0  # per class: median message latency of the window
+_LAT = 0  # per class: the window's least message latency, negated
 _STEP = _LAT + CLASSES  # the window's median step
 _CODE = _STEP + 1  # per class: 0 the baseline choice, k the class's k-th option (from 1)
 _STATE = _CODE + CLASSES  # per class: EXPLORING or LOCKED
@@ -23,6 +34,7 @@ _CADENCE = _FUSION + 1  # 0: no orders yet
 _PHASE = _CADENCE + 1
 _GAIN = _PHASE + 1  # ratio, low, high, pairs
 WIDTH = _GAIN + 4
+_UNMEASURED = float("-inf")
 
 EXPLORING, LOCKED = 1, 2
 #: The campaign's phases, coded from 1 on the wire.
@@ -31,9 +43,9 @@ PHASES = ("loading", "fusion", "screening", "classes", "confirm", "locked")
 
 @dataclass
 class Window:
-    """What a rank measured over one window (MAX over ranks once exchanged)."""
+    """What a rank measured over one window; once exchanged, over every rank (module doc)."""
 
-    latencies: dict[int, float]  # size class -> median seconds
+    latencies: dict[int, float]  # size class -> its fastest message's seconds (then MIN over ranks)
     step_s: float | None
 
 
@@ -51,9 +63,9 @@ class Orders:
 
 def write(window: Window, orders: Orders | None) -> list[float]:
     """One rank's row: its window, and rank 0's orders (None elsewhere)."""
-    row = [-1.0] * (_STEP + 1) + [0.0] * (WIDTH - _STEP - 1)
+    row = [_UNMEASURED] * CLASSES + [-1.0] + [0.0] * (WIDTH - _STEP - 1)
     for cls, seconds in window.latencies.items():
-        row[_LAT + _index(cls)] = seconds
+        row[_LAT + _index(cls)] = -seconds
     if window.step_s is not None:
         row[_STEP] = window.step_s
     if orders is not None:
@@ -71,8 +83,8 @@ def write(window: Window, orders: Orders | None) -> list[float]:
 
 
 def read(row: list[float]) -> tuple[Window, Orders | None]:
-    """The exchanged row: everyone's window (MAX), and rank 0's orders if it gave any."""
-    latencies = {1 << i: v for i, v in enumerate(row[_LAT : _LAT + CLASSES]) if v >= 0}
+    """The exchanged row: everyone's window, and rank 0's orders if it gave any."""
+    latencies = {1 << i: -v for i, v in enumerate(row[_LAT : _LAT + CLASSES]) if v != _UNMEASURED}
     window = Window(latencies, row[_STEP] if row[_STEP] >= 0 else None)
     if not row[_CADENCE]:
         return window, None
