@@ -26,6 +26,11 @@ model swaps at its next forward.
 Where the model cannot be rebuilt this way (a torch without those methods, another comm hook
 beside autotune's, two models on one state), autotune says why, once, and stays: the hook keeps
 running the baseline on its lane.
+
+The same forward pre-hook runs the catch (`autotune.catch`), where the tuner has locked a plan
+that needs the hook: from the iteration the tuner names (`CatchHooks.due`), the plan meets
+plain DDP in blocks of iterations, on reducers rebuilt this way, with the hook registered again
+for the plan's blocks. Lost, the job has stepped aside; kept, the hook runs on.
 """
 
 from __future__ import annotations
@@ -43,8 +48,11 @@ if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
 
     from autotune.buckets import BucketTuner
+    from autotune.catch import HookCatch
+    from autotune.tuning.duel import Outcome
 
 __all__ = [
+    "CatchHooks",
     "StepAside",
     "rebuild_reducer",
     "restore_bucket_config",
@@ -135,6 +143,21 @@ def set_bucket_cap(ddp: DistributedDataParallel, nbytes: int) -> None:
     ddp.bucket_bytes_cap_default = False
 
 
+@dataclasses.dataclass(frozen=True)
+class CatchHooks:
+    """What `StepAside` needs to run the catch (`autotune.catch`)."""
+
+    #: The iteration from which the catch runs (None: none is due), the same on every rank.
+    due: Callable[[], int | None]
+    #: The catch for the model.
+    make: Callable[[DistributedDataParallel], HookCatch]
+    #: Told on every rank once it is over: whether the hook runs on, and the duel's outcome
+    #: (None: it could not run, or stopped).
+    over: Callable[[bool, Outcome | None], None]
+    #: Iterations run through the hook so far.
+    iteration: Callable[[], int]
+
+
 class StepAside:
     """Removes autotune's hook from its DDP model once every rank runs the locked baseline.
 
@@ -144,6 +167,7 @@ class StepAside:
     ``buckets(ddp)``: once aside, the `BucketTuner` that tunes DDP's bucket size from the same
     forward pre-hook (None: DDP's buckets stay as the job built them); ``bucket_bytes``: a size
     to rebuild DDP's reducer with instead (a plan file's, `autotune.plan.Buckets`).
+    ``catch``: where the tuner may lock a plan that needs the hook (see the module doc).
     """
 
     def __init__(
@@ -152,8 +176,14 @@ class StepAside:
         ours: Callable[[object, object], bool],
         buckets: Callable[[DistributedDataParallel], BucketTuner | None] | None = None,
         bucket_bytes: int | None = None,
+        catch: CatchHooks | None = None,
     ) -> None:
         self._aside_from = aside_from
+        self._catch_hooks = catch
+        #: The catch under way, or the last one run (None: none has run).
+        self.catch: HookCatch | None = None
+        self._catching = False
+        self._caught_for: int | None = None  # the `CatchHooks.due` of the last catch begun
         self._bucket_bytes = bucket_bytes
         self._ours = ours
         self._buckets = buckets
@@ -171,29 +201,54 @@ class StepAside:
 
     def check(self, iteration: int) -> None:
         """At ``iteration``'s last bucket: once the baseline is locked from it or earlier, swap
-        the reducer before the model's next forward."""
+        the reducer before the model's next forward; once a catch is due, begin it there."""
         if self._handle is not None or self.refused is not None or self.at is not None:
             return
+        hooks = self._catch_hooks
+        due = None if hooks is None else hooks.due()
+        catch_due = due is not None and iteration >= due and due != self._caught_for
         start = self._aside_from()
-        if start is None or iteration < start:
+        if not catch_due and (start is None or iteration < start):
             return
-        ddp = self._find()
-        if ddp is None:
+        ddp, why = self._find()
+        if ddp is not None:
+            why = why_not_rebuilt(ddp, self._ours)
+        if why is not None or ddp is None:
+            self._refuse(why or "no model", catch_due)
+            if catch_due and hooks is not None:
+                self._caught_for = due
+                hooks.over(True, None)  # the plan runs on, as its duels chose it
             return
-        why = why_not_rebuilt(ddp, self._ours)
-        if why is not None:
-            self._refuse(why)
-            return
+        if catch_due and hooks is not None:
+            self._caught_for = due
+            self.catch = hooks.make(ddp)
+            self._catching = True
+        self._handle = ddp.register_forward_pre_hook(
+            lambda module, args: self._pre_forward(ddp, iteration)
+        )
 
-        def swap(module: object, args: object) -> None:
-            if self.at is None:
-                self._swap(ddp, iteration)
-            tuner = self.buckets
-            if tuner is not None and not tuner.pre_forward() and self._handle is not None:
-                self._handle.remove()
-                self._handle = None
+    def _pre_forward(self, ddp: DistributedDataParallel, iteration: int) -> None:
+        if self._catching:
+            catch = self.catch
+            assert catch is not None and self._catch_hooks is not None
+            if catch.pre_forward():
+                return
+            self._catching = False
+            self._catch_hooks.over(catch.hooked, catch.outcome)
+            if catch.hooked:  # the plan runs on, through the hook
+                self._remove()
+                return
+            self._aside(ddp, self._catch_hooks.iteration(), "its plan lost to plain DDP")
+        elif self.at is None:
+            self._swap(ddp, iteration)
+        tuner = self.buckets
+        if tuner is not None and not tuner.pre_forward():
+            self._remove()
 
-        self._handle = ddp.register_forward_pre_hook(swap)
+    def _remove(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
 
     def _swap(self, ddp: DistributedDataParallel, iteration: int) -> None:
         assert self._handle is not None
@@ -204,22 +259,29 @@ class StepAside:
             rebuild_reducer(ddp)
         except Exception as exc:
             restore_bucket_config(ddp, saved)
-            self._handle.remove()
+            self._remove()
             self._refuse(f"rebuilding DDP's reducer failed: {exc!r}")
             return
+        self._aside(ddp, iteration, "the locked plan is the backend's own all-reduce")
+
+    def _aside(self, ddp: DistributedDataParallel, iteration: int, why: str) -> None:
+        """The reducer has no hook from after ``iteration`` on: DDP's bucket size next."""
         self.at = iteration
         self.buckets = None if self._buckets is None else self._buckets(ddp)
         if self.buckets is None:
-            self._handle.remove()
+            self._remove()
         _log.info(
-            "autotune steps aside after iteration %d: the locked plan is the backend's own "
-            "all-reduce, so DDP runs it without the hook from here on",
+            "autotune steps aside after iteration %d: %s, so DDP runs its own all-reduce "
+            "without the hook from here on",
             iteration,
+            why,
         )
 
-    def _find(self) -> DistributedDataParallel | None:
+    def _find(self) -> tuple[DistributedDataParallel | None, str | None]:
+        """The model, or None and why not."""
         if self._model is not None:
-            return self._model()
+            model = self._model()
+            return model, None if model is not None else "the model is gone"
         # Registered with ddp_model.register_comm_hook(state, hook): the state was not told its
         # model. Looked up once, among the objects the collector tracks.
         found = [
@@ -229,13 +291,19 @@ class StepAside:
             and any(self._ours(*h) for h in getattr(o, "_comm_hooks", ()))
         ]
         if len(found) != 1:
-            self._refuse(f"the state is registered on {len(found)} DDP models, not one")
-            return None
+            return None, f"the state is registered on {len(found)} DDP models, not one"
         self._model = weakref.ref(found[0])
-        return found[0]
+        return found[0], None
 
-    def _refuse(self, why: str) -> None:
+    def _refuse(self, why: str, catch: bool = False) -> None:
         self.refused = why
+        if catch:
+            _log.warning(
+                "autotune keeps its hook, running the plan its duels chose, unchecked against "
+                "plain DDP: it cannot rebuild DDP's reducer (%s), and cannot step aside either",
+                why,
+            )
+            return
         _log.warning(
             "autotune keeps its hook, running the backend's own all-reduce, although no plan "
             "beat it: it cannot step aside (%s). Its cost is the hook's (docs/HOOK.md)",

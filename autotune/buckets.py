@@ -17,9 +17,8 @@ then compares bucket sizes on DDP's own reducer, without the hook:
 - each challenger duels the reference in blocks of `BLOCK` iterations, A B B A (`Duel`, with
   Wilcoxon's signed-rank interval on the log ratios of each pair of blocks' median steps; a
   challenger ahead on the median at `MAX_PAIRS` pairs goes on to twice that, `EXTEND_BELOW`): a
-  switch rebuilds the reducer (as stepping aside does), whose first iterations (DDP's initial
-  layout, then its bucket rebuild) are not timed; a step is the time from one forward to the
-  next, the slowest rank's;
+  switch rebuilds the reducer (as stepping aside does); the blocks are timed as
+  `autotune.blocks` says;
 - among the challengers that beat the reference beyond noise, the fastest on the median is
   kept; none: the reference. The kept size is stored with the plan, and the next job's first
   duel is that size against the reference, a re-check (``Duel(hold=True)``): still ahead on the
@@ -34,39 +33,34 @@ then compares bucket sizes on DDP's own reducer, without the hook:
   leads): the next job duels that size alone, once more, as a first duel, and forgets it if it
   loses.
 
-Every rank runs the same schedule and decides alike on the same numbers (the block's steps are
-MAX-reduced over DDP's group at each block's end, in a forward pre-hook where every rank is at
-the same iteration), so the ranks rebuild their reducers before the same iteration without any
-orders. Once decided, nothing is re-checked in the job: without the hook no iteration is
-measured. The bucket layout is a property of the model and the network, which the next job with
+Every rank runs the same schedule and decides alike on the same numbers (`autotune.blocks`),
+so the ranks rebuild their reducers before the same iteration without any orders. Once
+decided, nothing is re-checked in the job: without the hook no iteration is measured. The
+bucket layout is a property of the model and the network, which the next job with
 the same fingerprint checks again first.
 """
 
 from __future__ import annotations
 
 import logging
-import statistics
-import time
 from collections.abc import Callable, Sequence
 
-import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from autotune.algorithms import bookkeeping_device
 from autotune.aside import (
     rebuild_reducer,
     restore_bucket_config,
     saved_bucket_config,
     set_bucket_cap,
 )
+from autotune.blocks import BLOCK, BlockTimer
 from autotune.plan import Buckets
 from autotune.tuning.campaign import LEAD_BELOW
 from autotune.tuning.duel import MIN_PAIRS, Duel, Outcome
 from autotune.units import format_bytes
 
 __all__ = [
-    "BLOCK",
     "LADDER",
     "BucketSearch",
     "BucketTuner",
@@ -79,10 +73,6 @@ _log = logging.getLogger("autotune")
 
 #: Bucket caps tried against the job's own (bytes).
 LADDER = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
-#: Iterations per block; the first `BLOCK_WARMUP` of each are not timed (a rebuilt reducer runs
-#: its first iteration in one bucket, and rebuilds its buckets at the second).
-BLOCK = 8
-BLOCK_WARMUP = 2
 #: Most pairs of blocks a bucket duel runs (fewer where ``Config.duel_pairs`` says so): a pair
 #: of blocks is 2 x 6 timed iterations, each block's median steadier than one iteration's step.
 MAX_PAIRS = 12
@@ -273,10 +263,12 @@ class BucketTuner:
         )
         self.search: BucketSearch | None = None
         self.running = self.reference_cap  # the cap the reducer has now
-        self._times: list[float] = []
-        self._last: float | None = None
-        #: Forwards (synced, with grad) since the search began; its cost's measure.
-        self.iterations = 0
+        self._timer = BlockTimer(ddp)
+
+    @property
+    def iterations(self) -> int:
+        """Forwards (synced, with grad) since the search began; its cost's measure."""
+        return self._timer.iterations
 
     @property
     def done(self) -> bool:
@@ -286,23 +278,14 @@ class BucketTuner:
     def pre_forward(self) -> bool:
         """Before a forward: time the step that just ended; at a block's end, decide the next
         block's cap and rebuild the reducer for it. False once the search is over."""
-        ddp = self._ddp
-        if not (torch.is_grad_enabled() and ddp.require_backward_grad_sync):
+        if not self._timer.counts():
             return True  # not an iteration that all-reduces (eval, or under no_sync)
         if self.search is None:
             self.search = self._begin()
             if self.search.done:
                 return self._finish()
-        now = time.perf_counter()
-        if self._last is not None:
-            self._times.append(now - self._last)
-        self.iterations += 1
-        going = True
-        if len(self._times) == BLOCK:
-            going = self._block_end()
-            now = time.perf_counter()
-        self._last = now
-        return going
+        step = self._timer.tick()
+        return True if step is None else self._block_end(step)
 
     def _begin(self) -> BucketSearch:
         """At the first forward aside, on every rank: what a previous job stored (rank 0 knows
@@ -319,7 +302,7 @@ class BucketTuner:
                 float(stored.gain is not None),
                 0.0 if lead is None else float(lead.bucket_bytes),
             ]
-        size, proven, lead_bytes = (int(v) for v in self._max(row))
+        size, proven, lead_bytes = (int(v) for v in self._timer.most(row))
         head = _first_bucket(self._ddp)
         own = layout(self.reference_cap, self.total, head)
 
@@ -333,21 +316,11 @@ class BucketTuner:
         kept = size if size and proven else None
         return BucketSearch(self.reference_cap, candidates, kept, self._max_pairs)
 
-    def _max(self, values: list[float]) -> list[float]:
-        """``values``, each the largest over the ranks of DDP's group."""
-        device = bookkeeping_device(self._ddp.process_group, _device(self._ddp))
-        row = torch.tensor(values, dtype=torch.float64).to(device)
-        dist.all_reduce(row, op=dist.ReduceOp.MAX, group=self._ddp.process_group)
-        out: list[float] = row.cpu().tolist()
-        return out
-
-    def _block_end(self) -> bool:
+    def _block_end(self, step_s: float) -> bool:
         search = self.search
         assert search is not None
-        steps = self._max(self._times[BLOCK_WARMUP:])
-        self._times = []
         told = len(search.history)
-        search.block(statistics.median(steps))
+        search.block(step_s)
         for cap, outcome in search.history[told:]:
             g = outcome.gain
             _log.info(
@@ -421,10 +394,3 @@ def _first_bucket(ddp: DistributedDataParallel) -> int:
     if getattr(ddp, "bucket_bytes_cap_default", False):
         return int(dist._DEFAULT_FIRST_BUCKET_BYTES)
     return int(ddp.bucket_bytes_cap)
-
-
-def _device(ddp: DistributedDataParallel) -> torch.device:
-    for p in ddp.module.parameters():
-        device: torch.device = p.device
-        return device
-    return torch.device("cpu")

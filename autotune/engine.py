@@ -218,6 +218,11 @@ class Engine:
         with self._progress:
             self._switches.discard(previous)
 
+    def forget_step(self) -> None:
+        """The next iteration's step is not timed: the model ran iterations without the hook
+        since the last one ended (`autotune.catch`). Call it between iterations, settled."""
+        self._last_end = None
+
     def settle(self, timeout_s: float | None = None) -> bool:
         """Wait until every submitted iteration has been handled on the completing thread (its
         records and events are out): True, or False at the timeout. A failure settles it too."""

@@ -31,8 +31,10 @@ from autotune.algorithms import (
     get_algorithm,
     p2p_group,
 )
-from autotune.aside import StepAside
-from autotune.buckets import BLOCK, MAX_PAIRS, BucketTuner, why_not_tuned
+from autotune.aside import CatchHooks, StepAside
+from autotune.blocks import BLOCK
+from autotune.buckets import MAX_PAIRS, BucketTuner, why_not_tuned
+from autotune.catch import HookCatch
 from autotune.config import Config
 from autotune.cores import oversubscription, usable_cores
 from autotune.engine import Engine
@@ -150,10 +152,12 @@ class AutotuneState:
                 self.aside = _plan_file_buckets(table.buckets, self.config, _owner(self))
             if self.config.algorithm == "auto" and table is None:
                 tuner = self.tuner = Tuner(self.engine, group, self.config)
-                # Only where the baseline is what the job had without autotune: DDP's buckets.
-                if self.config.step_aside and tuner.baseline.fusion_bytes == 0:
+                if tuner.steps_aside:
                     buckets = _bucket_tuner(tuner, self.config) if tuner.tune_fusion else None
-                    self.aside = StepAside(lambda: tuner.aside_from, _owner(self), buckets)
+                    catch = _catch_hooks(tuner, self.engine, self.config)
+                    self.aside = StepAside(
+                        lambda: tuner.aside_from, _owner(self), buckets, catch=catch
+                    )
             if self.config.metrics_port is not None:
                 from autotune import metrics  # prometheus_client only where wanted
 
@@ -198,7 +202,7 @@ class AutotuneState:
         tuner, aside = self.tuner, self.aside
         if tuner is None:
             return aside is None or aside.at is not None or aside.refused is not None
-        if not tuner.settled:
+        if not tuner.settled or tuner.catch_from is not None:
             return False
         if aside is None or aside.refused is not None or tuner.aside_from is None:
             return True
@@ -356,6 +360,32 @@ def _bucket_tuner(
         )
 
     return start
+
+
+def _catch_hooks(tuner: Tuner, engine: Engine, config: Config) -> CatchHooks:
+    """The catch (`autotune.catch`): the plan the tuner locked, against plain DDP."""
+
+    def settle() -> None:
+        if not engine.settle(config.timeout_s):
+            raise TimeoutError(
+                f"autotune: the hook's last iteration was not handled within {config.timeout_s} s"
+            )
+
+    def make(ddp: DistributedDataParallel) -> HookCatch:
+        return HookCatch(
+            ddp,
+            plan=tuner.arm.describe(),
+            settle=settle,
+            rehooked=engine.forget_step,
+            max_pairs=min(MAX_PAIRS, config.duel_pairs),
+        )
+
+    return CatchHooks(
+        due=lambda: tuner.catch_from,
+        make=make,
+        over=tuner.caught,
+        iteration=lambda: engine.iteration,
+    )
 
 
 def _plan_file_buckets(

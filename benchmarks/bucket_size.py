@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
-from autotune.buckets import BLOCK_WARMUP
+from autotune.blocks import BLOCK_WARMUP
 from autotune.launch import run_local
 from autotune.tuning.duel import median_interval
 

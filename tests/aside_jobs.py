@@ -41,6 +41,11 @@ class Aside:
     bucket_kept: int | None = None
     bucket_cap: int = 0
     stored_buckets: dict[str, Any] | None = None
+    # The catch (`autotune.catch`): whether the hook ran on after it (None: none ran), its
+    # pairs of blocks, and the plan the storage holds afterwards (algorithm per size class).
+    catch_kept: bool | None = None
+    catch_pairs: int = 0
+    stored_plan: dict[int, str] | None = None
 
 
 def beside_plain(
@@ -53,6 +58,7 @@ def beside_plain(
     break_rebuild: str | None = None,
     after_aside: int | None = None,
     slow: str | None = None,
+    after_catch: int | None = None,
 ) -> Aside:
     """Train autotune's model (registered by ``how``: "register" or "one_line", the state not
     told its model) and plain DDP on the same batches, as `ddp_jobs.train_pair` does.
@@ -62,7 +68,10 @@ def beside_plain(
     taken that many synced steps since (how soon the tuner locks depends on the machine's
     load), and has finished tuning DDP's bucket size where it does. ``slow``: "reference" slows
     every step of the hooked model while its reducer has the buckets the job built it with (by
-    `SLOW_S`), "others" while it has any other bucket size."""
+    `SLOW_S`), "others" while it has any other bucket size; "hook" while the reducer has
+    autotune's hook, "plain" while it has none (`autotune.catch`). With ``after_catch``,
+    ``steps`` is a cap: training stops once every rank's catch is over and it has taken that
+    many synced steps since."""
     variant = VARIANTS[variant_name]
     torch.manual_seed(0)
     base = Net()
@@ -83,7 +92,11 @@ def beside_plain(
         built = models[0].bucket_bytes_cap
 
         def delay(module: DDP, args: object) -> None:
-            if (module.bucket_bytes_cap == built) == (slow == "reference"):
+            if slow in ("hook", "plain"):
+                hooked = bool(module._comm_hooks)
+                if hooked == (slow == "hook"):
+                    time.sleep(SLOW_S)
+            elif (module.bucket_bytes_cap == built) == (slow == "reference"):
                 time.sleep(SLOW_S)
 
         models[0].register_forward_pre_hook(delay)
@@ -98,9 +111,15 @@ def beside_plain(
     g = torch.Generator().manual_seed(100 + rank)
     calls: list[int] = []
     synced: list[bool] = []
+    caught_at: int | None = None  # synced steps when this rank's catch was over
     for step in range(steps):
         if after_aside is not None and _all_done(state, synced, after_aside):
             break
+        if after_catch is not None:
+            if caught_at is None and _catch_over(state):
+                caught_at = sum(synced)
+            if everywhere(caught_at is not None and sum(synced) >= caught_at + after_catch):
+                break
         before = len(state.recorder.hook_calls())
         x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
         use_branch = not (variant.skip_branch and step % 2)
@@ -143,10 +162,24 @@ def beside_plain(
         bucket_kept=None if search is None else search.kept,
         bucket_cap=models[0].bucket_bytes_cap,
     )
+    catch = None if aside is None else aside.catch
+    if catch is not None:
+        result.catch_kept = catch.hooked
+        result.catch_pairs = 0 if catch.outcome is None else catch.outcome.gain.pairs
     state.close()  # after the tuner's worker has written the table
     if rank == 0 and "storage" in config:
         result.stored_buckets = _stored_buckets(config)
+        table = Store(str(config["storage"])).tables()
+        if len(table) == 1:
+            (stored,) = table.values()
+            result.stored_plan = {c: e.choice.algorithm for c, e in stored.classes.items()}
     return result
+
+
+def _catch_over(state: autotune.AutotuneState) -> bool:
+    """Whether this rank's catch (`autotune.catch`) has decided."""
+    aside = state.aside
+    return aside is not None and aside.catch is not None and aside.catch.outcome is not None
 
 
 def _all_done(state: autotune.AutotuneState, synced: list[bool], after_aside: int) -> bool:

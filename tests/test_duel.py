@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from autotune.plan import Arm, Choice
+from autotune.plan import Arm, Choice, Gain, Lead
 from autotune.tuning.campaign import (
     LEAD_BELOW,
     NOMINATE_BELOW,
@@ -21,6 +21,7 @@ from autotune.tuning.duel import (
     MIN_PAIRS,
     PROMISING,
     Duel,
+    Outcome,
     hodges_lehmann,
     median_interval,
     signed_rank_interval,
@@ -222,9 +223,14 @@ FUSION = (0, 1 << 20)
 TREE = Choice("tree")
 
 
-def campaign(**kw: int) -> Campaign:
+def campaign(recheck_every: int = 0, catch: bool = False) -> Campaign:
     return Campaign(
-        Arm(), fusion_options=FUSION, max_pairs=8, warmup=0, **{"recheck_every": 0, **kw}
+        Arm(),
+        fusion_options=FUSION,
+        max_pairs=8,
+        warmup=0,
+        recheck_every=recheck_every,
+        catch=catch,
     )
 
 
@@ -520,3 +526,76 @@ def test_the_lead_is_the_closest_challenger_and_a_won_plan_has_none() -> None:
     c.screened([(cls, TREE, 0.001)])
     drive(c, lambda arm, i: 0.8 if arm == tree else 1.0, 80)
     assert c.settled and c.incumbent == tree and c.lead is None
+
+
+def test_where_the_job_steps_aside_a_plan_that_needs_the_hook_meets_plain_ddp_first() -> None:
+    tree = Arm(((1 << 20, TREE),), 0)
+
+    def won_by_tree(catch: bool) -> Campaign:
+        c = campaign(recheck_every=30, catch=catch)
+        c.start(None)
+        drive(c, lambda arm, i: 1.0, 40)
+        c.screened([(1 << 20, TREE, 0.001)])
+        drive(c, lambda arm, i: 0.8 if arm == tree else 1.0, 40)
+        return c
+
+    assert won_by_tree(catch=False).settled  # a job that keeps the hook anyway: locked
+    c = won_by_tree(catch=True)
+    assert c.phase == "catch" and c.incumbent == tree and c.match is None
+    assert c.steady and not c.settled  # the tuner's windows compare nothing meanwhile
+    # Rank 0's windows go on arriving from the plan's blocks: nothing starts, no re-check.
+    end = drive(c, lambda arm, i: 0.8 if arm == tree else 1.0, 200, 80)
+    assert c.phase == "catch" and c.match is None and c.next_arm() == tree
+    hooked_gain = c.gain
+    assert hooked_gain is not None and hooked_gain.ratio == pytest.approx(0.8)
+
+    # Kept: locked, its gain the catch's against plain DDP, which later re-checks (against
+    # the hooked baseline) do not replace.
+    against_plain = Gain(0.93, 0.9, 0.97, 12)
+    c.caught(True, Outcome(True, against_plain, "ahead on the median"))
+    assert c.settled and c.incumbent == tree and c.gain == against_plain and c.against_plain
+    assert c.history[-1][0] == "catch" and c.history[-1][1] == tree
+    while c.match is None:
+        end = drive(c, lambda arm, i: 0.8 if arm == tree else 1.0, 1, end)
+    assert c.rechecking
+    drive(c, lambda arm, i: 0.8 if arm == tree else 1.0, 40, end)
+    assert c.settled and c.incumbent == tree and c.gain == against_plain
+    assert c.history[-1][0] == "recheck"
+
+    # Lost: the baseline is kept, with no lead; the verdict's history ends with the catch.
+    c = won_by_tree(catch=True)
+    c.caught(False, Outcome(False, Gain(1.04, 0.99, 1.1, 24), "not ahead on the median"))
+    assert c.settled and c.baseline_kept and c.gain is None and c.lead is None
+    assert [k for k, _, _ in c.history][-1] == "catch"
+    c.caught(True, None)  # a stale word after the catch changes nothing
+    assert c.baseline_kept
+
+    # Not run (the reducer cannot be rebuilt): locked on the duels' word.
+    c = won_by_tree(catch=True)
+    c.caught(True, None)
+    assert c.settled and c.incumbent == tree and c.gain == hooked_gain and not c.against_plain
+
+
+def test_a_fusion_only_plan_has_no_catch_and_a_stored_hook_plan_goes_straight_to_it() -> None:
+    fused = Arm((), 1 << 20)
+    c = campaign(catch=True)
+    c.start(None)
+    drive(c, lambda arm, i: 0.8 if arm == fused else 1.0, 40)
+    c.screened([])
+    drive(c, lambda arm, i: 0.8 if arm == fused else 1.0, 40)
+    assert c.settled and c.incumbent == fused  # DDP runs it: its bucket duels say the rest
+    # A stored plan that needs the hook: the catch, instead of a confirm against the hooked
+    # baseline; without the catch, the confirm.
+    stored = Arm(((1 << 20, TREE),), 0)
+    c = campaign(catch=True)
+    c.start(stored)
+    assert c.phase == "catch" and c.incumbent == stored and c.match is None and not c.history
+    c = campaign(catch=True)
+    c.start(fused)
+    assert c.phase == "confirm" and c.match is not None
+    # A stored lead that needs the hook: its retry against the hooked baseline, then the catch.
+    c = campaign(catch=True)
+    c.start(Arm(), Lead(stored, Gain(0.96, 0.9, 1.02, 10)))
+    assert c.match is not None and c.match.kind == "retry"
+    drive(c, lambda arm, i: 0.9 if arm == stored else 1.0, 40)
+    assert c.phase == "catch" and c.incumbent == stored

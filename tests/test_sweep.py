@@ -207,9 +207,12 @@ def test_tune_writes_a_plan_the_hook_starts_from(tmp_path: Path) -> None:
 
     # A job with the same setting (2 gloo ranks, CPU, float32) screens nothing: it confirms the
     # sweep's plan against the baseline in one duel on the step, and keeps it. (The baseline is
-    # slowed down here, so that any plan that differs from it wins; if the sweep chose native
-    # everywhere, the plan is the baseline and is locked without a duel.)
+    # slowed down here, through the hook, so that any plan that differs from it wins; if the
+    # sweep chose native everywhere, the plan is the baseline and is locked without a duel.
+    # step_aside is off: a job that steps aside would take a plan that needs the hook to plain
+    # DDP itself instead, which is not slowed: tests/test_catch.py.)
     config = {"tune_warmup": 0, "tune_samples": 2, "fusion_bytes": 0, "storage": url}
+    config["step_aside"] = False
     config.update(algorithms=("native", "tree"), duel_pairs=6)
     job = run_local(train, 2, 40, config, False, True, timeout_s=600)[0]
     assert job.settled, (job.progress, job.duels)

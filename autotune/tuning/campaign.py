@@ -19,7 +19,11 @@ step (`autotune.tuning.duel`):
    where the hierarchical ring for every class ran the job 1.10x faster);
 4. ``confirm``: if the incumbent was last compared with something other than the baseline, it
    meets the baseline once more;
-5. ``locked``: the winner runs. Every ``recheck_every`` iterations it meets the baseline again
+5. ``catch``: where the job steps aside for the baseline, a winner that needs the hook meets
+   plain DDP itself, without the hook, in blocks of iterations (`autotune.catch`): the duels
+   above ran the baseline through the hook, which costs what DDP without it does not. Lost, the
+   job runs plain DDP; kept, the plan's gain is this one, against plain DDP;
+6. ``locked``: the winner runs. Every ``recheck_every`` iterations it meets the baseline again
    for a few pairs, and if it is no longer faster the job falls back to the baseline and the
    search starts over (drift re-tuning, judged against the right reference). A re-check that
    is not ahead on the median but not slower beyond noise either gets a second look, as long
@@ -28,7 +32,9 @@ step (`autotune.tuning.duel`):
    whole search again.
 
 A job that starts from a stored plan goes straight to ``confirm``: a plan tuned under another
-job's conditions must beat the baseline here before it is locked.
+job's conditions must beat the baseline here before it is locked. Where the job has the catch,
+a stored plan that needs the hook goes to the catch instead, which compares it with the
+stronger reference.
 
 A round that keeps the baseline remembers its lead: the plan that came closest to beating it in
 a duel against the baseline, if that duel ended ahead on the median by `LEAD_BELOW` or more but
@@ -120,8 +126,14 @@ class Campaign:
         max_pairs: int,
         warmup: int,
         recheck_every: int,
+        catch: bool = False,
     ) -> None:
         self.baseline = baseline
+        #: Whether a plan that needs the hook meets plain DDP before it is locked (the job
+        #: steps aside for the baseline; `autotune.catch`).
+        self.catch = catch
+        #: Whether ``gain`` is the catch's: against plain DDP itself, in pairs of blocks.
+        self.against_plain = False
         self.incumbent = baseline
         self.fusion_options = [f for f in fusion_options if f != baseline.fusion_bytes]
         self.max_pairs = max_pairs
@@ -161,6 +173,12 @@ class Campaign:
         return self.match is not None and self.match.kind == "recheck"
 
     @property
+    def steady(self) -> bool:
+        """Nothing is compared in the tuner's windows: locked and settled, or in the catch
+        (which compares blocks of iterations on DDP's reducers, outside them)."""
+        return self.settled or self.phase == "catch"
+
+    @property
     def baseline_kept(self) -> bool:
         return self.phase == "locked" and self.incumbent == self.baseline
 
@@ -196,6 +214,9 @@ class Campaign:
                 self._begin(self.baseline, lead.arm, "retry")
             else:
                 self._lock()
+        elif self.catch and stored.choices:
+            self.incumbent = stored
+            self._lock()
         else:
             self.phase = "confirm"
             self._begin(self.baseline, stored, "confirm")
@@ -239,6 +260,23 @@ class Campaign:
         ):
             self._begin(self.baseline, self.incumbent, "recheck", RECHECK_PAIRS)
 
+    def caught(self, kept: bool, outcome: Outcome | None) -> None:
+        """The catch is over, on every rank alike: ``kept``, the incumbent runs on through the
+        hook, its gain the catch's where it measured one (``outcome``; None: it could not run);
+        else the job runs plain DDP (it has stepped aside), and the baseline is kept, with no
+        lead: the round's challengers lost to the plan that lost here."""
+        if self.phase != "catch":
+            return
+        if outcome is not None:
+            self.history.append(("catch", self.incumbent, outcome))
+        if kept:
+            if outcome is not None:
+                self.gain, self.against_plain = outcome.gain, True
+        else:
+            self.incumbent, self.gain, self._lead = self.baseline, None, None
+        self.phase = "locked"
+        self._locked_at = None
+
     def freeze(self) -> None:
         """Stop comparing: the incumbent runs from now on (the storage failed)."""
         self.match = None
@@ -248,7 +286,7 @@ class Campaign:
     # -- transitions ---------------------------------------------------------------------
 
     def _open(self) -> None:
-        self.incumbent, self.gain = self.baseline, None
+        self.incumbent, self.gain, self.against_plain = self.baseline, None, False
         self._near, self._lead = {}, None
         self.phase = "fusion"
         self._queue = [("fusion", f, None) for f in self.fusion_options]
@@ -308,7 +346,8 @@ class Campaign:
         if m.kind == "recheck":
             second, self._second_look = self._second_look, False
             if outcome.gain.ratio < 1.0:  # still faster: the re-check is cheap, not a proof
-                self.gain = outcome.gain
+                if not self.against_plain:  # the catch's gain is against plain DDP: it stands
+                    self.gain = outcome.gain
                 self._locked_at = None
             elif outcome.gain.low <= 1.0 and not second:  # not slower beyond noise: look again
                 self._second_look = True
@@ -322,6 +361,7 @@ class Campaign:
                 self.incumbent, self.gain = m.challenger, outcome.gain
             else:
                 self.incumbent, self.gain = self.baseline, None
+            self.against_plain = False
             self._lock()
             return
         if outcome.challenger_won:
@@ -342,5 +382,7 @@ class Campaign:
             self._lead = Lead(challenger, outcome.gain)
 
     def _lock(self) -> None:
-        self.phase = "locked"
+        """Lock the incumbent; one that needs the hook goes to the catch first, where the job
+        has it."""
+        self.phase = "catch" if self.catch and self.incumbent.choices else "locked"
         self._locked_at = None

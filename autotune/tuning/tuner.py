@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from autotune import topology
 from autotune.algorithms import agreed, bookkeeping_device, current_device
+from autotune.blocks import BLOCK
 from autotune.events import Event, Failure, IterationDone, IterationEnd
 from autotune.model import Prior
 from autotune.plan import Arm, Buckets, Choice, Entry, Gain, Table
@@ -37,6 +38,7 @@ from autotune.stats import MessageRecord
 from autotune.store import Store, fingerprint_key, job_fingerprint, storage_url
 from autotune.tuning import wire
 from autotune.tuning.campaign import Campaign, nominate
+from autotune.tuning.duel import Outcome
 from autotune.tuning.search import NOT_MEASURED, ClassSearch, Progress
 from autotune.tuning.worker import Worker
 from autotune.units import format_bytes
@@ -69,6 +71,10 @@ class Tuner:
         self.rank = dist.get_rank(group)
         self.tune_fusion = config.fusion_bytes is None
         baseline = self.baseline = Arm((), config.fusion_bytes or 0)
+        #: Whether the job steps aside once it keeps the baseline (`autotune.aside`): only where
+        #: the baseline is what the job had without autotune, DDP's own buckets. Where it does,
+        #: a plan that needs the hook meets plain DDP before it is locked (`autotune.catch`).
+        self.steps_aside = config.step_aside and baseline.fusion_bytes == 0
         #: What every rank runs now, as rank 0 ordered it (the baseline until it does).
         self.arm = baseline
         self.cadence = wire.EXPLORING
@@ -84,6 +90,12 @@ class Tuner:
         #: DDP's bucket size as this job keeps it, or as a previous job stored it until this
         #: job's search decides (rank 0 reads it from the storage; every rank sets it then).
         self.buckets: Buckets | None = None
+        #: The iteration from which the catch runs (`autotune.catch`; None: none is due), set
+        #: at the same iteration end on every rank, from orders in the ``catch`` phase. Stale
+        #: such orders (sent before the catch ended) do not start another: one is due again
+        #: only after orders in another phase.
+        self.catch_from: int | None = None
+        self._catch_armed = True
         self.key = ""
         #: The cost model's prior for this fingerprint (rank 0, once loaded), if a sweep stored it.
         self.prior: Prior | None = None
@@ -127,6 +139,7 @@ class Tuner:
                 max_pairs=config.duel_pairs,
                 warmup=config.tune_warmup,
                 recheck_every=config.recheck_every,
+                catch=self.steps_aside,
             )
             self._open_store()
         #: Seconds each iteration's off-path work took (learning, deciding, starting the exchange).
@@ -207,11 +220,28 @@ class Tuner:
             self.arm = arm
         self.states.update(orders.states)
         self.cadence, self.phase, self.gain = orders.cadence, orders.phase, orders.gain
+        if orders.phase != "catch":
+            self._catch_armed = True
+        elif self._catch_armed and self.catch_from is None:
+            self.catch_from, self._catch_armed = effective, False
         ddp_runs_it = arm == self.baseline or (self.tune_fusion and not arm.choices)
         if self.cadence != wire.LOCKED or not ddp_runs_it:
             self.aside_from = None
         elif self.aside_from is None:
             self.aside_from = effective
+
+    def caught(self, kept: bool, outcome: Outcome | None) -> None:
+        """Every rank, once the catch is over (`autotune.aside.StepAside`, settled): ``kept``,
+        the plan runs on through the hook; else the job has stepped aside, and rank 0 stores
+        the baseline for the next job."""
+        self.catch_from = None
+        if not kept:
+            self.aside_from = self.engine.iteration
+            self.arm = self.baseline.with_fusion(self.arm.fusion_bytes)
+        if self.campaign is not None:
+            self.campaign.caught(kept, outcome)
+            if not kept and self.key:
+                self._store_table()
 
     def _on_failure(self, error: BaseException) -> None:
         if self.worker is None:
@@ -305,8 +335,8 @@ class Tuner:
                 self._store_table()
         arm = campaign.next_arm(self._screening_arm()) if self.loaded else self.arm
         codes = {cls: self._space(cls).index(c) + 1 for cls, c in arm.choices}
-        state = "locked" if campaign.settled else "exploring"
-        settled = self.loaded and self.exchanges > 0 and campaign.settled
+        state = "locked" if campaign.steady else "exploring"
+        settled = self.loaded and self.exchanges > 0 and campaign.steady
         return wire.Orders(
             codes,
             {cls: state for cls in self.classes},
@@ -531,8 +561,16 @@ class Tuner:
         campaign = self.campaign
         if campaign is None:
             return "autotune vs plain DDP: measured on rank 0"
+        blocks = f"{BLOCK}-iteration blocks"
+        if campaign.baseline_kept and campaign.history and campaign.history[-1][0] == "catch":
+            _, plan, outcome = campaign.history[-1]
+            return (
+                "autotune vs plain DDP: 1.00x step time (DDP's own all-reduce kept: "
+                f"{plan.describe()} beat it through the hook, but ran "
+                f"{outcome.gain.over(blocks)} against plain DDP)"
+            )
         if campaign.baseline_kept:
-            pairs = sum(o.gain.pairs for _, _, o in campaign.history)
+            pairs = sum(o.gain.pairs for kind, _, o in campaign.history if kind != "catch")
             if not pairs:
                 why = (
                     "as the stored plan says"
@@ -549,7 +587,10 @@ class Tuner:
         gain = campaign.gain
         if gain is None:
             return f"autotune vs plain DDP: not compared yet (tuning: {campaign.phase})"
-        return gain.verdict("iterations", f"plan: {campaign.incumbent.describe()}")
+        return gain.verdict(
+            blocks if campaign.against_plain else "iterations",
+            f"plan: {campaign.incumbent.describe()}",
+        )
 
     def progress(self) -> dict[int | str, Progress]:
         """Per size class (and "fusion"): state, trials, best latency, current choice."""

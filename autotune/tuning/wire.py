@@ -38,7 +38,7 @@ _UNMEASURED = float("-inf")
 
 EXPLORING, LOCKED = 1, 2
 #: The campaign's phases, coded from 1 on the wire.
-PHASES = ("loading", "fusion", "screening", "classes", "confirm", "locked")
+PHASES = ("loading", "fusion", "screening", "classes", "confirm", "catch", "locked")
 
 
 @dataclass

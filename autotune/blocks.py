@@ -1,0 +1,73 @@
+"""Steps timed in blocks of iterations from a DDP model's forward pre-hook.
+
+Where autotune compares DDP reducers (`autotune.buckets`: bucket sizes; `autotune.catch`: the
+hook against none), each arm runs a block of `BLOCK` iterations on a reducer of its own. A step
+is the time from one forward to the next; a block's figure is the median of its steps after the
+first `BLOCK_WARMUP` (a rebuilt reducer runs its first iteration in one bucket and rebuilds its
+buckets at the second), each the slowest rank's: the steps are MAX-reduced over DDP's group at
+the block's end, in the forward pre-hook, where every rank is at the same iteration. Every rank
+then holds the same figures and decides alike, so the ranks switch reducers before the same
+forward without any orders.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from autotune.algorithms import bookkeeping_device
+
+__all__ = ["BLOCK", "BLOCK_WARMUP", "BlockTimer"]
+
+#: Iterations per block; the first `BLOCK_WARMUP` of each are not timed.
+BLOCK = 8
+BLOCK_WARMUP = 2
+
+
+class BlockTimer:
+    """Times ``ddp``'s iterations, from its forward pre-hook, in blocks of `BLOCK`."""
+
+    def __init__(self, ddp: DistributedDataParallel) -> None:
+        self._ddp = ddp
+        self._times: list[float] = []
+        self._last: float | None = None
+        #: Iterations (forwards that all-reduce) seen so far: the comparison's cost.
+        self.iterations = 0
+
+    def counts(self) -> bool:
+        """Whether the forward about to run is an iteration that all-reduces (not an eval, not
+        under ``no_sync``): only those are timed, and only at those do the ranks meet."""
+        return torch.is_grad_enabled() and bool(self._ddp.require_backward_grad_sync)
+
+    def tick(self) -> float | None:
+        """Before a forward that `counts`: the step that just ended is timed. At a block's end,
+        the block's median step (the slowest rank's; a collective on DDP's group), else None."""
+        now = time.perf_counter()
+        if self._last is not None:
+            self._times.append(now - self._last)
+        self.iterations += 1
+        self._last = now
+        if len(self._times) < BLOCK:
+            return None
+        steps, self._times = self._times[BLOCK_WARMUP:], []
+        return statistics.median(self.most(steps))
+
+    def most(self, values: list[float]) -> list[float]:
+        """``values``, each the largest over the ranks of DDP's group."""
+        ddp = self._ddp
+        device = bookkeeping_device(ddp.process_group, _device(ddp))
+        row = torch.tensor(values, dtype=torch.float64).to(device)
+        dist.all_reduce(row, op=dist.ReduceOp.MAX, group=ddp.process_group)
+        out: list[float] = row.cpu().tolist()
+        return out
+
+
+def _device(ddp: DistributedDataParallel) -> torch.device:
+    for p in ddp.module.parameters():
+        device: torch.device = p.device
+        return device
+    return torch.device("cpu")

@@ -1,0 +1,86 @@
+"""The catch on real ranks: a plan that needs the hook meets plain DDP before it is locked.
+
+Each job trains autotune's model beside plain DDP on the same batches (tests/aside_jobs.py),
+from a storage that holds a plan with `ring` for every size class. Where the job steps aside
+for the baseline, such a plan goes straight to the catch (autotune/catch.py): blocks of
+iterations on DDP's reducer without the hook (plain DDP) and with it (the plan), rebuilt at each
+switch. A delay in a forward pre-hook of the test's makes one of the two slower.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from aside_jobs import KEEPS_BASELINE, Aside, beside_plain
+
+from autotune.blocks import BLOCK
+from autotune.launch import run_local
+from autotune.plan import Choice, Entry, Gain, Table
+from autotune.store import Store
+
+#: Synced steps each job trains after the catch is over (up to `CAP` steps in all).
+AFTER = 10
+CAP = 800
+
+
+def stored_ring(tmp_path: Path, variant: str = "base") -> dict[str, object]:
+    """A storage whose plan for the job's fingerprint runs `ring` for every class (its classes
+    learnt from a first job that keeps the baseline), and the job's settings."""
+    url = f"sqlite:///{tmp_path / 'tuning.db'}"
+    first = {**KEEPS_BASELINE, "storage": url}
+    run_local(beside_plain, 2, variant, 400, "register", first, None, AFTER, timeout_s=600)
+    ((key, kept),) = Store(url).tables().items()
+    assert kept.classes and kept.runs_native
+    classes = {cls: Entry(Choice("ring"), state="locked") for cls in kept.classes}
+    table = Table(classes, 0, kept.fingerprint, Gain(0.9, 0.85, 0.95, 12))
+    Store(url, job_id="ring-job").save_table(key, table)
+    return {**first, "algorithms": ("ring",), "duel_pairs": 6}
+
+
+def catch(settings: dict[str, object], slow: str, variant: str = "base") -> list[Aside]:
+    runs: list[Aside] = run_local(
+        beside_plain, 2, variant, CAP, "register", settings, None, None, slow, AFTER, timeout_s=600
+    )
+    return runs
+
+
+@pytest.mark.parametrize("variant", ["base", "static_graph", "no_sync"])
+def test_a_plan_faster_than_plain_ddp_keeps_the_hook_with_the_gain_against_plain_ddp(
+    tmp_path: Path, variant: str
+) -> None:
+    runs = catch(stored_ring(tmp_path, variant), slow="plain", variant=variant)
+    for r in runs:
+        assert r.catch_kept is True, (r.catch_kept, r.refused, r.verdict)
+        assert r.aside_at is None and r.hooks_left == 1 and r.reducer_replaced
+        assert r.catch_pairs >= 6
+        # Blocks without the hook (no calls), and the hook on every synced step since.
+        assert 0 in r.calls[:-AFTER]
+        assert all(c == 1 for c, s in zip(r.calls[-AFTER:], r.synced[-AFTER:], strict=True) if s)
+        # Every iteration all-reduced by one reducer or the other: DDP's training.
+        assert r.plain_rel < 1e-5, r.plain_rel
+    assert len({r.hooked for r in runs}) == 1, "ranks' parameters diverged"
+    verdict = runs[0].verdict
+    assert f"pairs of {BLOCK}-iteration blocks" in verdict and "plan: " in verdict, verdict
+    assert runs[0].stored_plan is not None and set(runs[0].stored_plan.values()) == {"ring"}
+
+
+def test_a_plan_slower_than_plain_ddp_is_dropped_and_the_job_steps_aside(tmp_path: Path) -> None:
+    runs = catch(stored_ring(tmp_path), slow="hook")
+    at = {r.aside_at for r in runs}
+    assert len(at) == 1 and None not in at, [(r.aside_at, r.catch_kept, r.refused) for r in runs]
+    for r in runs:
+        assert r.catch_kept is False and r.hooks_left == 0 and r.reducer_replaced
+        assert r.catch_pairs >= 1  # a pair 3x slower ends a duel at once
+        assert r.calls[-AFTER:] == [0] * AFTER  # no hook since
+        assert r.plain_rel < 1e-5, r.plain_rel
+    assert len({r.hooked for r in runs}) == 1, "ranks' parameters diverged"
+    verdict = runs[0].verdict
+    assert "beat it through the hook, but ran" in verdict, verdict
+    assert "stepped aside after iteration" in verdict, verdict
+    # The next job finds the baseline (no lead: the plan lost to plain DDP itself).
+    assert runs[0].stored_plan is not None and set(runs[0].stored_plan.values()) == {"native"}
+    stored = Store(f"sqlite:///{tmp_path / 'tuning.db'}").load_table(
+        next(iter(Store(f"sqlite:///{tmp_path / 'tuning.db'}").tables()))
+    )
+    assert stored is not None and stored.lead is None
