@@ -2,6 +2,7 @@
 
     python benchmarks/screening_log.py --world-size 4 --model transformer --steps 450
     python benchmarks/screening_log.py --world-size 4 --sync-every-step
+    python benchmarks/screening_log.py --world-size 2 --model mlp --plan 2097152=shm
 
 One of step_gain.py's models trains with autotune on an empty storage (one intra-op thread a
 rank, as torchrun sets), and rank 0 prints the tuner's lines about screening (every measured
@@ -9,6 +10,10 @@ choice of each class, fastest first), nominations and duels. ``--sync-every-step
 many training loops do after each step (a loss logged, a stop checked; step_gain.py's run 1
 does it): a one-element all-reduce on the job's group. Ends with the verdict. Why: to see why a
 job did or did not try a choice on the step (docs/BENCHMARKS.md, "What tuning pays").
+``--plan`` seeds the storage with a locked plan (size class in bytes = algorithm, comma
+separated; the other classes native) as a job before it would have stored it: the job starts
+from it, as a restart does, and where the plan needs the hook, the catch (autotune/catch.py)
+compares it with plain DDP.
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
 from autotune.launch import run_local
+from autotune.plan import Choice, Entry, Table, size_class
+from autotune.store import Store, device_model, fingerprint, fingerprint_key
 
 #: The tuner's lines worth reading here (rank 0 logs them at INFO).
-TOLD = ("screening", "nominated", "duel", "locked", "steps aside")
+TOLD = ("screening", "nominated", "duel", "locked", "steps aside", "catch", "kept")
 
 
 class _Told(logging.Filter):
@@ -66,15 +73,31 @@ def job(rank: int, world_size: int, args: argparse.Namespace, storage: str) -> s
     return verdict
 
 
+def seed(storage: str, world_size: int, plan: str) -> None:
+    """Store ``plan`` ("2097152=shm,...") as the locked plan of this machine's CPU jobs of
+    ``world_size`` ranks on one host (gloo, float32), as a job that locked it would have."""
+    classes = {}
+    for item in plan.split(","):
+        nbytes, algorithm = item.split("=")
+        classes[size_class(int(nbytes))] = Entry(Choice(algorithm), state="locked")
+    fp = fingerprint(
+        backend="gloo", world_size=world_size, nodes=1, device=device_model("cpu"), dtype="float32"
+    )
+    Store(storage, job_id="seed").save_table(fingerprint_key(fp), Table(classes, 0, fp, None))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--world-size", type=int, default=4)
     parser.add_argument("--model", choices=MODELS, default="transformer")
     parser.add_argument("--steps", type=int, default=450)
     parser.add_argument("--sync-every-step", action="store_true")
+    parser.add_argument("--plan", default="", help="seed the storage: BYTES=ALGORITHM,...")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         storage = f"sqlite:///{Path(tmp) / 'tuning.db'}"
+        if args.plan:
+            seed(storage, args.world_size, args.plan)
         verdicts: list[Any] = run_local(job, args.world_size, args, storage, threads=1)
     print(verdicts[0])
     return 0
