@@ -91,7 +91,9 @@ class Config:
     step_aside: bool = True
     """Once the tuner keeps the baseline (no plan beat the backend's own all-reduce on DDP's
     buckets), give DDP its reducer back without the hook, so the job runs as plain DDP
-    (`autotune.aside`); False keeps the hook, and its per-bucket measurements, to the end."""
+    (`autotune.aside`); and before a plan that needs the hook is locked, make it beat plain DDP
+    itself, in blocks of iterations on DDP's reducers (`autotune.catch`). False keeps the hook,
+    and its per-bucket measurements, to the end, whatever is kept."""
 
     plan_file: str | None = None
     """A tuned table (``autotune show --json``) to run as a fixed plan, without tuning."""

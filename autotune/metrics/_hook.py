@@ -188,8 +188,10 @@ class HookMetrics(Collector):
         ratio = GaugeMetricFamily(
             "autotune_step_speedup_ratio",
             "The baseline's training step (the backend's own all-reduce on DDP's buckets) over "
-            "the plan's, from paired iterations: 'estimate' (median) and the 95% interval's "
-            "'low' and 'high' ends. Above 1 the plan is faster; 1 while the baseline runs.",
+            "the plan's, from paired iterations (plain DDP's over the plan's, from paired "
+            "blocks, once a plan that needs the hook passed the catch): 'estimate' (median) and "
+            "the 95% interval's 'low' and 'high' ends. Above 1 the plan is faster; 1 while the "
+            "baseline runs.",
             labels=[*names, "bound"],
         )
         pairs = GaugeMetricFamily(
