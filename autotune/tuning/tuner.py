@@ -237,7 +237,6 @@ class Tuner:
         self.catch_from = None
         if not kept:
             self.aside_from = self.engine.iteration
-            self.arm = self.baseline.with_fusion(self.arm.fusion_bytes)
         if self.campaign is not None:
             self.campaign.caught(kept, outcome)
             if not kept and self.key:
