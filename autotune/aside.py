@@ -182,7 +182,6 @@ class StepAside:
         self._catch_hooks = catch
         #: The catch under way, or the last one run (None: none has run).
         self.catch: HookCatch | None = None
-        self._catching = False
         self._caught_for: int | None = None  # the `CatchHooks.due` of the last catch begun
         self._bucket_bytes = bucket_bytes
         self._ours = ours
@@ -222,18 +221,16 @@ class StepAside:
         if catch_due and hooks is not None:
             self._caught_for = due
             self.catch = hooks.make(ddp)
-            self._catching = True
         self._handle = ddp.register_forward_pre_hook(
             lambda module, args: self._pre_forward(ddp, iteration)
         )
 
     def _pre_forward(self, ddp: DistributedDataParallel, iteration: int) -> None:
-        if self._catching:
-            catch = self.catch
-            assert catch is not None and self._catch_hooks is not None
+        catch = self.catch
+        if catch is not None and not catch.over:
+            assert self._catch_hooks is not None
             if catch.pre_forward():
                 return
-            self._catching = False
             self._catch_hooks.over(catch.hooked, catch.outcome)
             if catch.hooked:  # the plan runs on, through the hook
                 self._remove()

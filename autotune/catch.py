@@ -78,6 +78,11 @@ class HookCatch:
         self.stopped: str | None = None
 
     @property
+    def over(self) -> bool:
+        """Whether the catch has ended: decided, or stopped."""
+        return self.outcome is not None or self.stopped is not None
+
+    @property
     def iterations(self) -> int:
         """Iterations the catch has run so far."""
         return self._timer.iterations

@@ -361,7 +361,6 @@ class Campaign:
                 self.incumbent, self.gain = m.challenger, outcome.gain
             else:
                 self.incumbent, self.gain = self.baseline, None
-            self.against_plain = False
             self._lock()
             return
         if outcome.challenger_won:
