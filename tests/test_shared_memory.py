@@ -1,10 +1,13 @@
 """The shared-memory all-reduce beyond the conformance suite: messages larger than its window,
-where it is offered and where not, a full /dev/shm, a peer that never comes, nothing left behind.
+where it is offered and where not, a full /dev/shm, its barrier through pipes, a peer that
+never comes or is gone, nothing left behind.
 (tests/test_conformance.py checks its sums at N = 1..8, every dtype and size.)"""
 
 from __future__ import annotations
 
 import os
+import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,7 @@ import torch.distributed as dist
 from autotune.algorithms import PeerError, get_algorithm, p2p_group
 from autotune.algorithms import _shared_memory as shm
 from autotune.algorithms._groups import Comm
+from autotune.algorithms._pipes import PipeBarrier
 from autotune.launch import launch, run_local
 from autotune.topology import NODE_ID_ENV
 
@@ -93,25 +97,84 @@ def test_a_full_dev_shm_is_an_error_on_every_rank_not_a_crash() -> None:
         assert "/dev/shm has room for" in message and "leave 'shm' out" in message
 
 
-def _one_stays_away(rank: int, world_size: int) -> str:
+def _one_stays_away(rank: int, world_size: int, how: str) -> str:
     algo = get_algorithm("shm")
-    algo.timeout_s = 2.0
+    algo.timeout_s = 1.0
     t = torch.ones(1000)
     algo.all_reduce(t)
     assert float(t[0]) == world_size
     if rank == 1:
+        if how == "alive":  # stays, in a barrier of the world's, until rank 0 has its error
+            dist.barrier()
         return "away"
     try:
         algo.all_reduce(t)
     except PeerError as exc:
+        return f"{exc} (peer {exc.peer})"
+    finally:
+        if how == "alive":
+            dist.barrier()
+    return "no error"
+
+
+@pytest.mark.parametrize("how", ["alive", "exited"])
+def test_a_peer_that_never_comes_is_a_peer_error(how: str) -> None:
+    got = run_local(_one_stays_away, 2, how)
+    assert got[1] == "away"
+    assert "shm all-reduce" in got[0] and "the other ranks' writes in shared memory" in got[0]
+    assert got[0].endswith("(peer 1)")
+    if how == "alive":  # after the timeout
+        assert "did not finish within 0:00:01: rank(s) 1 never came" in got[0]
+    else:  # at once: its ends of the pipes closed with it
+        assert "rank 1 closed its pipe (it exited or died)" in got[0]
+
+
+def _ahead(rank: int, world_size: int) -> list[int]:
+    """A barrier's promise: nobody leaves barrier k before everyone has come to it. Every rank
+    says in the store how far it came, and sleeps a random while between barriers, so that some
+    run ahead to the next one while others still read this one's bytes."""
+    group = p2p_group()
+    comm = Comm(group, dist.get_rank(group), world_size, "gloo", "shm", timedelta(seconds=60))
+    prefix = os.path.join(shm.SHM_DIR, f"autotune-test-{os.getppid()}")
+    barrier = PipeBarrier.open(comm, prefix, lambda v, what: shm._smallest(comm, v, what))
+    store = dist.distributed_c10d._get_default_store()
+    behind = []
+    g = torch.Generator().manual_seed(rank)
+    for k in range(40):
+        store.set(f"came-{rank}", str(k))
+        time.sleep(float(torch.rand(1, generator=g)) * 0.004)
+        barrier.wait(comm, "a test")
+        came = [int(store.get(f"came-{p}")) for p in range(world_size)]
+        behind.extend(c for c in came if c < k)
+    barrier.wait(comm, "the end")
+    barrier.close()
+    return behind
+
+
+def test_no_rank_leaves_a_pipe_barrier_before_every_rank_came() -> None:
+    assert run_local(_ahead, 3) == [[], [], []]
+    assert not list(Path(shm.SHM_DIR).glob(f"autotune-test-{os.getpid()}*"))  # pipes unlinked
+
+
+def _no_pipes(rank: int, world_size: int) -> str:
+    if rank == 1:
+
+        def refused(path: str, mode: int = 0o666) -> None:
+            raise PermissionError(13, "Permission denied", path)
+
+        os.mkfifo = refused
+    try:
+        get_algorithm("shm").all_reduce(torch.ones(10))
+    except RuntimeError as exc:
         return str(exc)
     return "no error"
 
 
-def test_a_peer_that_never_comes_is_a_peer_error() -> None:
-    got = run_local(_one_stays_away, 2)
-    assert got[1] == "away"
-    assert "shm all-reduce" in got[0] and "the other ranks' writes in shared memory" in got[0]
+def test_pipes_that_cannot_be_made_are_an_error_on_every_rank() -> None:
+    got = run_local(_no_pipes, 2)
+    assert "could not make pipes under /dev/shm/autotune-shm-" in got[0]
+    assert got[0].endswith(" on another rank")
+    assert "[Errno 13] Permission denied" in got[1]
 
 
 def test_nothing_is_left_in_dev_shm() -> None:

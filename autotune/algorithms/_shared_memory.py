@@ -4,19 +4,21 @@ gloo moves every byte between two ranks on one host through loopback TCP: a copy
 kernel, one out of it, and the stack's work between, on the cores the ranks' backward needs. Here
 each rank copies its buffer into its slot of a window in ``/dev/shm`` that every rank of the
 group maps. Of N > 2 ranks, each then sums its 1/N share of the elements from every slot into
-the window's result and copies the whole result back, with two small all-reduces on the group
-to say "written" and "summed": every element is summed on one rank. Of 2, both sum the whole
-from the two slots, the same operands in the same order, after the first barrier alone. Either
-way in rank order, so all ranks end bitwise identical. The scheme of NCCL's SHM transport and
-of DeepSpeed's CPU all-reduce; on 2 shared cores a 16 MiB all-reduce took 5.95 ms instead of
-gloo's 10.82 at 2 ranks (docs/ALGORITHMS.md, "shm").
+the window's result and copies the whole result back, with two barriers to say "written" and
+"summed": every element is summed on one rank. Of 2, both sum the whole from the two slots, the
+same operands in the same order, after the first barrier alone. Either way in rank order, so all
+ranks end bitwise identical. A barrier goes through pipes between the ranks
+(`autotune.algorithms._pipes`), not through gloo. The scheme of NCCL's SHM transport and of
+DeepSpeed's CPU all-reduce; on 2 shared cores a 16 MiB all-reduce took 5.95 ms instead of gloo's
+10.82 at 2 ranks (docs/ALGORITHMS.md, "shm").
 
 Messages larger than the window go through it in turns. The window is sized once per group
 (`MAX_WINDOW_BYTES` per rank, less where ``/dev/shm`` has less room), reserved up front, so a
 full ``/dev/shm`` is an error when the window is made rather than a SIGBUS in the middle of a
-sum. Its file is unlinked as soon as every rank has it mapped: nothing is left in ``/dev/shm``,
-even if a rank dies. Offered on CPU tensors over gloo where every rank of the group is on one
-node (`autotune.topology`) and sees the same ``/dev/shm`` (checked with a probe file).
+sum. Its file and pipes are unlinked as soon as every rank has them open: nothing is left in
+``/dev/shm``, even if a rank dies. Offered on CPU tensors over gloo where every rank of the
+group is on one node (`autotune.topology`) and sees the same ``/dev/shm`` (checked with a probe
+file).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from torch.distributed import ProcessGroup
 from autotune import topology
 from autotune.algorithms._base import AllReduceAlgorithm
 from autotune.algorithms._groups import Comm, backend_for, group_timeout
+from autotune.algorithms._pipes import PipeBarrier
 from autotune.algorithms._transport import split
 
 __all__ = ["MAX_WINDOW_BYTES", "SHM_DIR", "SharedMemoryAllReduce"]
@@ -55,13 +58,15 @@ _NAME_BYTES = 64
 @dataclass
 class _Window:
     """``regions`` regions of ``slot_bytes`` each, mapped from the file that was at ``path``
-    (unlinked once every rank had mapped it). Of N > 2 ranks: a slot per rank, then the
-    result; of 2: two pairs of slots, which messages take in turns (``turns`` so far)."""
+    (unlinked once every rank had mapped it), and the group's ``barrier``. Of N > 2 ranks: a
+    slot per rank, then the result; of 2: two pairs of slots, which messages take in turns
+    (``turns`` so far)."""
 
     base: torch.Tensor  # uint8, regions * slot_bytes
     regions: int
     slot_bytes: int
     path: str
+    barrier: PipeBarrier
     turns: int = 0
 
     def view(self, dtype: torch.dtype) -> torch.Tensor:
@@ -81,8 +86,7 @@ _world: list[object] = [None]
 class SharedMemoryAllReduce(AllReduceAlgorithm):
     """Each rank writes its buffer to shared memory, sums its share from every rank's, reads all.
 
-    Per turn of the window, two small all-reduces on the group (one of 2 ranks);
-    ``segment_bytes`` does not apply.
+    Per turn of the window, two barriers (one of 2 ranks); ``segment_bytes`` does not apply.
     """
 
     name = "shm"
@@ -113,22 +117,22 @@ class SharedMemoryAllReduce(AllReduceAlgorithm):
                 # this one (not the one before: the barrier between says it was read).
                 pair = regions[2 * (window.turns % 2) :][:2]
                 window.turns += 1
-                _put(pair[comm.rank, :n], part, comm)
+                _put(pair[comm.rank, :n], part, comm, window)
                 torch.add(pair[0, :n], pair[1, :n], out=part)
                 continue
             slots, result = regions[: comm.size], regions[comm.size]
-            _put(slots[comm.rank, :n], part, comm)
+            _put(slots[comm.rank, :n], part, comm, window)
             lo, hi = split(0, n, comm.size)[comm.rank]
             if hi > lo:  # in rank order, in the dtype itself, as the other algorithms sum
                 out = result[lo:hi]
                 torch.add(slots[0, lo:hi], slots[1, lo:hi], out=out)
                 for peer in range(2, comm.size):
                     out.add_(slots[peer, lo:hi])
-            _sync(comm, "the other ranks' sums")
+            window.barrier.wait(comm, "waiting for the other ranks' sums in shared memory")
             part.copy_(result[:n])
 
 
-def _put(slot: torch.Tensor, part: torch.Tensor, comm: Comm) -> None:
+def _put(slot: torch.Tensor, part: torch.Tensor, comm: Comm, window: _Window) -> None:
     """Write this rank's ``part`` (times ``comm.scale``) to its ``slot``; return once every rank
     has written its own."""
     if comm.scale is None:
@@ -139,7 +143,7 @@ def _put(slot: torch.Tensor, part: torch.Tensor, comm: Comm) -> None:
     comm.traffic.messages_sent += 1
     first = comm.traffic.first_wait_s is None
     began = time.perf_counter()
-    _sync(comm, "the other ranks' writes")
+    window.barrier.wait(comm, "waiting for the other ranks' writes in shared memory")
     if first:
         comm.traffic.first_wait_s = time.perf_counter() - began
 
@@ -148,15 +152,9 @@ def forget_window(group: ProcessGroup) -> None:
     """Unmap ``group``'s window (`autotune.algorithms.forget_p2p_group` calls it, once a failure
     aborted the group: its sums were left halfway)."""
     with _lock:
-        _windows.pop(group.group_name, None)
-
-
-def _sync(comm: Comm, what: str) -> None:
-    """Every rank of ``comm`` has come this far (a one-element all-reduce: a barrier that
-    `Comm.wait` bounds by the timeout)."""
-    work = dist.all_reduce(torch.zeros(1, dtype=torch.int32), group=comm.group, async_op=True)
-    assert work is not None
-    comm.wait(work, f"waiting for {what} in shared memory")
+        window = _windows.pop(group.group_name, None)
+    if window is not None:
+        window.barrier.close()
 
 
 def _window(comm: Comm) -> _Window:
@@ -165,6 +163,8 @@ def _window(comm: Comm) -> _Window:
     name = comm.group.group_name
     with _lock:
         if _world[0] is not dist.group.WORLD:
+            for old in _windows.values():
+                old.barrier.close()
             _windows.clear()
             _world[0] = dist.group.WORLD
         window = _windows.get(name)
@@ -180,7 +180,8 @@ def _window(comm: Comm) -> _Window:
             f"{MIN_WINDOW_BYTES}; free some, or leave 'shm' out of Config.algorithms"
         )
     base, path = _share(comm, regions * slot)
-    window = _Window(base, regions, slot, path)
+    barrier = PipeBarrier.open(comm, f"{path}-pipe", lambda v, what: _smallest(comm, v, what))
+    window = _Window(base, regions, slot, path, barrier)
     with _lock:
         _windows[name] = window
     return window

@@ -1,0 +1,136 @@
+"""A barrier among the ranks of one host through named pipes: a wake-up is a write and a read.
+
+`shm`'s barrier was a one-element all-reduce on gloo: 2(N-1) loopback TCP hops one after another,
+each waking the next rank. At 4 ranks on 2 cores one took 0.6-0.8 ms with nothing else running;
+through pipes, 0.03 ms back to back (docs/ALGORITHMS.md, "shm"). Each ordered pair of ranks has a
+pipe, a FIFO in the window's directory, unlinked once both its ends are open: at the barrier a
+rank writes one byte into each peer's pipe and reads one from each of its own. One byte per pair
+per barrier, in order, so a peer that runs ahead to the next barrier leaves its byte queued for
+it. A rank that dies closes its ends: its pipe then reads empty, a `PeerError` naming it at once
+rather than after the timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import time
+import weakref
+from collections.abc import Callable
+from datetime import timedelta
+
+from autotune.algorithms._groups import Comm, PeerError
+
+__all__ = ["PipeBarrier"]
+
+#: How long a barrier waits where neither the algorithm nor the group says: torch's default.
+DEFAULT_TIMEOUT = timedelta(minutes=30)
+
+
+class PipeBarrier:
+    """A barrier over the ranks of ``comm`` (all on one host), through pipes made under ``prefix``.
+
+    Made collectively (`open`); `wait` is the barrier; `close` (or garbage collection) closes
+    the pipes' ends.
+    """
+
+    def __init__(self, reads: dict[int, int], writes: dict[int, int]) -> None:
+        # Group rank of each peer -> the file descriptor of our end of the pipe from (to) it.
+        self._reads = reads
+        self._writes = writes
+        fds = [*reads.values(), *writes.values()]
+        self._finalizer = weakref.finalize(self, _close_all, fds)
+
+    @classmethod
+    def open(cls, comm: Comm, prefix: str, agree: Callable[[int, str], int]) -> PipeBarrier:
+        """Make the pipes between every pair of ``comm``'s ranks, named ``prefix-<from>-<to>``,
+        open both ends, and unlink them. Collective; ``agree(value, what)`` is the smallest of
+        every rank's ``value``. Raises `RuntimeError` on every rank where any rank failed."""
+        peers = [p for p in range(comm.size) if p != comm.rank]
+        reads: dict[int, int] = {}
+        writes: dict[int, int] = {}
+        mine = [f"{prefix}-{p}-{comm.rank}" for p in peers]
+        error: OSError | None = None
+        try:
+            for peer, path in zip(peers, mine, strict=True):
+                os.mkfifo(path, 0o600)
+                # Non-blocking: opening a FIFO's read end alone would block until a writer came.
+                reads[peer] = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            error = exc
+        try:
+            if agree(int(error is None), "making the pipes between the ranks"):
+                try:  # every read end is open now, so opening a write end does not fail
+                    for peer in peers:
+                        path = f"{prefix}-{comm.rank}-{peer}"
+                        writes[peer] = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+                except OSError as exc:
+                    error = exc
+                everyone = agree(int(error is None), "opening the pipes between the ranks")
+            else:
+                everyone = 0
+        finally:
+            for path in mine:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        barrier = cls(reads, writes)
+        if not everyone:
+            barrier.close()
+            why = f": {error}" if error is not None else " on another rank"
+            raise RuntimeError(
+                f"{comm.algorithm} {comm.collective}: could not make pipes under {prefix}{why}"
+            )
+        return barrier
+
+    def wait(self, comm: Comm, what: str) -> None:
+        """Return once every rank of ``comm`` has called `wait` as often as this rank has.
+        Raises `PeerError` where a peer is gone or ``comm``'s timeout passes first."""
+        for peer, fd in self._writes.items():
+            try:
+                os.write(fd, b"\0")
+            except BrokenPipeError as exc:  # its read end is closed: the peer is gone
+                raise _gone(comm, what, peer) from exc
+        waiting = dict(zip(self._reads.values(), self._reads, strict=True))  # fd -> peer
+        poller = select.poll()
+        for fd in waiting:
+            poller.register(fd, select.POLLIN)
+        limit = comm.timeout or DEFAULT_TIMEOUT
+        deadline = time.monotonic() + limit.total_seconds()
+        while waiting:
+            left_ms = max(0, int((deadline - time.monotonic()) * 1e3))
+            ready = poller.poll(left_ms)
+            if not ready:
+                peers = ", ".join(str(comm.global_rank(p)) for p in sorted(waiting.values()))
+                raise PeerError(
+                    f"{comm.algorithm} {comm.collective}: {what} did not finish within "
+                    f"{limit}: rank(s) {peers} never came",
+                    algorithm=comm.algorithm,
+                    peer=comm.global_rank(min(waiting.values())),
+                )
+            for fd, _ in ready:
+                peer = waiting.pop(fd)
+                poller.unregister(fd)
+                if not os.read(fd, 1):  # end of file: every writer (the peer) closed it
+                    raise _gone(comm, what, peer)
+
+    def close(self) -> None:
+        """Close this rank's ends of the pipes (its peers' next `wait` then raises)."""
+        self._finalizer()
+
+
+def _gone(comm: Comm, what: str, peer: int) -> PeerError:
+    rank = comm.global_rank(peer)
+    return PeerError(
+        f"{comm.algorithm} {comm.collective}: {what} failed: rank {rank} closed its pipe "
+        "(it exited or died)",
+        algorithm=comm.algorithm,
+        rank=rank,
+        peer=rank,
+    )
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
