@@ -27,7 +27,9 @@ rank as torchrun sets (``--threads`` to change it):
 
 ``--hook-only`` runs run 3 alone, with the autotune arm fixed on native (the baseline's lane,
 DDP's buckets): what the hook itself costs each model's step, which a plan must win back in the
-duels before it beats a job that stepped aside.
+duels before it beats a job that stepped aside. ``--plan-file FILE`` runs run 3 alone with the
+autotune arm on that plan (a stored table's JSON, as `autotune.Config.plan_file` reads it): what
+one plan makes of the step, to compare two versions of an algorithm on the same plan.
 
 ``--device cuda`` trains on CUDA tensors (rank r on GPU r modulo the GPUs there are; with one GPU
 every rank shares it), on gloo (autotune stages through pinned host memory) or, with
@@ -294,10 +296,11 @@ def _launch(args: argparse.Namespace) -> dict[str, Any]:
     return {"backend": args.backend, "timeout_s": 1800}
 
 
-def hook_cost(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any]:
-    """``--hook-only``: run 3 alone, the autotune arm fixed on the baseline's lane."""
+def fixed_cost(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any]:
+    """``--hook-only`` or ``--plan-file``: run 3 alone, the autotune arm fixed on the
+    baseline's lane or on the plan."""
     _for_model(args, model)
-    pair = run_local(paired, world_size, args, "", None, **_launch(args))[0]
+    pair = run_local(paired, world_size, args, "", args.plan_file, **_launch(args))[0]
     return {
         "model": model,
         "world_size": world_size,
@@ -424,7 +427,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run 3 alone, with autotune fixed on native (DDP's buckets): the hook's own cost",
     )
+    p.add_argument(
+        "--plan-file", default=None, help="run 3 alone, with autotune fixed on this plan (JSON)"
+    )
     args = p.parse_args(argv)
+    if args.hook_only and args.plan_file:
+        p.error("--hook-only and --plan-file: choose one")
     if args.backend == "nccl" and args.device != "cuda":
         p.error("--backend nccl needs --device cuda")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -433,11 +441,12 @@ def main(argv: list[str] | None = None) -> int:
     for world_size in (int(w) for w in args.world_sizes.split(",")):
         for model in args.models.split(","):
             begin = time.perf_counter()
-            if args.hook_only:
-                rows.append(hook_cost(model, world_size, args))
+            if args.hook_only or args.plan_file:
+                rows.append(fixed_cost(model, world_size, args))
                 h, n = rows[-1]["hook"], rows[-1]["noop"]
+                arm = "hook on native" if args.hook_only else "hook on the plan"
                 print(
-                    f"{model} x{world_size}: hook on native / plain {h['median']:.3f} "
+                    f"{model} x{world_size}: {arm} / plain {h['median']:.3f} "
                     f"({h['low']:.3f}-{h['high']:.3f}), noop/plain {n['median']:.3f}, plain "
                     f"{rows[-1]['plain_ms']:.1f} ms [{time.perf_counter() - begin:.0f} s]",
                     flush=True,
@@ -470,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
             if row["restart_bucket_duels"] is not None:
                 print(f"  restart's bucket duels: {row['restart_bucket_duels']}", flush=True)
             print(f"  paired run: {row['paired_verdict']}", flush=True)
-    if not args.hook_only:
+    if not (args.hook_only or args.plan_file):
         print(markdown(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -138,7 +138,7 @@ def _ahead(rank: int, world_size: int) -> list[int]:
     prefix = os.path.join(shm.SHM_DIR, f"autotune-test-{os.getppid()}")
     barrier = PipeBarrier.open(comm, prefix, lambda v, what: shm._smallest(comm, v, what))
     store = dist.distributed_c10d._get_default_store()
-    behind = []
+    behind: list[int] = []
     g = torch.Generator().manual_seed(rank)
     for k in range(40):
         store.set(f"came-{rank}", str(k))
@@ -159,7 +159,7 @@ def test_no_rank_leaves_a_pipe_barrier_before_every_rank_came() -> None:
 def _no_pipes(rank: int, world_size: int) -> str:
     if rank == 1:
 
-        def refused(path: str, mode: int = 0o666) -> None:
+        def refused(path: object, mode: int = 0o666, **_: object) -> None:
             raise PermissionError(13, "Permission denied", path)
 
         os.mkfifo = refused
