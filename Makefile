@@ -38,7 +38,7 @@ pytest: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	$(PY) examples/train_ddp.py --world-size 4 --steps 400 --metrics-port 0
+	$(PY) examples/train_ddp.py --world-size 4 --steps 600 --metrics-port 0
 
 bench: $(STAMP)
 	$(PY) benchmarks/allreduce_busbw.py --world-sizes 2,4 --sizes 64K,1M,16M --iters 50 --markdown
