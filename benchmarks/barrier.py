@@ -33,7 +33,7 @@ def timings(rank: int, world_size: int, rounds: int) -> dict[str, float]:
     group = p2p_group()
     comm = Comm(group, rank, world_size, "gloo", "shm", timedelta(seconds=60))
     prefix = os.path.join(shm.SHM_DIR, f"autotune-barrier-bench-{os.getppid()}")
-    pipes = PipeBarrier.open(comm, prefix, lambda v, what: shm._smallest(comm, v, what))
+    pipes = PipeBarrier.open(comm, prefix)
     one = torch.zeros(1, dtype=torch.int32)
 
     def gloo() -> None:

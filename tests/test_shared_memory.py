@@ -136,7 +136,7 @@ def _ahead(rank: int, world_size: int) -> list[int]:
     group = p2p_group()
     comm = Comm(group, dist.get_rank(group), world_size, "gloo", "shm", timedelta(seconds=60))
     prefix = os.path.join(shm.SHM_DIR, f"autotune-test-{os.getppid()}")
-    barrier = PipeBarrier.open(comm, prefix, lambda v, what: shm._smallest(comm, v, what))
+    barrier = PipeBarrier.open(comm, prefix)
     store = dist.distributed_c10d._get_default_store()
     behind: list[int] = []
     g = torch.Generator().manual_seed(rank)

@@ -107,6 +107,15 @@ class Comm:
                 peer=None if peer is None else self.global_rank(peer),
             ) from exc
 
+    def smallest(self, value: int, what: str) -> int:
+        """The smallest of every rank's ``value`` (collective over the group); ``what``: what
+        the ranks agree on, for the error if a peer fails."""
+        t = torch.tensor([value], dtype=torch.int64)
+        work = dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group, async_op=True)
+        assert work is not None
+        self.wait(work, what)
+        return int(t.item())
+
 
 def backend_for(group: ProcessGroup, device: torch.device) -> str:
     """Name the backend ``group`` uses for tensors on ``device`` ("gloo", "nccl", ...)."""

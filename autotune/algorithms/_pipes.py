@@ -17,10 +17,9 @@ import os
 import select
 import time
 import weakref
-from collections.abc import Callable
 from datetime import timedelta
 
-from autotune.algorithms._groups import Comm, PeerError
+from autotune.algorithms._groups import Comm, PeerError, group_timeout
 
 __all__ = ["PipeBarrier"]
 
@@ -43,10 +42,10 @@ class PipeBarrier:
         self._finalizer = weakref.finalize(self, _close_all, fds)
 
     @classmethod
-    def open(cls, comm: Comm, prefix: str, agree: Callable[[int, str], int]) -> PipeBarrier:
+    def open(cls, comm: Comm, prefix: str) -> PipeBarrier:
         """Make the pipes between every pair of ``comm``'s ranks, named ``prefix-<from>-<to>``,
-        open both ends, and unlink them. Collective; ``agree(value, what)`` is the smallest of
-        every rank's ``value``. Raises `RuntimeError` on every rank where any rank failed."""
+        open both ends, and unlink them. Collective (the ranks agree through ``comm``'s group).
+        Raises `RuntimeError` on every rank where any rank failed."""
         peers = [p for p in range(comm.size) if p != comm.rank]
         reads: dict[int, int] = {}
         writes: dict[int, int] = {}
@@ -60,14 +59,14 @@ class PipeBarrier:
         except OSError as exc:
             error = exc
         try:
-            if agree(int(error is None), "making the pipes between the ranks"):
+            if comm.smallest(int(error is None), "making the pipes between the ranks"):
                 try:  # every read end is open now, so opening a write end does not fail
                     for peer in peers:
                         path = f"{prefix}-{comm.rank}-{peer}"
                         writes[peer] = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
                 except OSError as exc:
                     error = exc
-                everyone = agree(int(error is None), "opening the pipes between the ranks")
+                everyone = comm.smallest(int(error is None), "opening the pipes between the ranks")
             else:
                 everyone = 0
         finally:
@@ -85,7 +84,8 @@ class PipeBarrier:
 
     def wait(self, comm: Comm, what: str) -> None:
         """Return once every rank of ``comm`` has called `wait` as often as this rank has.
-        Raises `PeerError` where a peer is gone or ``comm``'s timeout passes first."""
+        Raises `PeerError` where a peer is gone or the timeout passes first: ``comm``'s, else
+        its group's, as the gloo barrier this replaced waited."""
         for peer, fd in self._writes.items():
             try:
                 os.write(fd, b"\0")
@@ -95,7 +95,7 @@ class PipeBarrier:
         poller = select.poll()
         for fd in waiting:
             poller.register(fd, select.POLLIN)
-        limit = comm.timeout or DEFAULT_TIMEOUT
+        limit = comm.timeout or group_timeout(comm.group) or DEFAULT_TIMEOUT
         deadline = time.monotonic() + limit.total_seconds()
         while waiting:
             left_ms = max(0, int((deadline - time.monotonic()) * 1e3))

@@ -173,14 +173,14 @@ def _window(comm: Comm) -> _Window:
     # The slot: what every rank's /dev/shm can hold for all the slots, twice over.
     regions = _regions(comm.size)
     mine = min(MAX_WINDOW_BYTES, _room() // (2 * regions)) // 64 * 64
-    slot = _smallest(comm, mine, "agreeing on the shared-memory window's size")
+    slot = comm.smallest(mine, "agreeing on the shared-memory window's size")
     if slot < MIN_WINDOW_BYTES:
         raise RuntimeError(
             f"shm all-reduce: {SHM_DIR} has room for {slot} bytes per rank, less than "
             f"{MIN_WINDOW_BYTES}; free some, or leave 'shm' out of Config.algorithms"
         )
     base, path = _share(comm, regions * slot)
-    barrier = PipeBarrier.open(comm, f"{path}-pipe", lambda v, what: _smallest(comm, v, what))
+    barrier = PipeBarrier.open(comm, f"{path}-pipe")
     window = _Window(base, regions, slot, path, barrier)
     with _lock:
         _windows[name] = window
@@ -211,7 +211,7 @@ def _share(comm: Comm, nbytes: int) -> tuple[torch.Tensor, str]:
         except RuntimeError as exc:
             error = error or exc
     try:
-        everyone = _smallest(comm, int(base is not None), "mapping the shared-memory window")
+        everyone = comm.smallest(int(base is not None), "mapping the shared-memory window")
     finally:
         if comm.rank == 0 and name:
             with contextlib.suppress(OSError):
@@ -234,15 +234,6 @@ def _broadcast_name(comm: Comm, name: str) -> str:
     return bytes(raw.tolist()).rstrip(b"\0").decode()
 
 
-def _smallest(comm: Comm, value: int, what: str) -> int:
-    """The smallest of every rank's ``value`` (collective over ``comm``)."""
-    t = torch.tensor([value], dtype=torch.int64)
-    work = dist.all_reduce(t, op=dist.ReduceOp.MIN, group=comm.group, async_op=True)
-    assert work is not None
-    comm.wait(work, what)
-    return int(t.item())
-
-
 def _probe(comm: Comm) -> bool:
     """Whether every rank of ``comm`` finds in its `SHM_DIR` the file its rank 0 wrote in its
     own, and has room there for a window (a container of its own per rank has a ``/dev/shm``
@@ -262,7 +253,7 @@ def _probe(comm: Comm) -> bool:
             with contextlib.suppress(OSError), open(os.path.join(SHM_DIR, theirs)) as f:
                 seen = f.read() == theirs
         room = _room() >= 2 * _regions(comm.size) * MIN_WINDOW_BYTES
-        return _smallest(comm, int(seen and room), f"checking {SHM_DIR} on every rank") == 1
+        return comm.smallest(int(seen and room), f"checking {SHM_DIR} on every rank") == 1
     finally:
         if comm.rank == 0:
             with contextlib.suppress(OSError):
