@@ -5,11 +5,15 @@
 #   bash benchmarks/gpu_checks.sh wheels                # where pip reaches an index: .whl/
 #   OUT=DIR bash benchmarks/gpu_checks.sh [PHASE ...]    # on the GPU machine (default: all)
 #
-# Phases: env (the machine, torch, CUDA, NCCL), tests (tests/test_cuda.py, then the example at
-# world size 1 on NCCL and at 2 on gloo with CUDA tensors), gain-gloo (benchmarks/step_gain.py on
-# CUDA tensors over gloo, 2 ranks), gain-nccl (the same on NCCL; 2 ranks on one GPU need NCCL 2.30
-# or newer, which it checks first). Each writes its log, and the benchmarks their JSON, under $OUT
-# (default: gpu-checks/), at most seven files. PY names the Python (default: python3).
+# Phases: env (the machine, torch, CUDA, NCCL), tests (tests/test_cuda.py), example (the example
+# at world size 1 on NCCL and at 2 on gloo with CUDA tensors), gain-gloo (benchmarks/step_gain.py
+# on CUDA tensors over gloo, 2 ranks), gain-nccl (the same on NCCL; 2 ranks on one GPU need NCCL
+# 2.30 or newer, which it checks first). Each writes its log, and the benchmarks their JSON, under
+# $OUT (default: gpu-checks/), at most seven files. PY names the Python (default: python3).
+#
+# A lease is short: BUDGET_S (seconds, default none) ends the whole run in time, and each phase
+# gets at most its share (env 30, tests 170, example 90, gain-* 280) of what is left; a phase cut
+# short says so in its log, and step_gain's JSON holds every model it finished.
 #
 # For a machine with no package index: `wheels` downloads optuna and what it needs that a CUDA
 # image with torch lacks into .whl/ (ignored by git); the phases install .whl/ into a scratch
@@ -21,6 +25,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PY:-python3}"
 OUT="${OUT:-gpu-checks}"
+END=$((SECONDS + ${BUDGET_S:-1000000}))
+export PYTHONUNBUFFERED=1
 WHEELS=(optuna==5.0.0 alembic==1.20.1 colorlog==6.12.0 sqlalchemy==2.1.9 mako==1.4.3)
 
 wheels() {
@@ -42,29 +48,51 @@ setup() {
     export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 }
 
+capped() {  # capped SECONDS COMMAND...: COMMAND, ended at SECONDS or where the budget ends
+    local left=$((END - SECONDS))
+    local cap=$(($1 < left ? $1 : left))
+    shift
+    if [ "$cap" -le 5 ]; then
+        echo "not run (the budget is spent): $*"
+        return 1
+    fi
+    timeout -k 10 "$cap" "$@"
+    local rc=$?
+    [ "$rc" -eq 124 ] && echo "cut short after $cap s: $*"
+    return "$rc"
+}
+
 env_phase() {
     {
         nvidia-smi || true
-        "$PY" - <<'EOF'
+        nproc
+        capped 30 "$PY" - <<'EOF'
 import sys, torch
 print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)
 print("devices", torch.cuda.device_count(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
 print("nccl", torch.cuda.nccl.version() if torch.distributed.is_nccl_available() else None)
+import autotune, optuna
+print("autotune", autotune.__version__, "optuna", optuna.__version__)
 EOF
     } 2>&1 | tee "$OUT/env.txt"
 }
 
-tests_phase() {
-    "$PY" -m pytest -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$OUT/test_cuda.log"
+tests_phase() {  # three at a time: the GPU is shared, the ranks are many
+    capped 170 "$PY" -m pytest -p no:cacheprovider -n 3 -rs --durations=10 tests/test_cuda.py \
+        2>&1 | tee "$OUT/test_cuda.log"
+}
+
+example_phase() {
     {
-        "$PY" examples/train_ddp.py --world-size 1 --device cuda --steps 300
-        "$PY" examples/train_ddp.py --world-size 2 --device cuda --backend gloo --steps 300
+        capped 45 "$PY" examples/train_ddp.py --world-size 1 --device cuda --steps 300
+        capped 90 "$PY" examples/train_ddp.py --world-size 2 --device cuda --backend gloo \
+            --steps 300
     } 2>&1 | tee "$OUT/example.log"
 }
 
 gain() {  # gain BACKEND
-    PYTHONUNBUFFERED=1 "$PY" benchmarks/step_gain.py --device cuda --backend "$1" \
-        --world-sizes 2 --paired-steps 80 --paired-seconds 10 \
+    capped 280 "$PY" benchmarks/step_gain.py --device cuda --backend "$1" \
+        --world-sizes 2 --paired-steps 100 --paired-seconds 3 \
         --json "$OUT/step-gain-cuda-$1.json" 2>&1 | tee "$OUT/step-gain-cuda-$1.log"
 }
 
@@ -83,14 +111,15 @@ fi
 mkdir -p "$OUT"
 setup || exit 1
 status=0
-for phase in "${@:-env tests gain-gloo gain-nccl}"; do
+for phase in "${@:-env tests example gain-gloo gain-nccl}"; do
     for p in $phase; do
         case "$p" in
             env) env_phase ;;
             tests) tests_phase ;;
+            example) example_phase ;;
             gain-gloo) gain gloo ;;
             gain-nccl) nccl_phase ;;
-            *) echo "unknown phase $p (env, tests, gain-gloo, gain-nccl)" >&2; exit 2 ;;
+            *) echo "unknown phase $p (env, tests, example, gain-gloo, gain-nccl)" >&2; exit 2 ;;
         esac || status=1
     done
 done

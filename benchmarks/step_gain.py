@@ -479,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
             if row["restart_bucket_duels"] is not None:
                 print(f"  restart's bucket duels: {row['restart_bucket_duels']}", flush=True)
             print(f"  paired run: {row['paired_verdict']}", flush=True)
+            if args.json:  # after every cell: a run cut short keeps what it measured
+                Path(args.json).write_text(json.dumps(rows, indent=1))
     if not (args.hook_only or args.plan_file):
         print(markdown(rows))
     if args.json:
