@@ -128,7 +128,11 @@ class Engine:
         self._to_start: queue.SimpleQueue[list[_Bucket] | _Started | None] = queue.SimpleQueue()
         self._to_finish: queue.SimpleQueue[_Started | None] = queue.SimpleQueue()
         self._error: BaseException | None = None
+        # The side streams messages start on (CUDA), per device. Their own lock: the submitting
+        # thread starts a message inline with `_lock` held (`_dispatch`), and `_lock` is not
+        # reentrant. (Taking `_lock` here hung the first DDP step on CUDA, seen on an H200.)
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
+        self._streams_lock = threading.Lock()
         self._threads = [
             threading.Thread(target=self._start_loop, name="autotune-start", daemon=True),
             threading.Thread(target=self._finish_loop, name="autotune-finish", daemon=True),
@@ -531,7 +535,7 @@ class Engine:
         if device.type != "cuda":
             yield None
             return
-        with self._lock:
+        with self._streams_lock:
             stream = self._streams.get(device)
             if stream is None:
                 stream = self._streams[device] = torch.cuda.Stream(device)

@@ -12,21 +12,24 @@
 # $OUT (default: gpu-checks/), at most seven files. PY names the Python (default: python3).
 #
 # A lease is short: BUDGET_S (seconds, default none) ends the whole run in time, and each phase
-# gets at most its share (env 30, tests 170, example 90, gain-* 280) of what is left; a phase cut
-# short says so in its log, and step_gain's JSON holds every model it finished.
+# gets at most its share (env 30, tests 240, example 90, gain-* 280) of what is left; a phase cut
+# short says so in its log, and step_gain's JSON holds every model it finished. What is cut is
+# ended with SIGABRT, so every Python process of it (faulthandler is on) prints where each of its
+# threads was; a test is failed after 100 s (pytest-timeout), so its report is printed in time.
 #
 # For a machine with no package index: `wheels` downloads optuna and what it needs that a CUDA
 # image with torch lacks into .whl/ (ignored by git); the phases install .whl/ into a scratch
 # directory first, when it is there. The NCCL tuner plugin (plugins/autotune-nccl, which
 # tests/test_cuda.py loads) is built there too; it needs a C compiler.
 #
-# Never run on a GPU yet: no session had one. What it measured goes into docs/BENCHMARKS.md.
+# Run once, on an H200 (2026-11-26, docs/BENCHMARKS.md "On a GPU"): the hook hung at the first
+# step there (fixed since); run it again, and record what it measures there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PY:-python3}"
 OUT="${OUT:-gpu-checks}"
 END=$((SECONDS + ${BUDGET_S:-1000000}))
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 WHEELS=(optuna==5.0.0 alembic==1.20.1 colorlog==6.12.0 sqlalchemy==2.1.9 mako==1.4.3)
 
 wheels() {
@@ -56,9 +59,9 @@ capped() {  # capped SECONDS COMMAND...: COMMAND, ended at SECONDS or where the 
         echo "not run (the budget is spent): $*"
         return 1
     fi
-    timeout -k 10 "$cap" "$@"
+    timeout -s ABRT -k 10 "$cap" "$@"
     local rc=$?
-    [ "$rc" -eq 124 ] && echo "cut short after $cap s: $*"
+    [ "$rc" -eq 124 ] && echo "cut short after $cap s (SIGABRT: the stacks are above): $*"
     return "$rc"
 }
 
@@ -78,7 +81,8 @@ EOF
 }
 
 tests_phase() {  # three at a time: the GPU is shared, the ranks are many
-    capped 170 "$PY" -m pytest -p no:cacheprovider -n 3 -rs --durations=10 tests/test_cuda.py \
+    capped 240 "$PY" -m pytest -p no:cacheprovider -n 3 --timeout 100 -rfEs --durations=10 \
+        tests/test_cuda.py \
         2>&1 | tee "$OUT/test_cuda.log"
 }
 

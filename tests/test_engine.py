@@ -6,6 +6,7 @@ peers, so every decision the engine makes is visible and checkable.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any
@@ -434,4 +435,34 @@ def test_settle_waits_until_every_submitted_iteration_is_recorded() -> None:
     assert engine.settle(10)
     assert [r.nbytes for r in recorder.records()] == [4, 8, 12] * 3
     assert [r.iteration for r in recorder.iterations()] == [1, 2, 3]
+    engine.close()
+
+
+def test_a_cuda_message_starts_inline_with_the_lock_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The submitting thread starts an asynchronous algorithm's message itself, with the engine's
+    # lock held; on CUDA that start picks the device's side stream. That pick once took the same
+    # (non-reentrant) lock: the first DDP step on a GPU hung (seen on an H200, never on CPU).
+    made: list[torch.device] = []
+
+    class Stream:
+        def __init__(self, device: torch.device) -> None:
+            made.append(device)
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    engine = on_backend(Backend("a", []))
+    got: list[object] = []
+
+    def pick() -> None:
+        with engine._lock:  # as `_dispatch` holds it
+            for _ in range(2):
+                with engine._stream_for(torch.device("cuda", 0)) as stream:
+                    got.append(stream)
+
+    t = threading.Thread(target=pick, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "picking the stream waited for the lock its caller holds"
+    assert made == [torch.device("cuda", 0)]  # one stream per device, kept
+    assert got[0] is got[1] and isinstance(got[0], Stream)
     engine.close()
