@@ -86,7 +86,9 @@ class AllReduceAlgorithm(abc.ABC):
     #: node, or one rank per node); the tuner then leaves this one out. None: not topology-aware.
     flat_twin: ClassVar[str | None] = None
     #: Whether `start` only launches work the backend runs by itself (so it is cheap to call
-    #: from any thread, and returns before the data has moved).
+    #: from any thread, and returns before the data has moved). Such an algorithm gets CUDA
+    #: tensors as they are on gloo too (gloo's collectives take them; its send/recv do not),
+    #: where one driven from Python runs on a pinned host copy.
     asynchronous: ClassVar[bool] = False
     #: Whether "auto" considers this algorithm without being told (`Config.algorithms` None),
     #: beside the built-ins, wherever `offered` says it can run.
@@ -161,11 +163,13 @@ class AllReduceAlgorithm(abc.ABC):
             comm = dataclasses.replace(comm, scale=scale)
         segment_elems = max(1, segment_bytes // tensor.element_size())
         with torch.no_grad():
-            if flat.is_cuda and backend == "gloo":
+            if flat.is_cuda and backend == "gloo" and not self.asynchronous:
                 # gloo has no CUDA send/recv: run on a pinned host copy. The blocking copy orders
                 # it after work already queued on the current stream; the copy back is queued on
                 # that stream, and the caching host allocator keeps the pinned block alive until
-                # that copy has run.
+                # that copy has run. (gloo's own all-reduce takes CUDA tensors, staging them
+                # itself without blocking, as plain DDP's does: `native` launches it, and the
+                # hook's baseline lane stays a launch on the autograd thread, as DDP's is.)
                 host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
                 host.copy_(flat)
                 self._start(host, comm, segment_elems).wait()
