@@ -35,7 +35,8 @@ one plan makes of the step, to compare two versions of an algorithm on the same 
 every rank shares it), on gloo (autotune stages through pinned host memory) or, with
 ``--backend nccl``, on NCCL (several ranks on one GPU need NCCL 2.30 or newer and
 ``NCCL_MULTI_RANK_GPU_ENABLE=1`` in the environment). A step is then timed until the GPU has
-finished it. Written for issue 10's GPU cell; never run on a GPU yet (no session had one).
+finished it. Written for issue 10's GPU cell; on the one lease so far (an H200) it hung at
+the first step, in the hook (fixed since: docs/BENCHMARKS.md, "On a GPU").
 
 Exploring cost: run 1's total step time until it locked, minus run 3's median plain step times as
 many steps (the restart's cost likewise). Ratios below 1 are faster than plain DDP; intervals
