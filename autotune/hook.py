@@ -210,6 +210,17 @@ class AutotuneState:
             return False  # steps aside before the next forward
         return aside.buckets is None or aside.buckets.done
 
+    @property
+    def locked(self) -> bool:
+        """Whether this rank runs a decided plan from here on: `settled`, or re-checking the
+        locked plan against the baseline (which keeps it unless it lost its gain; then tuning
+        starts over and this is False again). Where autotune steps aside, `settled`."""
+        tuner = self.tuner
+        campaign = None if tuner is None else tuner.campaign
+        if tuner is None or campaign is None or tuner.aside_from is not None:
+            return self.settled
+        return campaign.settled or campaign.rechecking
+
     def verdict(self) -> str:
         """One line for a job's summary: its training step against plain DDP's, as the tuner
         measured it (on rank 0, which decides), and whether the hook stepped aside."""

@@ -163,18 +163,11 @@ def alone(rank: int, world_size: int, args: argparse.Namespace, storage: str) ->
     for step in range(args.tune_steps):
         x, y = batch(g)
         times.append(_step(ddp, opt, x, y))
-        # Locked from the first settled step on; a re-check of the locked plan leaves it locked
-        # unless it falls back. Rank 0's figure is the one reported: it reads its campaign,
-        # which the cadence the ranks agree on (`Tuner.settled`) follows an exchange later.
-        # Where it steps aside, settled once DDP's bucket size is decided too.
-        campaign = state.tuner.campaign
-        if campaign is None:
-            settled = state.tuner.settled
-        else:
-            settled = campaign.settled or campaign.rechecking
-        if state.tuner.aside_from is not None:
-            settled = state.settled
-        locked_at = (locked_at if locked_at is not None else step) if settled else None
+        # Locked from the first locked step on (a re-check of the locked plan leaves it locked
+        # unless it falls back; where it steps aside, once DDP's bucket size is decided). Rank
+        # 0's figure is the one reported: it reads its campaign, which the cadence the ranks
+        # agree on (`Tuner.settled`) follows an exchange later.
+        locked_at = (locked_at if locked_at is not None else step) if state.locked else None
         # Stepped aside and decided: nothing is measured or changed from here (no re-checks).
         aside = state.aside
         final = aside is not None and aside.at is not None and state.settled

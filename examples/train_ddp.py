@@ -125,16 +125,9 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> Result:
             # Every rank is past DDP's setup and the first all-reduce: the job is training.
             print(f"training: {args.steps} steps on {world_size} ranks", flush=True)
         if state is not None and state.tuner is not None:
-            # The step from which it stayed locked (a newly seen size class re-opens tuning),
-            # as this rank's campaign says: a re-check of the locked plan leaves it locked (if
-            # the plan loses, tuning starts over). Where autotune stepped aside, once DDP's
-            # bucket size is decided too.
-            campaign = state.tuner.campaign
-            if campaign is None or state.tuner.aside_from is not None:
-                locked = state.settled
-            else:
-                locked = campaign.settled or campaign.rechecking
-            if not locked:
+            # The step from which it stayed locked (a newly seen size class re-opens tuning; a
+            # re-check of the locked plan leaves it locked unless the plan lost its gain).
+            if not state.locked:
                 settled_at = settled_after_s = None
             elif settled_at is None:
                 settled_at, settled_after_s = step, time.perf_counter() - began

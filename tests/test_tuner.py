@@ -92,6 +92,12 @@ def test_a_locked_plan_that_loses_its_advantage_falls_back_to_the_baseline(
     rechecks = [won for kind, _, won in result.duels if kind == "recheck"]
     assert False in rechecks, result.duels  # the re-check after the flip found the gain gone
     assert result.settled and result.baseline_kept, (result.progress, result.duels)
+    # `locked` (what the example and step_gain report): a re-check leaves the plan locked while
+    # it runs (not settled then), the lost one unlocks it, and it ends locked on the baseline.
+    locked = [lock for lock, _ in result.states]
+    assert any(lock and not settled for lock, settled in result.states), result.states
+    first = locked.index(True)
+    assert False in locked[first:] and locked[-1], locked
     last = max(i for i, *_ in result.messages)
     assert all(a == "native" for i, _, a, _ in result.messages if i == last)
     # The search started over: the classes were screened again, in the next round's studies.

@@ -149,6 +149,8 @@ class Tuned:
     plain_rel: float  # largest relative distance from DDP without the hook, per parameter
     settled: bool
     steps_run: int
+    #: After each step: (`AutotuneState.locked`, `AutotuneState.settled`) on this rank.
+    states: list[tuple[bool, bool]]
     candidates: tuple[str, ...]  # what the tuner chose among, as the group agreed
 
 
@@ -184,6 +186,7 @@ def tune(
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in models]
     g = torch.Generator().manual_seed(rank)
     steps_run = 0
+    states: list[tuple[bool, bool]] = []
     for step in range(steps):
         after_flip = flip_at is None or step > flip_at
         if until_settled and after_flip and all_settled(state, flip_at is not None):
@@ -196,6 +199,7 @@ def tune(
             torch.nn.functional.cross_entropy(m(x), y).backward()
             opt.step()
             opt.zero_grad()
+        states.append((state.locked, state.settled))
     assert state.tuner is not None
     rel = 0.0
     if compare:
@@ -213,6 +217,7 @@ def tune(
         plain_rel=rel,
         settled=state.tuner.settled,
         steps_run=steps_run,
+        states=states,
         candidates=state.tuner.candidates,
         duels=[
             (kind, arm.describe(), outcome.challenger_won)
