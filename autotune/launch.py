@@ -171,20 +171,29 @@ def launch(
             )
             for r in range(world_size)
         ]
-        for p in procs:
-            p.start()
         deadline = time.monotonic() + timeout_s
         first_failure: float | None = None
         deaths: dict[int, float] = {}  # rank -> time.time() its process was seen dead, unclean
-        while any(p.is_alive() for p in procs):
-            now = time.monotonic()
-            for r, p in enumerate(procs):
-                if r not in deaths and not p.is_alive() and p.exitcode != 0:
-                    deaths[r] = time.time()
-                    first_failure = first_failure or now
-            if now > deadline or (first_failure is not None and now > first_failure + grace_s):
-                break
-            time.sleep(0.02)
+        try:
+            for p in procs:
+                p.start()
+            while any(p.is_alive() for p in procs):
+                now = time.monotonic()
+                for r, p in enumerate(procs):
+                    if r not in deaths and not p.is_alive() and p.exitcode != 0:
+                        deaths[r] = time.time()
+                        first_failure = first_failure or now
+                if now > deadline or (first_failure is not None and now > first_failure + grace_s):
+                    break
+                time.sleep(0.02)
+        except BaseException:
+            # Interrupted here (Ctrl-C, a test's timeout): no rank outlives its launcher.
+            for p in procs:
+                if p.pid is not None and p.is_alive():
+                    p.kill()
+                if p.pid is not None:
+                    p.join()
+            raise
         killed = set()
         for r, p in enumerate(procs):
             if p.is_alive():

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
+from pathlib import Path
+from types import FrameType
 
 import pytest
 import torch.distributed as dist
@@ -44,6 +48,42 @@ def test_deadline_kills_hung_ranks() -> None:
     results = launch(_hang, 2, timeout_s=3)
     assert time.monotonic() - start < 20
     assert all("killed" in (r.error or "") for r in results)
+
+
+def _hang_and_say(rank: int, world_size: int, folder: str) -> None:
+    Path(folder, str(rank)).write_text(str(os.getpid()))
+    time.sleep(600)
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_an_interrupted_launcher_leaves_no_rank_behind(tmp_path: Path) -> None:
+    # As Ctrl-C or a test's timeout interrupts it: a signal handler raises in the waiting
+    # launcher, sent once every rank has said it runs (each rank's pid in a file).
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise _Interrupted
+
+    def send_once_running() -> None:
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    old = signal.signal(signal.SIGUSR1, interrupt)
+    sender = threading.Thread(target=send_once_running, daemon=True)
+    try:
+        sender.start()
+        with pytest.raises(_Interrupted):
+            launch(_hang_and_say, 2, str(tmp_path), timeout_s=300)
+    finally:
+        sender.join()
+        signal.signal(signal.SIGUSR1, old)
+    assert len(list(tmp_path.iterdir())) == 2
+    for f in tmp_path.iterdir():
+        with pytest.raises(ProcessLookupError):  # killed and reaped
+            os.kill(int(f.read_text()), 0)
 
 
 def test_bad_world_size() -> None:
