@@ -13,9 +13,13 @@ from autotune.sweep import SweepOptions, run_sweep
 from autotune.sweep._measure import Bench, Variant
 
 
-def sweep(rank: int, world_size: int, options: dict[str, Any], json_path: str | None) -> Any:
-    """`run_sweep` as `autotune sweep` runs it, with a broken algorithm registered."""
-    register(LosesLastElement.name, LosesLastElement, replace=True)
+def sweep(
+    rank: int, world_size: int, options: dict[str, Any], json_path: str | None, broken: bool = True
+) -> Any:
+    """`run_sweep` as `autotune sweep` runs it; with ``broken``, a broken algorithm registered
+    (which the sweep then runs too, where ``options`` name no algorithms)."""
+    if broken:
+        register(LosesLastElement.name, LosesLastElement, replace=True)
     return run_sweep(SweepOptions(**options), command="test", json_path=json_path).to_json()
 
 

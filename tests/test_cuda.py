@@ -97,34 +97,50 @@ def test_hook_on_cuda_tensors_over_gloo() -> None:
     _ddp_matches(2, "gloo")
 
 
-def _sweep_cuda(world_size: int, backend: str) -> None:
+def sweep_on(world_size: int, backend: str, device: str) -> None:
+    """`autotune sweep` on ``device`` tensors over ``backend``, every algorithm it runs there
+    (its own choice): each sums right.
+
+    Without the broken algorithm the sweep job registers for the sweep's own check
+    (tests/test_sweep.py): the sweep would run it too and count its wrong sums, as this helper
+    did until it first ran on CPU (likely one of the two failures on an H200, whose reports
+    were lost)."""
     from sweep_jobs import sweep
 
     from autotune.sweep import SweepResult
 
     options: dict[str, object] = {"min_bytes": 4, "max_bytes": 1 << 20, "step_factor": 16}
     options |= {"iters": 3, "warmup": 1}
-    options |= {"backend": backend, "device": "cuda", "p2p": world_size > 1}
+    options |= {"backend": backend, "device": device, "p2p": world_size > 1}
     init = "cpu:gloo,cuda:nccl" if backend == "nccl" else "gloo"
     raw = run_local(
         sweep,
         world_size,
         options,
         None,
+        False,
         backend=init,
         env={"NCCL_MULTI_RANK_GPU_ENABLE": "1"},
         timeout_s=600,
     )[0]
     result = SweepResult.from_json(raw)
-    assert result.rows and result.wrong == 0
+    swept = {r.algorithm for r in result.rows}
+    assert {"native", "ring", "tree", "two_tree"} <= swept, swept
+    assert result.wrong == 0
     assert {r.wrong for r in [*result.rows, *result.p2p]} == {0}
+    assert bool(result.p2p) == (world_size > 1)
+
+
+def test_the_sweep_check_on_cpu() -> None:
+    # What the two below run on CUDA, on the CPU: the helper itself, where CI can see it.
+    sweep_on(2, "gloo", "cpu")
 
 
 @needs_cuda
 def test_sweep_cuda_tensors_over_gloo() -> None:
-    _sweep_cuda(2, "gloo")
+    sweep_on(2, "gloo", "cuda")
 
 
 @needs_cuda
 def test_sweep_nccl_world_of_one() -> None:
-    _sweep_cuda(1, "nccl")
+    sweep_on(1, "nccl", "cuda")
