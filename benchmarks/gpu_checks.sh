@@ -5,10 +5,11 @@
 #   bash benchmarks/gpu_checks.sh wheels                # where pip reaches an index: .whl/
 #   OUT=DIR bash benchmarks/gpu_checks.sh [PHASE ...]    # on the GPU machine (default: all)
 #
-# Phases: env (the machine, torch, CUDA, NCCL), tests (tests/test_cuda.py), example (the example
-# at world size 1 on NCCL and at 2 on gloo with CUDA tensors), gain-gloo (benchmarks/step_gain.py
-# on CUDA tensors over gloo, 2 ranks), gain-nccl (the same on NCCL; 2 ranks on one GPU need NCCL
-# 2.30 or newer, which it checks first). Each writes its log, and the benchmarks their JSON, under
+# Phases: env (the machine, torch, CUDA, NCCL, and the GPU series as a scrape of real NVML
+# shows them), tests (tests/test_cuda.py), example (the example at world size 1 on NCCL and at 2
+# on gloo with CUDA tensors), gain-gloo (benchmarks/step_gain.py on CUDA tensors over gloo, 2
+# ranks), gain-nccl (the same on NCCL; 2 ranks on one GPU need NCCL 2.30 or newer, which it
+# checks first). Each writes its log, and the benchmarks their JSON, under
 # $OUT (default: gpu-checks/), at most seven files. PY names the Python (default: python3).
 #
 # A lease is short: BUDGET_S (seconds, default none) ends the whole run in time, and each phase
@@ -76,6 +77,13 @@ print("devices", torch.cuda.device_count(), torch.cuda.get_device_name(0) if tor
 print("nccl", torch.cuda.nccl.version() if torch.distributed.is_nccl_available() else None)
 import autotune, optuna
 print("autotune", autotune.__version__, "optuna", optuna.__version__)
+# The GPU series as a scrape shows them: only a fake NVML has fed them anywhere else.
+from prometheus_client import CollectorRegistry, generate_latest
+from autotune.metrics import NvmlMetrics, PynvmlQuery
+print(PynvmlQuery().readings())
+registry = CollectorRegistry()
+registry.register(NvmlMetrics())
+print(generate_latest(registry).decode())
 EOF
     } 2>&1 | tee "$OUT/env.txt"
 }
