@@ -188,18 +188,9 @@ def launch(
                 time.sleep(0.02)
         except BaseException:
             # Interrupted here (Ctrl-C, a test's timeout): no rank outlives its launcher.
-            for p in procs:
-                if p.pid is not None and p.is_alive():
-                    p.kill()
-                if p.pid is not None:
-                    p.join()
+            _end(procs)
             raise
-        killed = set()
-        for r, p in enumerate(procs):
-            if p.is_alive():
-                p.kill()
-                killed.add(r)
-            p.join()
+        killed = _end(procs)
         results = []
         for r, p in enumerate(procs):
             if r in killed:
@@ -229,6 +220,19 @@ def launch(
                 )
     del store
     return results
+
+
+def _end(procs: list[Any]) -> set[int]:
+    """Kill the ranks still running and reap them all; the ranks that were killed."""
+    killed = set()
+    for r, p in enumerate(procs):
+        if p.pid is None:
+            continue  # never started
+        if p.is_alive():
+            p.kill()
+            killed.add(r)
+        p.join()
+    return killed
 
 
 def run_local(fn: Callable[..., Any], world_size: int, *args: Any, **options: Any) -> list[Any]:
