@@ -16,7 +16,8 @@
 # gets at most its share (env 30, tests 240, example 90, gain-* 280) of what is left; a phase cut
 # short says so in its log, and step_gain's JSON holds every model it finished. What is cut is
 # ended with SIGABRT, so every Python process of it (faulthandler is on) prints where each of its
-# threads was; a test is failed after 100 s (pytest-timeout), so its report is printed in time.
+# threads was; a test is failed after 75 s (pytest-timeout), so its report is printed in time
+# (nine tests, three at a time: within the phase's 240 s even if every one hung).
 #
 # For a machine with no package index: `wheels` downloads optuna and what it needs that a CUDA
 # image with torch lacks into .whl/ (ignored by git); the phases install .whl/ into a scratch
@@ -89,7 +90,7 @@ EOF
 }
 
 tests_phase() {  # three at a time: the GPU is shared, the ranks are many
-    capped 240 "$PY" -m pytest -p no:cacheprovider -n 3 --timeout 100 -rfEs --durations=10 \
+    capped 240 "$PY" -m pytest -p no:cacheprovider -n 3 --timeout 75 -rfEs --durations=10 \
         tests/test_cuda.py \
         2>&1 | tee "$OUT/test_cuda.log"
 }
