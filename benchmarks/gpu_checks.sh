@@ -14,7 +14,8 @@
 #
 # A lease is short: BUDGET_S (seconds, default none) ends the whole run in time, and each phase
 # gets at most its share (env 30, tests 240, example 90, gain-* 280) of what is left; a phase cut
-# short says so in its log, and step_gain's JSON holds every model it finished. What is cut is
+# short says so in its log, and step_gain's JSON holds every model it finished (a run of it that
+# takes over 90 s is killed, and the next model runs). What is cut is
 # ended with SIGABRT, so every Python process of it (faulthandler is on) prints where each of its
 # threads was; a test is failed after 75 s (pytest-timeout), so its report is printed in time
 # (nine tests, three at a time: within the phase's 240 s even if every one hung).
@@ -105,7 +106,7 @@ example_phase() {
 
 gain() {  # gain BACKEND
     capped 280 "$PY" benchmarks/step_gain.py --device cuda --backend "$1" \
-        --world-sizes 2 --paired-steps 100 --paired-seconds 3 \
+        --world-sizes 2 --paired-steps 100 --paired-seconds 3 --run-timeout 90 \
         --json "$OUT/step-gain-cuda-$1.json" 2>&1 | tee "$OUT/step-gain-cuda-$1.log"
 }
 

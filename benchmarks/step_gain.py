@@ -61,7 +61,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hoo
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
-from autotune.launch import run_local
+from autotune.launch import RankFailure, run_local
 from autotune.plan import Arm, Table
 from autotune.testing.settled import all_settled, control_device, everywhere
 from autotune.tuning.duel import median_interval
@@ -286,8 +286,8 @@ def _arm(table: Table) -> Arm:
 
 
 def _launch(args: argparse.Namespace) -> dict[str, Any]:
-    """`run_local`'s options for every run: the backend, and a generous limit."""
-    return {"backend": args.backend, "timeout_s": 1800}
+    """`run_local`'s options for every run: the backend, and its limit (`--run-timeout`)."""
+    return {"backend": args.backend, "timeout_s": args.run_timeout}
 
 
 def fixed_cost(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -417,6 +417,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", default=None, help="also write every figure here")
     p.add_argument(
+        "--run-timeout",
+        type=float,
+        default=1800.0,
+        help="seconds one run may take before its ranks are killed and the model is reported "
+        "failed (the next one runs)",
+    )
+    p.add_argument(
         "--hook-only",
         action="store_true",
         help="run 3 alone, with autotune fixed on native (DDP's buckets): the hook's own cost",
@@ -431,23 +438,33 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--backend nccl needs --device cuda")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: this torch sees no CUDA device")
-    rows = []
+    rows: list[dict[str, Any]] = []
+    failed: list[str] = []
     for world_size in (int(w) for w in args.world_sizes.split(",")):
         for model in args.models.split(","):
             begin = time.perf_counter()
+            try:
+                row = (fixed_cost if args.hook_only or args.plan_file else cell)(
+                    model, world_size, args
+                )
+            except RankFailure as exc:  # the next model may still run: a lease is short
+                failed.append(f"{model} x{world_size}")
+                print(
+                    f"{model} x{world_size}: failed [{time.perf_counter() - begin:.0f} s]: {exc}",
+                    flush=True,
+                )
+                continue
+            rows.append(row)
             if args.hook_only or args.plan_file:
-                rows.append(fixed_cost(model, world_size, args))
-                h, n = rows[-1]["hook"], rows[-1]["noop"]
+                h, n = row["hook"], row["noop"]
                 arm = "hook on native" if args.hook_only else "hook on the plan"
                 print(
                     f"{model} x{world_size}: {arm} / plain {h['median']:.3f} "
                     f"({h['low']:.3f}-{h['high']:.3f}), noop/plain {n['median']:.3f}, plain "
-                    f"{rows[-1]['plain_ms']:.1f} ms [{time.perf_counter() - begin:.0f} s]",
+                    f"{row['plain_ms']:.1f} ms [{time.perf_counter() - begin:.0f} s]",
                     flush=True,
                 )
                 continue
-            row = cell(model, world_size, args)
-            rows.append(row)
             a = row["autotune"]
             print(
                 f"{model} x{world_size}: autotune/plain {a['median']:.3f} "
@@ -479,7 +496,9 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
-    return 0
+    if failed:
+        print(f"failed: {', '.join(failed)} (above)", flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
