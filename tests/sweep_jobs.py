@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,18 +26,29 @@ def sweep(
 
 
 class DiesOnRankOne(AllReduceAlgorithm):
-    """Rank 1 exits in its first call; the others return at once and go on to the barrier."""
+    """Rank 1 exits in its first call, once every rank has called (each says so with a file in
+    `folder`): all are past setting up the algorithm's group, which a death there would fail
+    first. The others return at once and go on to the barrier."""
 
     name = "dies_on_rank_one"
     segmented = False
+    folder = ""
 
     def _run(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> None:
+        Path(self.folder, str(comm.rank)).touch()
         if comm.rank == 1:
+            deadline = time.monotonic() + 60
+            while len(list(Path(self.folder).iterdir())) < comm.size:
+                assert time.monotonic() < deadline, "the other ranks never called"
+                time.sleep(0.01)
             os._exit(17)
 
 
-def sweep_with_a_dying_rank(rank: int, world_size: int, options: dict[str, Any]) -> str:
-    """The survivors' error when rank 1 dies mid-sweep."""
+def sweep_with_a_dying_rank(
+    rank: int, world_size: int, options: dict[str, Any], folder: str
+) -> str:
+    """The survivors' error when rank 1 dies mid-sweep (``folder``: empty, for `DiesOnRankOne`)."""
+    DiesOnRankOne.folder = folder
     register(DiesOnRankOne.name, DiesOnRankOne, replace=True)
     try:
         run_sweep(SweepOptions(**options), command="test")

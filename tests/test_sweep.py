@@ -119,7 +119,7 @@ def test_the_check_catches_a_broken_algorithm(tmp_path: Path) -> None:
     assert sum(w or 0 for w in broken) > 0 and result.wrong == sum(w or 0 for w in broken)
 
 
-def test_a_dead_rank_is_a_peer_error_on_the_others_not_a_hang() -> None:
+def test_a_dead_rank_is_a_peer_error_on_the_others_not_a_hang(tmp_path: Path) -> None:
     options = {
         "min_bytes": 8,
         "max_bytes": 8,
@@ -130,7 +130,7 @@ def test_a_dead_rank_is_a_peer_error_on_the_others_not_a_hang() -> None:
         "algorithms": ("dies_on_rank_one",),
     }
     start = time.monotonic()
-    results = launch(sweep_with_a_dying_rank, 3, options, timeout_s=120, grace_s=60)
+    results = launch(sweep_with_a_dying_rank, 3, options, str(tmp_path), timeout_s=120, grace_s=60)
     assert results[1].exitcode == 17
     for r in (results[0], results[2]):
         assert r.ok, r.error
