@@ -83,13 +83,18 @@ def test_offered_only_where_every_rank_maps_the_same_shared_memory(
         assert not list(tmp_path.rglob("autotune-*"))  # the probe file is gone
 
 
-def _full(rank: int, world_size: int) -> str:
-    shm.MIN_WINDOW_BYTES = 1 << 60
+def _shm_error() -> str:
+    """What `shm` raises (a RuntimeError) for a 10-element all-reduce here, or "no error"."""
     try:
         get_algorithm("shm").all_reduce(torch.ones(10))
     except RuntimeError as exc:
         return str(exc)
     return "no error"
+
+
+def _full(rank: int, world_size: int) -> str:
+    shm.MIN_WINDOW_BYTES = 1 << 60
+    return _shm_error()
 
 
 def test_a_full_dev_shm_is_an_error_on_every_rank_not_a_crash() -> None:
@@ -163,11 +168,7 @@ def _no_pipes(rank: int, world_size: int) -> str:
             raise PermissionError(13, "Permission denied", path)
 
         os.mkfifo = refused
-    try:
-        get_algorithm("shm").all_reduce(torch.ones(10))
-    except RuntimeError as exc:
-        return str(exc)
-    return "no error"
+    return _shm_error()
 
 
 def test_pipes_that_cannot_be_made_are_an_error_on_every_rank() -> None:
