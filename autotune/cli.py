@@ -41,11 +41,17 @@ def _trees(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     import json
 
+    from autotune.redact import redact_url
     from autotune.store import Store, storage_url
     from autotune.units import format_bytes
 
     url = storage_url(args.storage)
-    tables = Store(url).tables()
+    try:
+        tables = Store(url).tables()
+    except ValueError as exc:  # the storage's own error, its password masked (autotune.store)
+        print(f"autotune show: {exc}", file=sys.stderr)
+        return 1
+    url = redact_url(url)
     if args.key:
         if args.key not in tables:
             known = ", ".join(tables) or "none"
@@ -211,7 +217,8 @@ def _dashboards(args: argparse.Namespace) -> int:
         for path in write(directory):
             print(f"wrote {path}")
         return 0
-    from autotune.dashboards._push import PushError, push, redact_url
+    from autotune.dashboards._push import PushError, push
+    from autotune.redact import redact_url
 
     token = os.environ.get("GRAFANA_TOKEN") or None
     if token is None and "@" not in args.url:

@@ -12,6 +12,7 @@ from typing import Any
 
 from autotune.algorithms import ALGORITHMS, BUILTINS, available
 from autotune.plan import check_fusion_bytes
+from autotune.redact import redact
 from autotune.testing.cluster import NETNS_TAG_ENV
 from autotune.topology import NODE_ID_ENV
 from autotune.units import parse_bytes
@@ -98,6 +99,11 @@ class Config:
     plan_file: str | None = None
     """A tuned table (``autotune show --json``) to run as a fixed plan, without tuning."""
 
+    def __repr__(self) -> str:
+        # A storage URL's password never reaches a log line or a traceback through the repr.
+        body = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
+        return redact(f"Config({body})")
+
     def __post_init__(self) -> None:
         names = available()
         if self.algorithm != "auto" and self.algorithm not in names:
@@ -147,8 +153,9 @@ class Config:
             not isinstance(self.storage, str) or "://" not in self.storage
         ):
             raise ValueError(
-                f"Config.storage: expected an Optuna storage URL such as "
-                f"'sqlite:///path/to/autotune.db' or 'postgresql://host/db', got {self.storage!r}"
+                "Config.storage: expected an Optuna storage URL such as "
+                "'sqlite:///path/to/autotune.db' or 'postgresql://host/db', got "
+                + redact(repr(self.storage))
             )
         if (
             isinstance(self.timeout_s, bool)
@@ -201,7 +208,8 @@ class Config:
             text = str(exc)
             for prefix, key in from_env.items():
                 if text.startswith(prefix) and prefix[len("Config.") : -1] not in overrides:
-                    raise type(exc)(f"{key}={env[key]!r}: {text[len(prefix) + 1 :]}") from None
+                    why = text[len(prefix) + 1 :]
+                    raise type(exc)(redact(f"{key}={env[key]!r}: {why}")) from None
             raise
 
     def replace(self, **changes: Any) -> Config:

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from autotune.algorithms import PeerError
+from autotune.redact import redact
 
 __all__ = ["FailureBoard", "Verdict", "release"]
 
@@ -88,7 +89,7 @@ class FailureBoard:
         mine = {"same": dict(same), "host": socket.gethostname(), "pid": os.getpid()}
         mine["started"] = _process_started(os.getpid())
         if error is not None:
-            mine["error"] = f"{type(error).__name__}: {error}"
+            mine["error"] = redact(f"{type(error).__name__}: {error}")
         self.store.set(f"{phase}/{self.rank}", json.dumps(mine, default=str))
         if error is not None:
             return
@@ -142,11 +143,12 @@ class FailureBoard:
             if dead:
                 rank, reason = dead[0], f"its process exited; seen by rank {self.rank}"
             elif error.peer is not None:
-                rank, reason = error.peer, f"rank {self.rank} waited on it: {_first_line(error)}"
+                reason = redact(f"rank {self.rank} waited on it: {_first_line(error)}")
+                rank = error.peer
             else:
                 rank, reason = None, ""
         else:
-            rank, reason = self.rank, f"{type(error).__name__}: {_first_line(error)}"
+            rank, reason = self.rank, redact(f"{type(error).__name__}: {_first_line(error)}")
         try:
             if rank is not None:
                 agreed = self.store.compare_set("verdict", "", f"{rank}|{reason}")

@@ -40,6 +40,7 @@ from autotune.cores import oversubscription, usable_cores
 from autotune.engine import Engine
 from autotune.faults import FailureBoard, release
 from autotune.plan import BASELINE_CHOICE, Buckets, Choice, Entry, Plan, Table, load_table
+from autotune.redact import redact
 from autotune.stats import Recorder, Summary, summarize
 from autotune.store import elastic_attempt
 from autotune.tuning import Tuner
@@ -293,8 +294,10 @@ class AutotuneState:
         release(groups)
         algorithm = algorithm or getattr(error, "algorithm", None) or "autotune"
         diagnosed = PeerError(
-            f"{algorithm} all-reduce failed: {verdict.describe()}. "
-            f"On rank {dist.get_rank()}: {error}",
+            redact(
+                f"{algorithm} all-reduce failed: {verdict.describe()}. "
+                f"On rank {dist.get_rank()}: {error}"
+            ),
             rank=verdict.rank,
             algorithm=algorithm,
             peer=getattr(error, "peer", None),

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.plan import Entry, Table
+from autotune.redact import redact, redact_url
 
 if TYPE_CHECKING:
     import optuna
@@ -37,6 +38,7 @@ __all__ = [
     "fingerprint_key",
     "job_fingerprint",
     "merge_tables",
+    "storage_failure",
     "storage_url",
     "tell",
 ]
@@ -272,8 +274,9 @@ class Store:
                 tables.append((saved_at, Table.from_json(raw)))
             except ValueError as exc:
                 raise ValueError(
-                    f"tuning storage {self.url!r}, plan {key} ({name}): {exc}; remove it with "
-                    f"'autotune show --storage URL' and optuna's delete_study, or fix the entry"
+                    f"tuning storage {redact_url(self.url)!r}, plan {key} ({name}): {exc}; "
+                    "remove it with 'autotune show --storage URL' and optuna's delete_study, "
+                    "or fix the entry"
                 ) from exc
         return merge_tables(tables) if tables else None
 
@@ -378,10 +381,71 @@ def _open(url: str) -> optuna.storages.RDBStorage:
             if attempt < OPEN_ATTEMPTS - 1 and _racing(exc):
                 time.sleep(random.uniform(0.05, 0.2) * (attempt + 1))
                 continue
-            raise ValueError(f"cannot open tuning storage {url!r}: {exc}") from exc
+            raise _cannot_open(url, exc) from None
         except Exception as exc:  # SQLAlchemy's errors name the URL's problem; keep them
-            raise ValueError(f"cannot open tuning storage {url!r}: {exc}") from exc
+            raise _cannot_open(url, exc) from None
     raise AssertionError("unreachable")
+
+
+#: What a storage error means, from the words of the database's own error (SQLite, PostgreSQL,
+#: MySQL), innermost first: Optuna reports every failed commit alike ("exception is raised
+#: during the commit ... exceeding max length"), which names none of these.
+_CAUSES = (
+    ("read-only", ("readonly database", "read-only", "read only", "permission denied")),
+    ("disk full", ("disk is full", "no space left", "disk full", "could not extend file")),
+    ("corrupt", ("malformed", "not a database", "corrupt", "no such table")),
+    (
+        "gone",
+        (
+            "unable to open database",
+            "disk i/o error",
+            "could not connect",
+            "connection refused",
+            "server closed the connection",
+            "connection reset",
+            "lost connection",
+            "terminating connection",
+        ),
+    ),
+)
+
+
+def storage_failure(error: BaseException) -> str:
+    """One line for a storage that failed mid-job: what is wrong (read-only, disk full, corrupt,
+    gone) and the database's own words, its password masked. Optuna and SQLAlchemy wrap the
+    database's error; the innermost one says what happened."""
+    chain = []
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        chain.append(e)
+        orig = getattr(e, "orig", None)  # SQLAlchemy's DBAPIError keeps the driver's error here
+        e = orig if isinstance(orig, BaseException) else (e.__cause__ or e.__context__)
+    for e in reversed(chain):
+        text = " ".join(str(e).split()).lower()
+        for cause, words in _CAUSES:
+            if any(w in text for w in words):
+                return redact(f"{cause}: {type(e).__name__}: {_first_line(e)}")
+    innermost = chain[-1]
+    return redact(f"{type(innermost).__name__}: {_first_line(innermost)}")
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else repr(error)
+
+
+def _one_line(error: BaseException) -> str:
+    """An error's lines joined, without SQLAlchemy's link to its error catalogue."""
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    return "; ".join(ln for ln in lines if not ln.startswith("(Background on this error"))
+
+
+def _cannot_open(url: str, exc: BaseException) -> ValueError:
+    """Why ``url`` did not open, in one line, its password masked. The cause is left off the
+    chain (``from None``): SQLAlchemy's errors repeat the URL, and a traceback prints them."""
+    return ValueError(redact(f"cannot open tuning storage {url!r}: {_one_line(exc)}"))
 
 
 def _racing(exc: Exception) -> bool:

@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
-__all__ = ["PushError", "Pushed", "push", "redact_url"]
+from autotune.redact import redact_url
+
+__all__ = ["PushError", "Pushed", "push"]
 
 #: Keys Grafana sets on a stored dashboard; they do not make it differ from ours.
 _VOLATILE = ("id", "version")
@@ -26,17 +28,6 @@ class Pushed:
     uid: str
     title: str
     status: str  # "created", "updated" or "unchanged"
-
-
-def redact_url(url: str) -> str:
-    """``url`` without a user name or password in it."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
 
 
 def _same(stored: Mapping[str, Any], ours: Mapping[str, Any]) -> bool:
@@ -66,12 +57,13 @@ def push(
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise PushError(
-            f"--url must be a Grafana address such as http://localhost:3000, got {url!r}"
+            "--url must be a Grafana address such as http://localhost:3000, got "
+            + redact_url(repr(url))
         )
     try:
         parts.port  # noqa: B018 - raises on a port that is not a number
     except ValueError as exc:
-        raise PushError(f"--url {url!r}: {exc}") from None
+        raise PushError(redact_url(f"--url {url!r}: {exc}")) from None
     secrets = [s for s in (token, parts.password) if s]
 
     def scrub(text: str) -> str:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.dashboards import VARIABLES, PanelQuery, panel_queries, substitute
+from autotune.redact import redact
 from autotune.report._sweep import _figure
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ class PrometheusClient:
         except urllib.error.HTTPError as exc:  # Prometheus explains a bad query in the body
             body = json.loads(exc.read() or b"{}")
         except OSError as exc:
-            raise RuntimeError(f"cannot reach Prometheus at {self.url}: {exc}") from exc
+            raise RuntimeError(redact(f"cannot reach Prometheus at {self.url}: {exc}")) from None
         if body.get("status") != "success":
             raise ValueError(f"{params.get('query')!r}: {body.get('error', body)}")
         return body["data"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 
 from autotune.plan import PLAN_COLUMNS, Choice, Table, plan_rows, segment_text
+from autotune.redact import redact_url
 from autotune.sweep._result import Row, SweepResult
 from autotune.topology import Topology
 from autotune.units import format_bytes
@@ -66,7 +67,8 @@ def plan_lines(table: Table, key: str | None, storage: str | None) -> list[str]:
             f"{c:<{-w}}" if w < 0 else f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)
         )
 
-    lines = [f"# Tuned plan {key} in {storage}: a job with the same setting starts from it"]
+    where = None if storage is None else redact_url(storage)
+    lines = [f"# Tuned plan {key} in {where}: a job with the same setting starts from it"]
     lines.append(line(PLAN_COLUMNS))
     lines += [line(cells) for _, cells in plan_rows(table)]
     return lines

@@ -11,6 +11,7 @@ from typing import Any
 
 from autotune.jsonfile import read_json
 from autotune.plan import Table
+from autotune.redact import redact_url
 from autotune.stats import bus_factor
 
 __all__ = ["FORMAT_VERSION", "Row", "SweepResult", "bus_factor"]
@@ -141,7 +142,7 @@ class SweepResult:
             "avg_busbw_gbps": self.avg_busbw_gbps(),
             "plan": None if self.plan is None else self.plan.to_json(),
             "plan_key": self.plan_key,
-            "storage": self.storage,
+            "storage": None if self.storage is None else redact_url(self.storage),
             "candidates": self.candidates,
             "node_of": self.node_of,
         }

@@ -33,6 +33,7 @@ from autotune.blocks import BLOCK
 from autotune.events import Event, Failure, IterationDone, IterationEnd
 from autotune.model import Prior
 from autotune.plan import Arm, Buckets, Choice, Entry, Gain, Table
+from autotune.redact import redact
 from autotune.space import search_space
 from autotune.stats import MessageRecord
 from autotune.store import Store, fingerprint_key, job_fingerprint, storage_url
@@ -316,8 +317,8 @@ class Tuner:
             # Training goes on with the plan as it stands; the error is not swallowed.
             _log.error(
                 "autotune tuner stops tuning, keeping the current plan: its Optuna storage "
-                "failed: %r",
-                worker.error,
+                "failed: %s",
+                redact(repr(worker.error)),
             )
             self.frozen = True
             campaign.freeze()
