@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
     from autotune.buckets import BucketTuner
     from autotune.catch import HookCatch
+    from autotune.guard import Guard
     from autotune.tuning.duel import Outcome
 
 __all__ = [
@@ -168,6 +169,9 @@ class StepAside:
     forward pre-hook (None: DDP's buckets stay as the job built them); ``bucket_bytes``: a size
     to rebuild DDP's reducer with instead (a plan file's, `autotune.plan.Buckets`).
     ``catch``: where the tuner may lock a plan that needs the hook (see the module doc).
+    ``guard``: keeps the fault contract on the model once it runs without the hook
+    (`autotune.guard`): it watches the model from when it is known, and DDP's reducers are
+    rebuilt on its group.
     """
 
     def __init__(
@@ -177,8 +181,10 @@ class StepAside:
         buckets: Callable[[DistributedDataParallel], BucketTuner | None] | None = None,
         bucket_bytes: int | None = None,
         catch: CatchHooks | None = None,
+        guard: Guard | None = None,
     ) -> None:
         self._aside_from = aside_from
+        self._guard = guard
         self._catch_hooks = catch
         #: The catch under way, or the last one run (None: none has run).
         self.catch: HookCatch | None = None
@@ -197,6 +203,8 @@ class StepAside:
     def attach(self, ddp: DistributedDataParallel) -> None:
         """The model the state is registered on (else it is looked up when needed)."""
         self._model = weakref.ref(ddp)
+        if self._guard is not None:
+            self._guard.watch(ddp)
 
     def check(self, iteration: int) -> None:
         """At ``iteration``'s last bucket: once the baseline is locked from it or earlier, swap
@@ -218,6 +226,8 @@ class StepAside:
                 self._caught_for = due
                 hooks.over(True, None)  # the plan runs on, as its duels chose it
             return
+        if self._guard is not None:
+            self._guard.watch(ddp)
         if catch_due and hooks is not None:
             self._caught_for = due
             self.catch = hooks.make(ddp)
@@ -226,6 +236,8 @@ class StepAside:
         )
 
     def _pre_forward(self, ddp: DistributedDataParallel, iteration: int) -> None:
+        if self._guard is not None:
+            self._guard.adopt_group(ddp)  # before any rebuild below: the reducers run on it
         catch = self.catch
         if catch is not None and not catch.over:
             assert self._catch_hooks is not None

@@ -1,7 +1,11 @@
 """Who failed first: ranks agree through the rendezvous store, and a failing rank lets its peers go.
 
 Setup is a handshake (every rank says it is ready, or why not, before anyone waits on a
-collective), and a failure during training ends in one verdict that every rank reports alike.
+collective), and a failure during training ends in one verdict that every rank reports alike:
+the first rank to name a culprit writes it, and every other rank reads it. What a rank names
+comes from its own error, its local peers' processes, and every rank's heartbeat and progress
+(`autotune.liveness`). Store calls after setup are bounded: where the store's own host hangs,
+every rank names that host, without the store.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from autotune.algorithms import PeerError
+from autotune.liveness import Liveness, LocalPeer, StoreUnreachable, process_state
 from autotune.redact import redact
 
 __all__ = ["FailureBoard", "Verdict", "release"]
@@ -45,13 +50,6 @@ class Verdict:
         return f"rank {self.rank} failed first ({self.reason})"
 
 
-@dataclass(frozen=True)
-class _Peer:
-    host: str
-    pid: int
-    started: float  # the process's creation time, so a reused pid is not taken for it
-
-
 class FailureBoard:
     """Keys under ``autotune/<group>/<n>/`` in the rendezvous store, for one `AutotuneState`.
 
@@ -75,7 +73,12 @@ class FailureBoard:
         self.ranks = dist.get_process_group_ranks(group)
         self.timeout_s = timeout_s
         self.clock = clock
-        self.peers: dict[int, _Peer] = {}
+        self.peers: dict[int, LocalPeer] = {}
+        #: The rank whose process serves the rendezvous store (None: a process outside the job,
+        #: torchrun's agent or a launcher), as the ranks said at setup.
+        self.store_host: int | None = self.rank if _serves(store) else None
+        #: Heartbeats and progress, from `start_watching` on (None before).
+        self.liveness: Liveness | None = None
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -88,6 +91,7 @@ class FailureBoard:
         """
         mine = {"same": dict(same), "host": socket.gethostname(), "pid": os.getpid()}
         mine["started"] = _process_started(os.getpid())
+        mine["serves_store"] = self.store_host == self.rank
         if error is not None:
             mine["error"] = redact(f"{type(error).__name__}: {error}")
         self.store.set(f"{phase}/{self.rank}", json.dumps(mine, default=str))
@@ -103,7 +107,9 @@ class FailureBoard:
                     continue
                 waiting.remove(r)
                 theirs = json.loads(self.store.get(key))
-                self.peers[r] = _Peer(theirs["host"], theirs["pid"], theirs["started"])
+                self.peers[r] = LocalPeer(theirs["host"], theirs["pid"], theirs["started"])
+                if theirs.get("serves_store"):
+                    self.store_host = r
                 if "error" in theirs:
                     raise PeerError(
                         f"autotune setup ({phase}): rank {r} failed: {theirs['error']}", rank=r
@@ -129,43 +135,102 @@ class FailureBoard:
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
 
+    def start_watching(self) -> None:
+        """After setup, on every rank: beat, and keep progress, until `close`."""
+        self.liveness = Liveness(
+            self.store,
+            self.rank,
+            self.ranks,
+            self.timeout_s,
+            self.peers,
+            self.store_host,
+            socket.gethostname(),
+        )
+
+    def close(self) -> None:
+        if self.liveness is not None:
+            self.liveness.close()
+
     # -- failures ---------------------------------------------------------------------------
 
     def verdict(self, error: BaseException) -> Verdict:
         """Agree on who failed first, given this rank's ``error``; the first claim stands.
 
-        A rank's own error (not a `PeerError`) makes it the culprit. A peer error names a peer
-        on this host whose process is gone, else the peer the failed operation waited on; a
-        rank that can name nobody waits a moment for a rank that can.
+        A claim already in the store is taken as it is. Else a rank's own error (not a
+        `PeerError`) makes it the culprit; a peer error names a local peer whose process exited,
+        then whom the heartbeats and progress point to (`Liveness.suspect`), then the peer the
+        failed operation waited on; a rank that can name nobody waits a moment for one that can.
+        Where the store does not answer, every rank names its host the same way, without it.
         """
-        if isinstance(error, PeerError):
-            dead = self._dead_peers()
-            if dead:
-                rank, reason = dead[0], f"its process exited; seen by rank {self.rank}"
-            elif error.peer is not None:
-                reason = redact(f"rank {self.rank} waited on it: {_first_line(error)}")
-                rank = error.peer
-            else:
-                rank, reason = None, ""
-        else:
-            rank, reason = self.rank, redact(f"{type(error).__name__}: {_first_line(error)}")
+        liveness = self.liveness
         try:
+            claimed = self._call(lambda s: s.get("verdict") if s.check(["verdict"]) else b"")
+            if claimed:
+                return _read_verdict(claimed)
+            rank, reason = self._name(error)
             if rank is not None:
-                agreed = self.store.compare_set("verdict", "", f"{rank}|{reason}")
+                agreed = self._call(lambda s: s.compare_set("verdict", "", f"{rank}|{reason}"))
             else:
                 agreed = self._wait_for_verdict()
-        except Exception as exc:  # the store's host (rank 0, or the launcher) may be gone too
-            return Verdict(rank, reason or f"the rendezvous store is unreachable: {exc}")
+        except StoreUnreachable as exc:
+            return self._without_store(exc)
+        except Exception as exc:  # the store's host may be gone (rank 0, or the launcher)
+            if liveness is None:  # during setup: what this rank saw, and that it is alone
+                return Verdict(None, f"the rendezvous store is unreachable: {exc}")
+            return self._without_store(exc)
         if not agreed:
             return Verdict(None, "no rank could tell")
-        who, _, why = agreed.decode().partition("|")
-        return Verdict(int(who), why)
+        return _read_verdict(agreed)
+
+    def _name(self, error: BaseException) -> tuple[int | None, str]:
+        if not isinstance(error, PeerError):
+            return self.rank, redact(f"{type(error).__name__}: {_first_line(error)}")
+        dead = self._dead_peers()
+        if dead:
+            return dead[0], f"its process exited; seen by rank {self.rank}"
+        if self.liveness is not None:
+            suspect = self.liveness.suspect()
+            if suspect is not None:
+                return suspect
+        if error.peer is not None:
+            return error.peer, redact(f"rank {self.rank} waited on it: {_first_line(error)}")
+        return None, ""
+
+    def _without_store(self, exc: BaseException) -> Verdict:
+        """The store did not answer: the rank that serves it is hung or gone (a rank that is
+        gone is seen as such on its host). Every rank reaches this the same way."""
+        host = self.store_host
+        if host is None:
+            return Verdict(
+                None,
+                f"the rendezvous store, outside the job, did not answer ({exc}): the ranks "
+                "cannot agree",
+            )
+        claim = f"{host}|its process serves the rendezvous store, which did not answer"
+        if self.liveness is not None:
+            # Written once the store answers again, if ever: the hung rank then agrees.
+            self.liveness.bounded.submit(lambda s: s.compare_set("verdict", "", claim))
+        seen = ""
+        peer = self.peers.get(host)
+        if peer is not None and peer.host == socket.gethostname():
+            state = process_state(peer)
+            seen = {"exited": "; it has exited", "stopped": "; it is stopped"}.get(state, "")
+        return Verdict(
+            host,
+            f"its process serves the rendezvous store, which did not answer ({exc}){seen}",
+        )
+
+    def _call(self, fn: Callable[[dist.Store], Any]) -> Any:
+        if self.liveness is None:
+            return fn(self.store)
+        return self.liveness.bounded.call(fn)
 
     def _wait_for_verdict(self) -> bytes:
         deadline = self.clock() + min(VERDICT_WAIT_S, self.timeout_s)
         while self.clock() < deadline:
-            if self.store.check(["verdict"]):
-                return self.store.get("verdict")
+            claimed = self._call(lambda s: s.get("verdict") if s.check(["verdict"]) else b"")
+            if claimed:
+                return bytes(claimed)
             time.sleep(0.02)
         return b""
 
@@ -175,8 +240,30 @@ class FailureBoard:
         return [
             r
             for r, p in sorted(self.peers.items())
-            if p.host == host and _process_started(p.pid) != p.started
+            if p.host == host and process_state(p) == "exited"
         ]
+
+
+def _read_verdict(raw: bytes) -> Verdict:
+    who, _, why = bytes(raw).decode().partition("|")
+    return Verdict(int(who), why)
+
+
+def _serves(store: dist.Store) -> bool:
+    """Whether this process serves ``store`` (a TCPStore's server listens on its port here)."""
+    import psutil
+
+    tcp = store
+    while isinstance(tcp, dist.PrefixStore):
+        tcp = tcp.underlying_store
+    if not isinstance(tcp, dist.TCPStore):
+        return False
+    me = psutil.Process()
+    connections = getattr(me, "net_connections", None) or me.connections  # psutil < 6
+    return any(
+        c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == tcp.port
+        for c in connections(kind="tcp")
+    )
 
 
 def release(groups: list[ProcessGroup]) -> None:

@@ -39,6 +39,7 @@ from autotune.config import Config
 from autotune.cores import oversubscription, usable_cores
 from autotune.engine import Engine
 from autotune.faults import FailureBoard, release
+from autotune.guard import Guard, guarded_group
 from autotune.plan import BASELINE_CHOICE, Buckets, Choice, Entry, Plan, Table, load_table
 from autotune.redact import redact
 from autotune.stats import Recorder, Summary, summarize
@@ -84,6 +85,8 @@ class AutotuneState:
         "config",
         "engine",
         "exporter",
+        "failure",
+        "guard",
         "process_group",
         "recorder",
         "tuner",
@@ -129,6 +132,10 @@ class AutotuneState:
         self.exporter: Exporter | None = None
         #: Takes the hook out of DDP once the tuner keeps the baseline (`autotune.aside`).
         self.aside: StepAside | None = None
+        #: The fault contract where DDP runs without the hook (`autotune.guard`), wherever it may.
+        self.guard: Guard | None = None
+        #: The job's failure, once diagnosed: every later error of this state is this one.
+        self.failure: PeerError | None = None
         self.engine = Engine(
             group=group,
             world_size=self.world_size,
@@ -149,16 +156,32 @@ class AutotuneState:
                     self.engine.plan.set(cls, entry.choice)
                 if table.fusion_bytes is not None and self.config.fusion_bytes is None:
                     self.engine.fusion_bytes = table.fusion_bytes
+            tuned = self.config.algorithm == "auto" and table is None
+            if self.config.step_aside and (
+                (table is not None and table.buckets is not None)
+                or (tuned and Tuner.would_step_aside(self.config))
+            ):
+                # Where autotune may unhook itself, DDP then runs on this group. Made now,
+                # collectively, before the tuner opens the storage (rank 0 alone may fail that).
+                self.guard = Guard(
+                    guarded_group(group, self.config.timeout_s),
+                    lambda: self.board.liveness,
+                    self._diagnose_ddp,
+                    _hooked(_owner(self)),
+                )
+            if tuned:
+                self.tuner = Tuner(self.engine, group, self.config)
             if table is not None and table.buckets is not None:
-                self.aside = _plan_file_buckets(table.buckets, self.config, _owner(self))
-            if self.config.algorithm == "auto" and table is None:
-                tuner = self.tuner = Tuner(self.engine, group, self.config)
-                if tuner.steps_aside:
-                    buckets = _bucket_tuner(tuner, self.config) if tuner.tune_fusion else None
-                    catch = _catch_hooks(tuner, self.engine, self.config)
-                    self.aside = StepAside(
-                        lambda: tuner.aside_from, _owner(self), buckets, catch=catch
-                    )
+                self.aside = _plan_file_buckets(
+                    table.buckets, self.config, _owner(self), self.guard
+                )
+            live = self.tuner
+            if live is not None and live.steps_aside:
+                buckets = _bucket_tuner(live, self.config) if live.tune_fusion else None
+                catch = _catch_hooks(live, self.engine, self.config)
+                self.aside = StepAside(
+                    lambda: live.aside_from, _owner(self), buckets, catch=catch, guard=self.guard
+                )
             if self.config.metrics_port is not None:
                 from autotune import metrics  # prometheus_client only where wanted
 
@@ -174,6 +197,7 @@ class AutotuneState:
         except BaseException:
             self.close()
             raise
+        self.board.start_watching()
         #: On the lowest of the group's ranks on this host, where they oversubscribe its cores
         #: (`autotune.cores`), what to say at the first bucket if it is on the CPU; else None.
         self._cores_warning = _oversubscribed_here(self.board)
@@ -281,10 +305,16 @@ class AutotuneState:
             self.tuner.close()
         if self.exporter is not None:
             self.exporter.close()
+        if self.guard is not None:
+            self.guard.close()
+        self.board.close()
 
     def _diagnose(self, error: BaseException, algorithm: str | None) -> PeerError:
         """The engine's first failure, as every rank will report it: who failed first (agreed
-        through the store), then this rank's groups aborted so peers waiting on it fail now."""
+        through the store), then this rank's groups aborted so peers waiting on it fail now.
+        Diagnosed once: a later failure of the state (DDP's without the hook) is the same."""
+        if self.failure is not None:
+            return self.failure
         verdict = self.board.verdict(error)
         # Forgotten, not looked up: looking up a group another state dropped would make one.
         dedicated = forget_p2p_group(self.process_group)
@@ -303,7 +333,14 @@ class AutotuneState:
             peer=getattr(error, "peer", None),
         )
         diagnosed.__cause__ = error
+        self.failure = diagnosed
         return diagnosed
+
+    def _diagnose_ddp(self, error: BaseException) -> PeerError:
+        """DDP's own collective failed, without the hook (`autotune.guard`)."""
+        ours = PeerError(f"DDP's all-reduce without autotune's hook: {error}")
+        ours.__cause__ = error
+        return self._diagnose(ours, "native")
 
     def _initial_plan(self) -> Choice:
         if self.config.algorithm == "auto":
@@ -352,6 +389,17 @@ def _owner(state: AutotuneState) -> Callable[[object, object], bool]:
         return registered is mine or (registered is None and is_default_state(mine))
 
     return ours
+
+
+def _hooked(
+    ours: Callable[[object, object], bool],
+) -> Callable[[DistributedDataParallel], bool]:
+    """Whether autotune's hook (``ours``) is on a DDP model now."""
+
+    def hooked(ddp: DistributedDataParallel) -> bool:
+        return any(ours(*h) for h in getattr(ddp, "_comm_hooks", ()))
+
+    return hooked
 
 
 def _bucket_tuner(
@@ -403,7 +451,7 @@ def _catch_hooks(tuner: Tuner, engine: Engine, config: Config) -> CatchHooks:
 
 
 def _plan_file_buckets(
-    buckets: Buckets, config: Config, ours: Callable[[object, object], bool]
+    buckets: Buckets, config: Config, ours: Callable[[object, object], bool], guard: Guard | None
 ) -> StepAside | None:
     """A plan file that keeps DDP's own all-reduce in buckets of its size: the hook steps aside
     after the first iteration, onto a reducer with that size (or the job's own, where the tuned
@@ -418,7 +466,7 @@ def _plan_file_buckets(
         return None
     # No gain: the size is the one the tuned job was built with; this job's own stays.
     size = None if buckets.gain is None else buckets.bucket_bytes
-    return StepAside(lambda: 1, ours, bucket_bytes=size)
+    return StepAside(lambda: 1, ours, bucket_bytes=size, guard=guard)
 
 
 def _timeout(config: Config) -> timedelta:
@@ -489,6 +537,9 @@ def hook(
         state._warn_cores(buffer)
     future = state.engine.submit(buffer, bucket.is_last())
     if bucket.is_last():
+        liveness = state.board.liveness
+        if liveness is not None:
+            liveness.progress += 1  # an iteration begun (autotune.liveness)
         _check_at_backward_end(future)
         if state.aside is not None:
             state.aside.check(state.engine.submitted)

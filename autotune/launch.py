@@ -70,6 +70,7 @@ def _child(
     rank: int,
     world_size: int,
     port: int,
+    serves_store: bool,
     backend: str,
     pg_timeout_s: float,
     threads: int,
@@ -95,7 +96,9 @@ def _child(
         torch.set_num_threads(threads)
         # The forkserver imported torch before this rank's environment was set.
         dist.set_debug_level_from_env()
-        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False)
+        store = dist.TCPStore(
+            "127.0.0.1", port, world_size, is_master=serves_store, wait_for_workers=False
+        )
         dist.init_process_group(
             backend,
             store=store,
@@ -135,6 +138,7 @@ def launch(
     grace_s: float = 30.0,
     env: Mapping[str, str] | None = None,
     threads: int | None = None,
+    store_on_rank0: bool = False,
 ) -> list[RankResult]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` local ranks; return each rank's result.
 
@@ -142,13 +146,20 @@ def launch(
     (a module-level function). Once one rank fails, the others get ``grace_s`` to finish or fail on
     their own (that is how fault tests watch survivors raise), then are killed; every rank is killed
     at ``timeout_s``. ``threads``: torch intra-op threads per rank (default: cores / ranks).
+    ``store_on_rank0``: rank 0 serves the rendezvous store, as under ``mp.spawn`` with
+    ``env://`` (a hung rank 0 then hangs the store), on a port the parent found free.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     import torch.distributed as dist
 
     ctx = _context()
-    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False)
+    store = None
+    if not store_on_rank0:
+        store = dist.TCPStore(
+            "127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False
+        )
+    port = _free_port() if store is None else store.port
     threads = threads or max(1, (os.cpu_count() or 1) // world_size)
     with tempfile.TemporaryDirectory(prefix="autotune-launch-") as tmp:
         outs = [str(Path(tmp) / f"rank{r}.pkl") for r in range(world_size)]
@@ -159,7 +170,8 @@ def launch(
                     fn,
                     r,
                     world_size,
-                    store.port,
+                    port,
+                    store_on_rank0 and r == 0,
                     backend,
                     pg_timeout_s,
                     threads,
@@ -220,6 +232,15 @@ def launch(
                 )
     del store
     return results
+
+
+def _free_port() -> int:
+    """A loopback port nothing listens on now (rank 0 binds it a moment later)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _end(procs: list[Any]) -> set[int]:

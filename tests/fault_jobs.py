@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+import torch
 import torch.distributed as dist
 from ddp_jobs import Net
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
+from autotune.plan import Buckets, Table
 
 
 def register_with_storage(rank: int, world_size: int, url: str) -> tuple[str, str, list[str]]:
@@ -32,3 +40,75 @@ def register_with_storage(rank: int, world_size: int, url: str) -> tuple[str, st
     dist.barrier()  # nobody leaves (and takes the store down) before everyone has read
     time.sleep(0.1)
     return kind, message, values
+
+
+@dataclass
+class Seen:
+    """What a rank saw of a fault: the error it got (from backward() or forward), and when."""
+
+    step: int
+    kind: str
+    rank: int | None  # the culprit the error names
+    message: str
+    seconds: float  # from the start of the step that failed to the error
+    aside_at: int | None  # the iteration after which autotune had stepped aside
+    ddp_group: str  # the name of the group DDP's reducer ran on when it failed
+
+
+def plan_that_steps_aside(path: Path) -> str:
+    """A plan file that keeps DDP's own all-reduce (on DDP's own buckets): autotune steps aside
+    after the first iteration, as a job whose tuner kept the baseline does."""
+    path.write_text(json.dumps(Table({}, 0, buckets=Buckets(1 << 20, None)).to_json()))
+    return str(path)
+
+
+def train_until_it_fails(
+    rank: int,
+    world_size: int,
+    faults: dict[int, str],
+    config: dict[str, Any],
+    at_step: int = 8,
+    wake: bool = False,
+) -> Seen:
+    """Train; at ``at_step`` each rank in ``faults`` does what it says: "exit" (as if killed),
+    "stop" (SIGSTOP itself: hung, alive) or "sleep" (hung in Python, its heartbeat going on, for
+    5 timeouts; then it exits).
+    Every other rank reports the error it gets. ``wake``: the lowest surviving rank, once it
+    has its error, wakes the stopped ranks (SIGCONT), which then report theirs."""
+    torch.manual_seed(0)
+    model = DDP(Net())
+    state = autotune.register(model, autotune.Config(**config))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(1000):
+        start = time.monotonic()
+        if step == at_step and rank in faults:
+            fault = faults[rank]
+            if fault == "exit":
+                os._exit(17)
+            if fault == "stop":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            if fault == "sleep":
+                time.sleep(5 * config["timeout_s"])  # long past the others' timeout; then gone
+                os._exit(18)
+        try:
+            x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+        except RuntimeError as exc:
+            seen = Seen(
+                step,
+                type(exc).__name__,
+                getattr(exc, "rank", None),
+                str(exc),
+                time.monotonic() - start,
+                None if state.aside is None else state.aside.at,
+                model.process_group.group_desc,
+            )
+            if wake and rank == min(r for r in range(world_size) if r not in faults):
+                time.sleep(2.0)  # every survivor has its error: then the culprits wake
+                for r, fault in faults.items():
+                    if fault == "stop":
+                        os.kill(state.board.peers[r].pid, signal.SIGCONT)
+            return seen
+        opt.step()
+        opt.zero_grad()
+    raise AssertionError("trained to the end without noticing the fault")

@@ -75,7 +75,7 @@ class Tuner:
         #: Whether the job steps aside once it keeps the baseline (`autotune.aside`): only where
         #: the baseline is what the job had without autotune, DDP's own buckets. Where it does,
         #: a plan that needs the hook meets plain DDP before it is locked (`autotune.catch`).
-        self.steps_aside = config.step_aside and baseline.fusion_bytes == 0
+        self.steps_aside = self.would_step_aside(config)
         #: What every rank runs now, as rank 0 ordered it (the baseline until it does).
         self.arm = baseline
         self.cadence = wire.EXPLORING
@@ -146,6 +146,12 @@ class Tuner:
         #: Seconds each iteration's off-path work took (learning, deciding, starting the exchange).
         self.off_path_s: deque[float] = deque(maxlen=100_000)
         engine.subscribe(self._on_event)
+
+    @staticmethod
+    def would_step_aside(config: Config) -> bool:
+        """Whether a tuner with ``config`` steps aside once it keeps the baseline: only where
+        the baseline is what the job had without autotune, DDP's own buckets."""
+        return config.step_aside and not config.fusion_bytes
 
     # -- every rank -------------------------------------------------------------------------
 

@@ -1,0 +1,99 @@
+"""The fault contract wherever autotune is: hooked, stepped aside, and when the store's host hangs.
+
+Real ranks on gloo over 127.0.0.1 (`autotune.launch`), a fault at a set step: a rank killed
+("exit"), stopped (SIGSTOP: alive, hung), or hung in Python ("sleep": its heartbeat goes on).
+Every survivor must get the same `PeerError` naming the culprit, from backward(), within
+``timeout_s`` and the stated margin (docs/FAULTS.md); a stopped culprit, woken, agrees.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fault_jobs import Seen, plan_that_steps_aside, train_until_it_fails
+
+from autotune.launch import launch
+
+TIMEOUT_S = 4.0
+#: What the contract allows past timeout_s (docs/FAULTS.md): the diagnosis's store calls are
+#: bounded by min(5 s, timeout_s), the heartbeats read 2.5 periods apart. Generous: a hang bound.
+MARGIN_S = 15.0
+
+
+def run(
+    world_size: int, faults: dict[int, str], config: dict[str, Any], **options: Any
+) -> list[Seen | None]:
+    wake = options.pop("wake", False)
+    results = launch(
+        train_until_it_fails,
+        world_size,
+        faults,
+        {"timeout_s": TIMEOUT_S, **config},
+        8,
+        wake,
+        timeout_s=120,
+        grace_s=60,
+        **options,
+    )
+    for r in results:
+        if r.rank not in faults or (wake and faults[r.rank] == "stop"):
+            assert r.ok, r.error
+    return [r.value if r.ok else None for r in results]
+
+
+def named(seen: Seen | None, culprit: int, within_s: float = TIMEOUT_S + MARGIN_S) -> Seen:
+    """``seen``, checked: the `PeerError` that names ``culprit``, at the faulty step, in time."""
+    assert seen is not None
+    assert (seen.kind, seen.rank, seen.step) == ("PeerError", culprit, 8), seen
+    assert f"rank {culprit} failed first" in seen.message, seen.message
+    assert seen.seconds < within_s, seen
+    return seen
+
+
+@pytest.fixture
+def aside(tmp_path: Path) -> dict[str, Any]:
+    return {"plan_file": plan_that_steps_aside(tmp_path / "plan.json")}
+
+
+def test_stepped_aside_a_killed_rank_is_named_on_every_survivor(aside: dict[str, Any]) -> None:
+    seen = run(3, {1: "exit"}, aside)
+    for s in (seen[0], seen[2]):
+        s = named(s, 1, within_s=TIMEOUT_S)  # closed connections: no timeout to wait out
+        assert s.aside_at == 1 and s.ddp_group.startswith("autotune_ddp"), s
+        assert "its process exited" in s.message
+
+
+def test_stepped_aside_a_stopped_rank_is_named_at_the_timeout_and_agrees_once_woken(
+    aside: dict[str, Any],
+) -> None:
+    seen = run(3, {1: "stop"}, aside, wake=True)
+    for s in (seen[0], seen[2]):
+        s = named(s, 1)
+        assert s.seconds > TIMEOUT_S - 0.5, s  # a stop is a hang: it fails at timeout_s
+        assert "its process is stopped" in s.message
+    named(seen[1], 1, within_s=120)  # the culprit itself, after SIGCONT
+
+
+def test_stepped_aside_a_rank_hung_in_python_is_named_by_its_progress(
+    aside: dict[str, Any],
+) -> None:
+    seen = run(3, {2: "sleep"}, aside)
+    for s in seen[:2]:
+        assert "it had begun" in named(s, 2).message  # its heartbeat went on; it fell behind
+
+
+def test_a_rank_stopped_on_native_is_named_alike_and_agrees_once_woken() -> None:
+    seen = run(3, {1: "stop"}, {"algorithm": "native"}, wake=True)
+    for r, s in enumerate(seen):
+        s = named(s, 1, within_s=120 if r == 1 else TIMEOUT_S + MARGIN_S)
+        assert s.aside_at is None and s.ddp_group == "default_pg", s
+
+
+def test_a_stopped_rank_0_that_serves_the_store_is_named_alike_without_the_store() -> None:
+    seen = run(3, {0: "stop"}, {"algorithm": "native"}, wake=True, store_on_rank0=True)
+    for s in seen[1:]:
+        assert "serves the rendezvous store, which did not answer" in named(s, 0).message
+    # Woken, rank 0 finds the survivors' claim, written once its store answered again.
+    named(seen[0], 0, within_s=120)
