@@ -16,7 +16,8 @@ from ddp_jobs import Net
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
-from autotune.plan import Buckets, Table
+from autotune.plan import Buckets, Choice, Entry, Gain, Table, size_class
+from autotune.store import Store, device_model, fingerprint, fingerprint_key
 
 
 def register_with_storage(rank: int, world_size: int, url: str) -> tuple[str, str, list[str]]:
@@ -47,6 +48,7 @@ class Seen:
     """What a rank saw of a fault: the error it got (from backward() or forward), and when."""
 
     step: int
+    fault_at: int | None  # the step at which the fault was due
     kind: str
     rank: int | None  # the culprit the error names
     message: str
@@ -67,28 +69,38 @@ def train_until_it_fails(
     world_size: int,
     faults: dict[int, str],
     config: dict[str, Any],
-    at_step: int = 8,
+    when: str = "8",
     wake: bool = False,
 ) -> Seen:
-    """Train; at ``at_step`` each rank in ``faults`` does what it says: "exit" (as if killed),
-    "stop" (SIGSTOP itself: hung, alive) or "sleep" (hung in Python, its heartbeat going on, for
-    5 timeouts; then it exits).
-    Every other rank reports the error it gets. ``wake``: the lowest surviving rank, once it
-    has its error, wakes the stopped ranks (SIGCONT), which then report theirs."""
+    """Train; at the step ``when`` says, each rank in ``faults`` does what it says: "exit" (as if
+    killed), "stop" (SIGSTOP itself: hung, alive) or "sleep" (hung in Python, its heartbeat
+    going on, for 3 timeouts; then it exits).
+    Every other rank reports the error it gets. ``when``: a step ("8"), 3 steps after autotune
+    stepped aside ("aside"), or the second step of the catch's first block of plain DDP
+    ("catch"); every rank reaches these at the same step. ``wake``: the lowest surviving rank,
+    once it has its error, wakes the stopped ranks (SIGCONT), which then report theirs."""
     torch.manual_seed(0)
     model = DDP(Net())
     state = autotune.register(model, autotune.Config(**config))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(1000):
+    fault_at = int(when) if when.isdigit() else None
+    for step in range(1500):
         start = time.monotonic()
-        if step == at_step and rank in faults:
+        aside = state.aside
+        if fault_at is None and aside is not None:
+            if when == "aside" and aside.at is not None:
+                fault_at = step + 3
+            plain = aside.catch is not None and not aside.catch.over and not model._comm_hooks
+            if when == "catch" and plain:
+                fault_at = step + 1
+        if step == fault_at and rank in faults:
             fault = faults[rank]
             if fault == "exit":
                 os._exit(17)
             if fault == "stop":
                 os.kill(os.getpid(), signal.SIGSTOP)
             if fault == "sleep":
-                time.sleep(5 * config["timeout_s"])  # long past the others' timeout; then gone
+                time.sleep(3 * config["timeout_s"])  # past the others' timeout and diagnosis
                 os._exit(18)
         try:
             x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
@@ -96,6 +108,7 @@ def train_until_it_fails(
         except RuntimeError as exc:
             seen = Seen(
                 step,
+                fault_at,
                 type(exc).__name__,
                 getattr(exc, "rank", None),
                 str(exc),
@@ -112,3 +125,18 @@ def train_until_it_fails(
         opt.step()
         opt.zero_grad()
     raise AssertionError("trained to the end without noticing the fault")
+
+
+def storage_with_a_ring_plan(path: Path, world_size: int) -> str:
+    """A storage holding, for `Net`'s all-reduces at ``world_size`` CPU ranks on this host, a
+    plan with `ring` for its bucket's size class: a job from it goes straight to the catch
+    (`autotune.catch`), whose blocks alternate the hook and plain DDP."""
+    fp = fingerprint(
+        backend="gloo", world_size=world_size, nodes=1, device=device_model("cpu"), dtype="float32"
+    )
+    url = f"sqlite:///{path}"
+    net_bytes = sum(p.numel() * p.element_size() for p in Net().parameters())
+    classes = {size_class(net_bytes): Entry(Choice("ring"), state="locked")}
+    table = Table(classes, 0, fp, Gain(0.9, 0.85, 0.95, 12))
+    Store(url, job_id="ring-job").save_table(fingerprint_key(fp), table)
+    return url

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fault_jobs import Seen, plan_that_steps_aside, train_until_it_fails
+from fault_jobs import Seen, plan_that_steps_aside, storage_with_a_ring_plan, train_until_it_fails
 
 from autotune.launch import launch
 
@@ -26,12 +26,13 @@ def run(
     world_size: int, faults: dict[int, str], config: dict[str, Any], **options: Any
 ) -> list[Seen | None]:
     wake = options.pop("wake", False)
+    when = options.pop("when", "8")
     results = launch(
         train_until_it_fails,
         world_size,
         faults,
         {"timeout_s": TIMEOUT_S, **config},
-        8,
+        when,
         wake,
         timeout_s=120,
         grace_s=60,
@@ -46,7 +47,7 @@ def run(
 def named(seen: Seen | None, culprit: int, within_s: float = TIMEOUT_S + MARGIN_S) -> Seen:
     """``seen``, checked: the `PeerError` that names ``culprit``, at the faulty step, in time."""
     assert seen is not None
-    assert (seen.kind, seen.rank, seen.step) == ("PeerError", culprit, 8), seen
+    assert (seen.kind, seen.rank, seen.step) == ("PeerError", culprit, seen.fault_at), seen
     assert f"rank {culprit} failed first" in seen.message, seen.message
     assert seen.seconds < within_s, seen
     return seen
@@ -63,6 +64,25 @@ def test_stepped_aside_a_killed_rank_is_named_on_every_survivor(aside: dict[str,
         s = named(s, 1, within_s=TIMEOUT_S)  # closed connections: no timeout to wait out
         assert s.aside_at == 1 and s.ddp_group.startswith("autotune_ddp"), s
         assert "its process exited" in s.message
+
+
+def test_stepped_aside_by_the_tuner_a_killed_rank_is_named(tmp_path: Path) -> None:
+    # The usual way to step aside: the tuner kept the baseline (native only, quick trials).
+    keeps_baseline = {"algorithms": ("native",), "fusion_bytes": 0, "tune_warmup": 0}
+    config = {**keeps_baseline, "tune_samples": 1, "storage": f"sqlite:///{tmp_path / 't.db'}"}
+    seen = run(3, {1: "exit"}, config, when="aside")
+    for s in (seen[0], seen[2]):
+        s = named(s, 1, within_s=TIMEOUT_S)
+        assert s.aside_at is not None and s.ddp_group.startswith("autotune_ddp"), s
+
+
+def test_in_the_catchs_blocks_of_plain_ddp_a_stopped_rank_is_named(tmp_path: Path) -> None:
+    url = storage_with_a_ring_plan(tmp_path / "t.db", 2)
+    config = {"algorithms": ("ring",), "storage": url, "duel_pairs": 6}
+    seen = run(2, {1: "stop"}, config, when="catch", wake=True)
+    named(seen[0], 1)
+    assert seen[0] is not None and "its process is stopped" in seen[0].message
+    named(seen[1], 1, within_s=120)
 
 
 def test_stepped_aside_a_stopped_rank_is_named_at_the_timeout_and_agrees_once_woken(
