@@ -222,8 +222,10 @@ class AutotuneState:
 
     @property
     def settled(self) -> bool:
-        """Whether autotune has decided what this job runs (on this rank): the tuner's plan,
-        locked, and where it steps aside, DDP's bucket size (`autotune.buckets`)."""
+        """Whether autotune has decided what this job runs: the tuner's plan, locked, and where
+        it steps aside, DDP's bucket size (`autotune.buckets`). As of the last iteration whose
+        backward() returned, the same on every rank (see `locked`)."""
+        self.engine.settle(self.config.timeout_s)
         tuner, aside = self.tuner, self.aside
         if tuner is None:
             return aside is None or aside.at is not None or aside.refused is not None
@@ -237,14 +239,22 @@ class AutotuneState:
 
     @property
     def locked(self) -> bool:
-        """Whether this rank runs a decided plan from here on: `settled`, or re-checking the
+        """Whether the job runs a decided plan from here on: `settled`, or re-checking the
         locked plan against the baseline (which keeps it unless it lost its gain; then tuning
-        starts over and this is False again). Where autotune steps aside, `settled`."""
-        tuner = self.tuner
-        campaign = None if tuner is None else tuner.campaign
-        if tuner is None or campaign is None or tuner.aside_from is not None:
+        starts over and this is False again). Where autotune steps aside, `settled`. The same
+        on every rank after the same iteration, so a collective that depends on it cannot
+        deadlock: it reads what rank 0 broadcast (not rank 0's own campaign, which knows a step
+        or two earlier), once the engine has taken in that iteration's end, where the orders
+        arrive (a bucket's future may complete before that)."""
+        self.engine.settle(self.config.timeout_s)
+        tuner, aside = self.tuner, self.aside
+        if tuner is None:
             return self.settled
-        return campaign.settled or campaign.rechecking
+        if tuner.aside_from is None:
+            return tuner.locked
+        if aside is not None and aside.at is None and aside.refused is None:
+            return True  # the baseline, locked: DDP takes over at the next forward
+        return self.settled
 
     def verdict(self) -> str:
         """One line for a job's summary: its training step against plain DDP's, as the tuner
@@ -409,7 +419,7 @@ def _bucket_tuner(
     previous job stored, unless the model's buckets cannot be (`autotune.buckets`)."""
 
     def start(ddp: DistributedDataParallel) -> BucketTuner | None:
-        why = why_not_tuned(ddp)
+        why = "tuning stopped: its storage failed" if tuner.frozen else why_not_tuned(ddp)
         if why is not None:
             _log.info("autotune leaves DDP's bucket size as the job set it: %s", why)
             return None

@@ -394,11 +394,11 @@ _CAUSES = (
     ("read-only", ("readonly database", "read-only", "read only", "permission denied")),
     ("disk full", ("disk is full", "no space left", "disk full", "could not extend file")),
     ("corrupt", ("malformed", "not a database", "corrupt", "no such table")),
+    ("I/O error (a full disk or file-size limit, a removed file, a failing device)", ("disk i/o",)),
     (
         "gone",
         (
             "unable to open database",
-            "disk i/o error",
             "could not connect",
             "connection refused",
             "server closed the connection",

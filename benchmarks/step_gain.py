@@ -164,9 +164,8 @@ def alone(rank: int, world_size: int, args: argparse.Namespace, storage: str) ->
         x, y = batch(g)
         times.append(_step(ddp, opt, x, y))
         # Locked from the first locked step on (a re-check of the locked plan leaves it locked
-        # unless it falls back; where it steps aside, once DDP's bucket size is decided). Rank
-        # 0's figure is the one reported: it reads its campaign, which the cadence the ranks
-        # agree on (`Tuner.settled`) follows an exchange later.
+        # unless it falls back; where it steps aside, once DDP's bucket size is decided): the
+        # same step on every rank (`AutotuneState.locked`); rank 0's is reported.
         locked_at = (locked_at if locked_at is not None else step) if state.locked else None
         # Stepped aside and decided: nothing is measured or changed from here (no re-checks).
         aside = state.aside

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import resource
 import signal
 import time
 from dataclasses import dataclass
@@ -140,3 +142,73 @@ def storage_with_a_ring_plan(path: Path, world_size: int) -> str:
     table = Table(classes, 0, fp, Gain(0.9, 0.85, 0.95, 12))
     Store(url, job_id="ring-job").save_table(fingerprint_key(fp), table)
     return url
+
+
+@dataclass
+class StorageRun:
+    """What a rank saw of a job whose storage failed at a step."""
+
+    locked: list[bool]  # `AutotuneState.locked` after each step
+    aside_at: int | None
+    logged: list[str]  # autotune's and Optuna's log lines at WARNING and above, on this rank
+    verdict: str
+    frozen: bool  # the tuner stopped tuning (rank 0 knows why)
+
+
+def storage_fails(
+    rank: int, world_size: int, url: str, how: str, break_at: int, steps: int, pid: int = 0
+) -> StorageRun:
+    """Tune (native against ring) on ``url``, up to ``steps`` steps, until autotune is locked and
+    stepped aside for 5 steps; at ``break_at`` rank 0 breaks the storage: "corrupt"
+    (its SQLite file overwritten past the header), "io" (the file may not grow: a disk full, as
+    a file-size limit makes one, for the rest of the job), "gone" (SIGINT to the database
+    server, process ``pid``);
+    "read-only" needs nothing (``url`` opens the file read-only: it fails at the first write)."""
+    logged: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            logged.append(f"{record.name}: {record.getMessage()}")
+
+    for name in ("autotune", "optuna"):
+        logging.getLogger(name).addHandler(Keep(logging.WARNING))
+    torch.manual_seed(0)
+    model = DDP(Net())
+    config = autotune.Config(algorithms=("native", "ring"), storage=url, timeout_s=60)
+    state = autotune.register(model, config)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    locked: list[bool] = []
+    for step in range(steps):
+        if locked[-5:] == [True] * 5 and state.aside is not None and state.aside.at is not None:
+            break  # locked and aside for 5 steps: every rank reads the same (`state.locked`)
+        if step == break_at and rank == 0:
+            _break(url, how, pid)
+        x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        locked.append(state.locked)
+    assert state.tuner is not None
+    run = StorageRun(
+        locked,
+        None if state.aside is None else state.aside.at,
+        logged,
+        state.verdict(),
+        state.tuner.frozen,
+    )
+    state.close()
+    return run
+
+
+def _break(url: str, how: str, pid: int) -> None:
+    path = url.removeprefix("sqlite:///").split("?")[0].removeprefix("file:")
+    if how == "corrupt":
+        with open(path, "r+b") as f:
+            f.seek(100)  # past SQLite's header: its pages, garbage
+            f.write(os.urandom(os.path.getsize(path) - 100))
+    elif how == "io":
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG)
+        size = os.path.getsize(path)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, resource.RLIM_INFINITY))
+    elif how == "gone":
+        os.kill(pid, signal.SIGINT)  # PostgreSQL's fast shutdown: connections closed

@@ -33,10 +33,9 @@ from autotune.blocks import BLOCK
 from autotune.events import Event, Failure, IterationDone, IterationEnd
 from autotune.model import Prior
 from autotune.plan import Arm, Buckets, Choice, Entry, Gain, Table
-from autotune.redact import redact
 from autotune.space import search_space
 from autotune.stats import MessageRecord
-from autotune.store import Store, fingerprint_key, job_fingerprint, storage_url
+from autotune.store import Store, fingerprint_key, job_fingerprint, storage_failure, storage_url
 from autotune.tuning import wire
 from autotune.tuning.campaign import Campaign, nominate
 from autotune.tuning.duel import Outcome
@@ -116,7 +115,11 @@ class Tuner:
         self._exchange: tuple[dist.Work, torch.Tensor, Arm] | None = None
         self._window_arm = baseline
         self._received: tuple[wire.Window, Arm] | None = None
-        self.frozen = False  # rank 0 stops tuning if its storage fails mid-job
+        #: Tuning stopped for good: rank 0's storage failed mid-job (set on rank 0 at once, on
+        #: every rank where the orders that say so arrive).
+        self.frozen = False
+        #: Why the storage failed, on rank 0 (`autotune.store.storage_failure`), once it has.
+        self.storage_error: str | None = None
         # The exchange's own group: it runs alongside the next iteration's messages, and
         # collectives on a shared group would have to be issued in the same order everywhere.
         # Made before the storage is opened, which can fail on rank 0 alone.
@@ -227,6 +230,7 @@ class Tuner:
             self.arm = arm
         self.states.update(orders.states)
         self.cadence, self.phase, self.gain = orders.cadence, orders.phase, orders.gain
+        self.frozen = self.frozen or orders.frozen
         if orders.phase != "catch":
             self._catch_armed = True
         elif self._catch_armed and self.catch_from is None:
@@ -260,6 +264,13 @@ class Tuner:
     def settled(self) -> bool:
         """Whether every rank knows that the plan is locked (exchanges are down to watching)."""
         return self.cadence == wire.LOCKED
+
+    @property
+    def locked(self) -> bool:
+        """Whether the plan runs locked, as rank 0's orders said it to every rank at the same
+        iteration: a re-check of it included (it keeps the plan unless the plan lost its gain),
+        the catch not (it decides whether the plan stays)."""
+        return self.phase == "locked" and self.catch_from is None
 
     def close(self) -> None:
         if self.worker is not None:
@@ -320,13 +331,19 @@ class Tuner:
         campaign, worker = self.campaign, self.worker
         assert campaign is not None and worker is not None
         if worker.error is not None and not self.frozen:
-            # Training goes on with the plan as it stands; the error is not swallowed.
+            # Training goes on with the plan as it stands, locked on every rank alike: these
+            # orders say so (as "loaded", the exchanges go on to settle it, stored plan or
+            # not). The cause is named once, in the database's words (Optuna's own message
+            # is the same for every failed commit).
+            self.storage_error = storage_failure(worker.error)
             _log.error(
-                "autotune tuner stops tuning, keeping the current plan: its Optuna storage "
+                "autotune stops tuning and keeps the plan it runs (%s): its tuning storage "
                 "failed: %s",
-                redact(repr(worker.error)),
+                campaign.incumbent.describe(),
+                self.storage_error,
             )
             self.frozen = True
+            self.loaded = True
             campaign.freeze()
             for search in self.classes.values():
                 search.lock(search.desired, search.best[1] if search.best else None)
@@ -350,6 +367,7 @@ class Tuner:
             wire.LOCKED if settled else wire.EXPLORING,
             campaign.phase,
             campaign.gain,
+            self.frozen,
         )
 
     def _screening_arm(self) -> Arm | None:
@@ -567,6 +585,12 @@ class Tuner:
         campaign = self.campaign
         if campaign is None:
             return "autotune vs plain DDP: measured on rank 0"
+        if self.storage_error is not None:
+            return (
+                f"autotune vs plain DDP: not compared further (tuning stopped: the tuning "
+                f"storage failed, {self.storage_error}); the plan kept: "
+                f"{campaign.incumbent.describe()}"
+            )
         blocks = f"{BLOCK}-iteration blocks"
         if campaign.baseline_kept and campaign.history and campaign.history[-1][0] == "catch":
             _, plan, outcome = campaign.history[-1]

@@ -33,7 +33,8 @@ _FUSION = _STATE + CLASSES  # fusion bytes + 1
 _CADENCE = _FUSION + 1  # 0: no orders yet
 _PHASE = _CADENCE + 1
 _GAIN = _PHASE + 1  # ratio, low, high, pairs
-WIDTH = _GAIN + 4
+_FROZEN = _GAIN + 4  # 1: tuning stopped, its storage failed (rank 0 says why in its log)
+WIDTH = _FROZEN + 1
 _UNMEASURED = float("-inf")
 
 EXPLORING, LOCKED = 1, 2
@@ -59,6 +60,8 @@ class Orders:
     cadence: int
     phase: str
     gain: Gain | None
+    #: Tuning stopped for good (the storage failed): the plan runs on as it is, on every rank.
+    frozen: bool = False
 
 
 def write(window: Window, orders: Orders | None) -> list[float]:
@@ -79,6 +82,7 @@ def write(window: Window, orders: Orders | None) -> list[float]:
         if orders.gain is not None:
             g = orders.gain
             row[_GAIN : _GAIN + 4] = [g.ratio, g.low, g.high, g.pairs]
+        row[_FROZEN] = float(orders.frozen)
     return row
 
 
@@ -97,7 +101,8 @@ def read(row: list[float]) -> tuple[Window, Orders | None]:
     ratio, low, high, pairs = row[_GAIN : _GAIN + 4]
     gain = Gain(ratio, low, high, int(pairs)) if pairs > 0 else None
     phase = PHASES[int(row[_PHASE]) - 1]
-    return window, Orders(codes, states, int(row[_FUSION]) - 1, int(row[_CADENCE]), phase, gain)
+    fusion, cadence, frozen = int(row[_FUSION]) - 1, int(row[_CADENCE]), bool(row[_FROZEN])
+    return window, Orders(codes, states, fusion, cadence, phase, gain, frozen)
 
 
 def _index(cls: int) -> int:
