@@ -13,8 +13,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import os
-import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,7 +22,8 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from autotune.algorithms import PeerError
-from autotune.liveness import Liveness, LocalPeer, StoreUnreachable, process_state
+from autotune.liveness import Liveness, StoreUnreachable
+from autotune.processes import ProcessId, state
 from autotune.redact import redact
 
 __all__ = ["FailureBoard", "Verdict", "release"]
@@ -73,7 +72,7 @@ class FailureBoard:
         self.ranks = dist.get_process_group_ranks(group)
         self.timeout_s = timeout_s
         self.clock = clock
-        self.peers: dict[int, LocalPeer] = {}
+        self.peers: dict[int, ProcessId] = {}
         #: The rank whose process serves the rendezvous store (None: a process outside the job,
         #: torchrun's agent or a launcher), as the ranks said at setup.
         self.store_host: int | None = self.rank if _serves(store) else None
@@ -89,8 +88,8 @@ class FailureBoard:
 
         With ``error`` set this raises nothing itself: the caller raises its own error.
         """
-        mine = {"same": dict(same), "host": socket.gethostname(), "pid": os.getpid()}
-        mine["started"] = _process_started(os.getpid())
+        me = ProcessId.mine()
+        mine = {"same": dict(same), "host": me.host, "pid": me.pid, "started": me.started}
         mine["serves_store"] = self.store_host == self.rank
         if error is not None:
             mine["error"] = redact(f"{type(error).__name__}: {error}")
@@ -107,7 +106,7 @@ class FailureBoard:
                     continue
                 waiting.remove(r)
                 theirs = json.loads(self.store.get(key))
-                self.peers[r] = LocalPeer(theirs["host"], theirs["pid"], theirs["started"])
+                self.peers[r] = ProcessId(theirs["host"], theirs["pid"], theirs["started"])
                 if theirs.get("serves_store"):
                     self.store_host = r
                 if "error" in theirs:
@@ -144,7 +143,6 @@ class FailureBoard:
             self.timeout_s,
             self.peers,
             self.store_host,
-            socket.gethostname(),
         )
 
     def close(self) -> None:
@@ -212,9 +210,8 @@ class FailureBoard:
             self.liveness.bounded.submit(lambda s: s.compare_set("verdict", "", claim))
         seen = ""
         peer = self.peers.get(host)
-        if peer is not None and peer.host == socket.gethostname():
-            state = process_state(peer)
-            seen = {"exited": "; it has exited", "stopped": "; it is stopped"}.get(state, "")
+        if peer is not None and peer.here:
+            seen = {"exited": "; it has exited", "stopped": "; it is stopped"}.get(state(peer), "")
         return Verdict(
             host,
             f"its process serves the rendezvous store, which did not answer ({exc}){seen}",
@@ -236,12 +233,7 @@ class FailureBoard:
 
     def _dead_peers(self) -> list[int]:
         """Ranks on this host whose process has exited (other hosts' cannot be seen from here)."""
-        host = socket.gethostname()
-        return [
-            r
-            for r, p in sorted(self.peers.items())
-            if p.host == host and process_state(p) == "exited"
-        ]
+        return [r for r, p in sorted(self.peers.items()) if p.here and state(p) == "exited"]
 
 
 def _read_verdict(raw: bytes) -> Verdict:
@@ -274,19 +266,6 @@ def release(groups: list[ProcessGroup]) -> None:
             group.abort()
         except Exception as exc:  # the failure being reported matters more
             _log.warning("autotune: aborting process group %s failed: %r", group.group_name, exc)
-
-
-def _process_started(pid: int) -> float:
-    """When process ``pid`` started (0.0: it no longer runs)."""
-    import psutil
-
-    try:
-        p = psutil.Process(pid)
-        if p.status() == psutil.STATUS_ZOMBIE:
-            return 0.0
-        return p.create_time()
-    except psutil.NoSuchProcess:
-        return 0.0
 
 
 def _first_line(error: BaseException) -> str:

@@ -9,7 +9,6 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import threading
 import time
 import warnings
@@ -500,8 +499,7 @@ def _shared(config: Config, table: Table | None) -> dict[str, object]:
 def _oversubscribed_here(board: FailureBoard) -> str | None:
     """On the lowest of the board's ranks on this host, `oversubscription`'s word on them (the
     intra-op threads as the user set them on this, the main thread); elsewhere None."""
-    host = socket.gethostname()
-    here = [r for r, peer in board.peers.items() if peer.host == host] + [board.rank]
+    here = [r for r, peer in board.peers.items() if peer.here] + [board.rank]
     if board.rank != min(here):
         return None
     return oversubscription(len(here), torch.get_num_threads(), usable_cores())

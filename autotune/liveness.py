@@ -18,12 +18,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TypeVar, cast
 
 import torch.distributed as dist
 
-__all__ = ["BoundedStore", "Liveness", "LocalPeer", "StoreUnreachable", "period_for"]
+from autotune.processes import ProcessId, state
+
+__all__ = ["BoundedStore", "Liveness", "StoreUnreachable", "period_for"]
 
 _log = logging.getLogger("autotune")
 
@@ -35,15 +36,6 @@ STORE_CALL_S = 5.0
 
 class StoreUnreachable(TimeoutError):
     """The rendezvous store did not answer within the bound."""
-
-
-@dataclass(frozen=True)
-class LocalPeer:
-    """A peer rank's process, as it said at setup (`autotune.faults.FailureBoard.agree`)."""
-
-    host: str
-    pid: int
-    started: float  # the process's creation time, so a reused pid is not taken for it
 
 
 def period_for(timeout_s: float) -> float:
@@ -124,9 +116,8 @@ class Liveness:
         rank: int,
         ranks: list[int],
         timeout_s: float,
-        peers: Mapping[int, LocalPeer],
+        peers: Mapping[int, ProcessId],
         store_host: int | None,
-        host: str,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.rank = rank
@@ -134,7 +125,6 @@ class Liveness:
         self.period_s = period_for(timeout_s)
         self.peers = dict(peers)
         self.store_host = store_host
-        self.host = host
         self.clock = clock
         self.progress = 0
         self.bounded = BoundedStore(store, min(STORE_CALL_S, timeout_s))
@@ -192,12 +182,12 @@ class Liveness:
     def local_suspect(self) -> tuple[int, str] | None:
         """A peer on this host whose process exited or is stopped (others cannot be seen)."""
         for r, peer in sorted(self.peers.items()):
-            if peer.host != self.host:
+            if not peer.here:
                 continue
-            state = process_state(peer)
-            if state == "exited":
+            now = state(peer)
+            if now == "exited":
                 return r, f"its process exited; seen by rank {self.rank}"
-            if state == "stopped":
+            if now == "stopped":
                 return r, f"its process is stopped (SIGSTOP, a debugger); seen by rank {self.rank}"
         return None
 
@@ -216,21 +206,3 @@ class Liveness:
                 beat, progress = raw.decode().split()
                 out[r] = (int(beat), int(progress))
         return out
-
-
-def process_state(peer: LocalPeer) -> str:
-    """ "exited", "stopped" or "running": a local process as its pid and start time say."""
-    import psutil
-
-    try:
-        p = psutil.Process(peer.pid)
-        if p.create_time() != peer.started:
-            return "exited"  # the pid is another process's now
-        status = p.status()
-    except psutil.NoSuchProcess:
-        return "exited"
-    if status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
-        return "exited"
-    if status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
-        return "stopped"
-    return "running"

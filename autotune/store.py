@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.plan import Entry, Table
+from autotune.processes import ProcessId, state
 from autotune.redact import redact, redact_url
 
 if TYPE_CHECKING:
@@ -140,6 +141,18 @@ def elastic_attempt() -> tuple[str, int] | None:
     return run_id, int(restart)
 
 
+def elastic_run() -> str | None:
+    """This torchrun job, told apart from every other: its run id and its agent, the torchrun
+    process that starts (and restarts) this worker, which outlives its attempts. The run id
+    alone does not tell jobs apart: plain ``torchrun --master-port`` gives every job ``none``.
+    None outside torchrun."""
+    attempt = elastic_attempt()
+    if attempt is None:
+        return None
+    agent = ProcessId.of(os.getppid())
+    return f"{attempt[0]}@{agent.host}:{agent.pid}:{agent.started:.3f}"
+
+
 #: Seconds between heartbeats of a job's running trials; a trial whose job has not beaten for
 #: `STALE_AFTER_S` is a dead job's, and only such trials are failed by another job.
 HEARTBEAT_S = 20
@@ -165,6 +178,10 @@ class Store:
         self._live: set[int] = set()  # trial ids of this job still running (heartbeats)
         #: This torchrun worker group's (run id, restart count), or None outside torchrun.
         self.attempt = elastic_attempt()
+        #: This torchrun job (`elastic_run`), or None outside torchrun.
+        self.run = elastic_run()
+        #: The process that beats for this job's trials (rank 0's).
+        self.owner = ProcessId.mine()
         self._beat_at = 0.0
 
     def study(
@@ -193,10 +210,11 @@ class Store:
         """``trial`` runs in this job: beat for it from now on (`beat`) until `told`."""
         self._live.add(trial._trial_id)
         self.storage.record_heartbeat(trial._trial_id)
+        owner = dataclasses.asdict(self.owner)
+        self.storage.set_trial_user_attr(trial._trial_id, "owner", owner)
         if self.attempt is not None:
-            run_id, restart = self.attempt
-            self.storage.set_trial_user_attr(trial._trial_id, "elastic_run", run_id)
-            self.storage.set_trial_user_attr(trial._trial_id, "elastic_attempt", restart)
+            self.storage.set_trial_user_attr(trial._trial_id, "elastic_run", self.run)
+            self.storage.set_trial_user_attr(trial._trial_id, "elastic_attempt", self.attempt[1])
 
     def told(self, trial: optuna.Trial) -> None:
         self._live.discard(trial._trial_id)
@@ -228,31 +246,62 @@ class Store:
             self.storage.record_heartbeat(trial_id)
 
     def fail_stale_trials(self, study: optuna.Study) -> None:
-        """Fail the running trials of jobs that stopped beating (crashed), and those of this
-        torchrun job's earlier attempts (`elastic_attempt`), which are dead once it restarted.
+        """Fail the running trials of jobs that are gone: whose process on this host has exited,
+        whose heartbeat stopped (`STALE_AFTER_S`: a job on another host), or that an earlier
+        attempt of this torchrun job ran (dead once it restarted).
 
-        A trial of a job that is alive, here or on another machine, is never touched; a trial
-        left by a version of autotune without heartbeats stays as it is.
+        A trial of a job that is alive, here or on another machine, is never touched: other
+        jobs' trials are told apart by their owner process and torchrun job (`elastic_run`),
+        not by torchrun's run id, which plain torchrun sets to ``none`` for every job.
         """
         import optuna
         from optuna.trial import TrialState
 
         optuna.storages.fail_stale_trials(study)
-        # An earlier attempt of this torchrun job is dead for certain: torchrun restarts a worker
-        # group only once every worker of the attempt before has stopped. Its trials are failed
-        # now, not after their heartbeat goes stale.
-        if self.attempt is None or self.attempt[1] == 0:
-            return
-        run_id, restart = self.attempt
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            earlier = t.user_attrs.get("elastic_attempt")
-            if t.user_attrs.get("elastic_run") != run_id or not isinstance(earlier, int):
+            if t._trial_id in self._live:
                 continue
-            if earlier < restart:
-                self._fail(
-                    t._trial_id,
-                    f"attempt {earlier} of torchrun run {run_id} ended: its workers restarted",
-                )
+            why = self._dead(t.user_attrs)
+            if why is not None:
+                self._fail(t._trial_id, why)
+
+    def _dead(self, attrs: dict[str, Any]) -> str | None:
+        """Why the job that ran a trial (its user attributes) is gone for certain, or None."""
+        # torchrun restarts a worker group only once every worker of the attempt before has
+        # stopped: an earlier attempt of this job is dead, wherever it ran.
+        earlier = attrs.get("elastic_attempt")
+        if (
+            self.attempt is not None
+            and attrs.get("elastic_run") == self.run
+            and isinstance(earlier, int)
+            and earlier < self.attempt[1]
+        ):
+            return f"attempt {earlier} of this torchrun job ended: its workers restarted"
+        owner = attrs.get("owner")
+        if not isinstance(owner, dict):
+            return None
+        try:
+            process = ProcessId(str(owner["host"]), int(owner["pid"]), float(owner["started"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+        if process.here and state(process) == "exited":
+            return f"the job that ran it ended: its process ({process.describe()}) is gone"
+        return None
+
+    def fail_stale(self, key: str) -> int:
+        """`fail_stale_trials` in every study of fingerprint ``key``; the trials left running.
+        A job that only loads the stored plan opens none of them: it calls this."""
+        import optuna
+        from optuna.trial import TrialState
+
+        running = 0
+        prefix = f"autotune/{key}/"
+        for name in optuna.study.get_all_study_names(storage=self.storage):
+            if name.startswith(prefix):
+                study = optuna.load_study(study_name=name, storage=self.storage)
+                self.fail_stale_trials(study)
+                running += len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+        return running
 
     def load_table(self, key: str) -> Table | None:
         """The plan stored for fingerprint ``key`` (every job's, merged), if a job locked one."""

@@ -133,15 +133,21 @@ def storage_with_a_ring_plan(path: Path, world_size: int) -> str:
     """A storage holding, for `Net`'s all-reduces at ``world_size`` CPU ranks on this host, a
     plan with `ring` for its bucket's size class: a job from it goes straight to the catch
     (`autotune.catch`), whose blocks alternate the hook and plain DDP."""
-    fp = fingerprint(
-        backend="gloo", world_size=world_size, nodes=1, device=device_model("cpu"), dtype="float32"
-    )
     url = f"sqlite:///{path}"
     net_bytes = sum(p.numel() * p.element_size() for p in Net().parameters())
     classes = {size_class(net_bytes): Entry(Choice("ring"), state="locked")}
-    table = Table(classes, 0, fp, Gain(0.9, 0.85, 0.95, 12))
-    Store(url, job_id="ring-job").save_table(fingerprint_key(fp), table)
+    table = Table(classes, 0, None, Gain(0.9, 0.85, 0.95, 12))
+    Store(url, job_id="ring-job").save_table(gloo_cpu_key(world_size), table)
     return url
+
+
+def gloo_cpu_key(world_size: int) -> str:
+    """The fingerprint key of float32 all-reduces on gloo among ``world_size`` CPU ranks on
+    this host, as the tuner names them (`autotune.store.job_fingerprint`)."""
+    fp = fingerprint(
+        backend="gloo", world_size=world_size, nodes=1, device=device_model("cpu"), dtype="float32"
+    )
+    return fingerprint_key(fp)
 
 
 @dataclass

@@ -9,6 +9,7 @@ fingerprint at once failed or left trials running (docs/FAULTS.md has the counts
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -16,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fault_jobs import gloo_cpu_key
 from postgres_server import Postgres
 from tuner_jobs import tune
 
-from autotune.launch import launch
+from autotune.launch import launch, run_local
 from autotune.plan import Arm, Buckets, Choice, Entry, Gain, Lead, Table
 from autotune.store import Store, merge_tables
 
@@ -234,3 +236,93 @@ def test_a_bad_stored_plan_names_the_storage_and_the_job(tmp_path: Path) -> None
     store.study("key", "plan").set_user_attr("table/j1", bad)
     with pytest.raises(ValueError, match=r"tuning storage .*plan key \(table/j1\): fusion_bytes"):
         store.load_table("key")
+
+
+OWNER = str(Path(__file__).parent / "trial_owner.py")
+
+
+def _states(url: str, study_name: str) -> dict[int, tuple[str, str | None]]:
+    import optuna
+
+    study = optuna.load_study(study_name=study_name, storage=Store(url).storage)
+    return {t.number: (t.state.name, t.user_attrs.get("failure")) for t in study.get_trials()}
+
+
+def test_a_restarted_torchrun_job_fails_its_own_trials_and_no_other_jobs(tmp_path: Path) -> None:
+    # Plain `torchrun --master-port` gives every job the run id "none": a restart of one job
+    # used to fail every other job's running trials as "an earlier attempt".
+    import subprocess
+    import sys
+
+    url, study = f"sqlite:///{tmp_path / 'tuning.db'}", "autotune/key/class=1024/min"
+    Store(url).study("key", "class=1024/min")
+    env = {**os.environ, "TORCHELASTIC_RUN_ID": "none"}
+    # Job A: attempt 0 holds a trial, alive. Job B (another torchrun, another agent): attempt
+    # 0 runs a trial and dies; attempt 1 sweeps, as its tuner does when it loads the plan.
+    job_a = subprocess.Popen(
+        [sys.executable, OWNER, url, study, "agent", "hold"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert job_a.stdout is not None
+        a_trial = int(job_a.stdout.readline())
+        out = subprocess.run(
+            [sys.executable, OWNER, url, study, "agent", "crash", "sweep"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        b_trial = int(out.stdout.split()[0])
+        states = _states(url, study)
+        assert states[a_trial] == ("RUNNING", None), states
+        assert states[b_trial] == (
+            "FAIL",
+            "attempt 0 of this torchrun job ended: its workers restarted",
+        ), states
+    finally:
+        assert job_a.stdin is not None
+        job_a.stdin.write("\n")
+        job_a.stdin.close()
+        job_a.wait(60)
+
+
+def test_an_earlier_attempt_of_this_torchrun_job_is_dead_even_on_another_host(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    store = Store(f"sqlite:///{tmp_path / 'tuning.db'}")
+    assert store.run is not None and store.run.startswith("none@")
+    elsewhere = {"host": "another-host", "pid": 1, "started": 1.0}  # cannot be seen from here
+    ours = {"owner": elsewhere, "elastic_run": store.run, "elastic_attempt": 0}
+    assert store._dead(ours) == "attempt 0 of this torchrun job ended: its workers restarted"
+    # The same run id and attempt from another torchrun (another agent): alive, for all we know.
+    theirs = {**ours, "elastic_run": "none@another-host:42:1.000"}
+    assert store._dead(theirs) is None
+    assert store._dead({**ours, "elastic_attempt": 1}) is None  # this attempt's own
+
+
+def test_a_killed_jobs_trial_is_failed_by_the_next_job_that_reads_its_fingerprint(
+    tmp_path: Path,
+) -> None:
+    # The next job runs the stored plan: it never opens the class study the dead job tuned in,
+    # yet its tuner's load sweeps every study of the fingerprint.
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'tuning.db'}"
+    key = gloo_cpu_key(2)
+    study = f"autotune/{key}/class=1024/min"
+    out = subprocess.run(
+        [sys.executable, OWNER, url, study, "crash"], capture_output=True, text=True, timeout=120
+    )
+    dead = int(out.stdout)
+    assert _states(url, study)[dead] == ("RUNNING", None)
+    run_local(tune, 2, 3, {"storage": url, "tune_warmup": 0}, False, timeout_s=300)
+    state, why = _states(url, study)[dead]
+    assert state == "FAIL" and "the job that ran it ended: its process (pid" in str(why), why

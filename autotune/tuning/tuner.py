@@ -394,6 +394,9 @@ class Tuner:
     def _load(self) -> None:
         """On the worker: the stored plan, and the cost model's prior if a sweep stored one."""
         store = self.store()
+        # Trials that jobs now gone left running, in any of this fingerprint's studies: a job
+        # that runs the stored plan may never open those studies itself.
+        store.fail_stale(self.key)
         table = store.load_table(self.key)
         raw = store.load_prior(self.key)
         prior = None
