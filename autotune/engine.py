@@ -25,11 +25,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from autotune.algorithms import AllReduceAlgorithm, Comm, Pending, check_tensor, split
 from autotune.events import Event, Failure, IterationDone, IterationEnd, Listener
-from autotune.plan import Choice, Plan, size_class
+from autotune.plan import BASELINE_CHOICE, Choice, Plan, size_class
 from autotune.stats import IterationRecord, MessageRecord
 
 __all__ = ["Engine"]
@@ -66,6 +67,8 @@ class _Started:
     pieces: list[_Piece] = field(default_factory=list)
     error: BaseException | None = None
     algorithm: str | None = None  # the one starting or being waited on (for a failure)
+    #: A sparse gradient (`Engine._sparse`): its result is the collective's output, a new tensor.
+    sparse: bool = False
 
 
 class Engine:
@@ -170,14 +173,19 @@ class Engine:
                 self._fail(future, self._error)
                 return future
             limit = self.fusion_bytes
-            if self._pending and (
+            if buffer.layout != torch.strided:
+                self._flush()  # the buckets before it go first, as on every rank
+                self._sparse(bucket)
+            elif self._pending and (
                 limit == 0
                 or self._pending[0].buffer.dtype != buffer.dtype
                 or self._pending[0].buffer.device != buffer.device
                 or sum(b.nbytes for b in self._pending) + bucket.nbytes > limit
             ):
                 self._flush()
-            if limit == 0 or bucket.nbytes >= limit:
+            if buffer.layout != torch.strided:
+                pass
+            elif limit == 0 or bucket.nbytes >= limit:
                 self._dispatch([bucket])
             else:
                 self._pending.append(bucket)
@@ -332,6 +340,40 @@ class Engine:
         self._complete_early(bucket, piece)
         return started
 
+    def _sparse(self, bucket: _Bucket) -> None:
+        """A sparse gradient (``nn.Embedding(sparse=True)``): the backend's own all-reduce, on the
+        job's group, as DDP runs it without a hook and PyTorch's ``allreduce_hook`` with one.
+        No algorithm of autotune's takes sparse tensors, and its size says nothing of a dense
+        message's: it is neither tuned nor timed. Called with the lock held, after a flush."""
+        started = _Started([bucket], bucket.buffer, algorithm="native", sparse=True)
+        try:
+            comm = self._job_comm(bucket.buffer.device)
+            bucket.buffer.mul_(1.0 / self.world_size)  # as `_start` explains
+            begin = time.perf_counter()
+            work = dist.all_reduce(bucket.buffer, group=comm.group, async_op=True)
+            assert work is not None
+            what = f"{comm.backend} all_reduce of a sparse gradient {tuple(bucket.buffer.shape)}"
+            pending = Pending(lambda: comm.wait(work, what), future=work.get_future())
+            started.pieces.append(_Piece(0, BASELINE_CHOICE, pending, begin, None, None, None))
+        except BaseException as exc:
+            started.error = exc
+        if self._starting:  # behind what the start thread has yet to start, as the lane
+            self._release()
+            self._starting += 1
+            self._to_start.put(started)
+        else:
+            self._release()
+            self._to_finish.put(started)
+
+    def _job_comm(self, device: torch.device) -> Comm:
+        """The backend's own all-reduce on the job's group, kept (the lane's, `_direct`)."""
+        lane = self._lanes.get(BASELINE_CHOICE.algorithm)
+        if lane is None:
+            algo = self.algorithm_for(BASELINE_CHOICE.algorithm)
+            lane = (algo, algo.connect(self.group, device, dedicated=False))
+            self._lanes[BASELINE_CHOICE.algorithm] = lane
+        return lane[1]
+
     def _release(self) -> None:
         """Hand the held messages to the completing thread (with the lock held)."""
         for started in self._held:
@@ -453,6 +495,8 @@ class Engine:
                 if piece.early:
                     buckets[0].future.wait()  # the callback has run: it timed the message
                 finished = piece.finished or time.perf_counter()
+                if started.sparse:
+                    continue
                 self._emit(
                     MessageRecord(
                         iteration=self.iteration,
@@ -490,7 +534,12 @@ class Engine:
                 with self._progress:
                     self._ended += 1
                     self._progress.notify_all()
-            if not early:
+            if started.sparse:
+                future = started.pieces[0].pending.future
+                assert future is not None
+                buckets[0].future.set_result(future.value()[0])
+                self._completed_at = time.perf_counter()
+            elif not early:
                 # With the comm stream current, a CUDA future records its completion there.
                 for b in buckets:
                     b.future.set_result(b.buffer)

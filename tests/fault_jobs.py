@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -218,3 +219,51 @@ def _break(url: str, how: str, pid: int) -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (size, resource.RLIM_INFINITY))
     elif how == "gone":
         os.kill(pid, signal.SIGINT)  # PostgreSQL's fast shutdown: connections closed
+
+
+class SparseNet(torch.nn.Module):
+    """A recommender's shape: a sparse embedding (its gradient a sparse COO tensor), a dense
+    head, and a second, dense embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sparse = torch.nn.Embedding(1000, 16, sparse=True)
+        self.dense = torch.nn.Embedding(50, 16)
+        self.head = torch.nn.Linear(32, 4)
+
+    def forward(self, ids: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        h = torch.cat([self.sparse(ids).sum(1), self.dense(other).sum(1)], dim=1)
+        out: torch.Tensor = self.head(h)
+        return out
+
+
+def sparse_beside_plain(
+    rank: int, world_size: int, config: dict[str, Any], steps: int
+) -> tuple[float, list[str], int | None]:
+    """Train `SparseNet` with autotune and plain DDP on the same batches: the largest relative
+    distance between their parameters, the layout of each parameter's gradient after the last
+    step, and where autotune stepped aside (None: it did not)."""
+    torch.manual_seed(0)
+    base = SparseNet()
+    ours, plain = DDP(copy.deepcopy(base)), DDP(copy.deepcopy(base))
+    state = autotune.register(ours, autotune.Config(**config))
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ours, plain)]
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(steps):
+        ids, other = (
+            torch.randint(0, 1000, (8, 5), generator=g),
+            torch.randint(0, 50, (8, 3), generator=g),
+        )
+        y = torch.randint(0, 4, (8,), generator=g)
+        for model, opt in zip((ours, plain), opts, strict=True):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(ids, other), y).backward()
+            opt.step()
+    layouts = [str(p.grad.layout) for p in ours.parameters() if p.grad is not None]
+    rel = max(
+        float((a.double() - b.double()).norm() / b.double().norm())
+        for a, b in zip(ours.parameters(), plain.parameters(), strict=True)
+    )
+    aside = None if state.aside is None else state.aside.at
+    state.close()
+    return rel, layouts, aside
