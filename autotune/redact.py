@@ -15,7 +15,7 @@ MASK = "***"
 # an '@' its user forgot to quote, and a host never does). Without a scheme too: a URL mistyped
 # without one is still somebody's password.
 _USERINFO = re.compile(
-    r"(?P<head>(?:[A-Za-z][A-Za-z0-9+.\-]*://)?[^:/@\s'\"\[\]()<>,;]*):(?P<secret>[^\s'\"]*)@"
+    r"(?P<head>(?:[A-Za-z][A-Za-z0-9+.\-]*://)?[^:/@\s'\"\[\]()<>,;]*):(?!//)(?P<secret>[^\s'\"]*)@"
 )
 # ?password=...&  or  &passwd=...  (drivers that take the password as a query parameter)
 _QUERY = re.compile(r"(?P<head>[?&](?:password|passwd|pwd|token|secret)=)[^&\s'\"]*", re.IGNORECASE)

@@ -10,6 +10,7 @@ failed to the error. Timings depend on the machine; the errors do not.
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from ddp_jobs import faulty_training, setup_with_env
+from fault_jobs import (
+    plan_that_steps_aside,
+    storage_with_a_ring_plan,
+    train_until_it_fails,
+)
 
 import autotune
 from autotune.launch import launch
@@ -74,6 +80,38 @@ def main() -> None:
     url = "postgresql+psycopg2://autotune@127.0.0.1:9/none"  # the discard port: refused
     results = launch(storage_down, 3, url, timeout_s=120)
     row("the storage's server is down (rank 0 opens it)", results, 0, lambda v: v)
+    contract_rows()
+
+
+def contract_rows() -> None:
+    """Where DDP runs without the hook (stepped aside, the catch's plain blocks), a hang on
+    native, and rank 0 serving the store (tests/test_faults_aside.py runs the same)."""
+    seen = lambda s: (s.kind, s.message, s.seconds)  # noqa: E731
+    with tempfile.TemporaryDirectory() as tmp:
+        aside = {"plan_file": plan_that_steps_aside(Path(tmp) / "plan.json"), "timeout_s": 4.0}
+        for fault, culprit, wake in (("exit", 1, False), ("stop", 1, True), ("sleep", 2, False)):
+            what = {"exit": "exits", "stop": "is stopped (SIGSTOP)", "sleep": "hangs in Python"}
+            results = launch(
+                train_until_it_fails, 3, {culprit: fault}, aside, "8", wake, timeout_s=120
+            )
+            row(
+                f"stepped aside: rank {culprit} of 3 {what[fault]} (timeout_s=4)",
+                results,
+                culprit,
+                seen,
+            )
+        native = {"algorithm": "native", "timeout_s": 4.0}
+        results = launch(train_until_it_fails, 3, {1: "stop"}, native, "8", True, timeout_s=120)
+        row("native (hooked): rank 1 of 3 is stopped (timeout_s=4)", results, 1, seen)
+        results = launch(
+            train_until_it_fails, 3, {0: "stop"}, native, "8", True, timeout_s=120,
+            store_on_rank0=True,
+        )  # fmt: skip
+        row("native: rank 0, which serves the store, is stopped (timeout_s=4)", results, 0, seen)
+        url = storage_with_a_ring_plan(Path(tmp) / "t.db", 2)
+        catch = {"algorithms": ("ring",), "storage": url, "duel_pairs": 6, "timeout_s": 4.0}
+        results = launch(train_until_it_fails, 2, {1: "stop"}, catch, "catch", True, timeout_s=120)
+        row("the catch's plain-DDP block: rank 1 of 2 is stopped (timeout_s=4)", results, 1, seen)
 
 
 if __name__ == "__main__":

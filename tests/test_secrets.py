@@ -41,6 +41,10 @@ PG_URL = f"postgresql+psycopg2://autotune:{SECRET}@127.0.0.1:9/tuning"
         ("got 'u:pw@host'", "got 'u:***@host'"),  # no scheme: still somebody's password
         ("peer [127.0.0.1]:4242 closed at 08:51:19", "peer [127.0.0.1]:4242 closed at 08:51:19"),
         ("mail user@host", "mail user@host"),
+        (
+            "postgresql://autotune@127.0.0.1:9/db",
+            "postgresql://autotune@127.0.0.1:9/db",
+        ),  # no password
     ],
 )
 def test_redact_masks_passwords_and_keeps_the_rest(text: str, expected: str) -> None:
