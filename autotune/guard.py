@@ -25,7 +25,7 @@ import torch.autograd
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from autotune.algorithms import PeerError
+from autotune.algorithms import PeerError, sibling_group
 from autotune.liveness import Liveness
 
 __all__ = ["Guard", "guarded_group", "install"]
@@ -42,15 +42,7 @@ def guarded_group(group: dist.ProcessGroup, timeout_s: float) -> dist.ProcessGro
     memory. Collective: call it on every rank of ``group``."""
     if dist.get_backend(group) != "gloo":
         return None
-    made = dist.new_group(
-        ranks=dist.get_process_group_ranks(group),
-        backend=dist.get_backend_config(group),
-        timeout=timedelta(seconds=timeout_s),
-        use_local_synchronization=True,
-        group_desc=f"autotune_ddp:{group.group_name}",
-    )
-    assert isinstance(made, dist.ProcessGroup)
-    return made
+    return sibling_group(group, "ddp", timedelta(seconds=timeout_s))
 
 
 class Guard:

@@ -20,6 +20,7 @@ from autotune.algorithms._groups import (
     ensure_ready,
     forget_p2p_group,
     p2p_group,
+    sibling_group,
 )
 from autotune.algorithms._hierarchical_ring import HierarchicalRingAllReduce
 from autotune.algorithms._hierarchical_two_tree import HierarchicalTwoTreeAllReduce
@@ -99,6 +100,7 @@ __all__ = [
     "register",
     "render",
     "segments",
+    "sibling_group",
     "split",
 ]
 

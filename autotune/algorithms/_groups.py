@@ -24,6 +24,7 @@ __all__ = [
     "forget_p2p_group",
     "group_timeout",
     "p2p_group",
+    "sibling_group",
 ]
 
 
@@ -188,21 +189,29 @@ def p2p_group(group: ProcessGroup | None = None, timeout: timedelta | None = Non
             ranks = dist.get_process_group_ranks(base)
             limit = timeout or group_timeout(base)
             try:
-                made = dist.new_group(
-                    ranks=ranks,
-                    backend=dist.get_backend_config(base),
-                    timeout=limit,
-                    use_local_synchronization=True,
-                    group_desc=f"autotune_p2p:{base.group_name}",
-                )
+                made = sibling_group(base, "p2p", limit)
             except RuntimeError as exc:  # DistStoreError, gloo connect errors
                 raise PeerError(
                     f"setting up the point-to-point group over ranks {ranks} failed within "
                     f"{limit}: a rank did not reach its first all-reduce on this group ({exc})"
                 ) from exc
-            assert isinstance(made, ProcessGroup)
             dedicated = _p2p_groups[base.group_name] = made
         return dedicated
+
+
+def sibling_group(group: ProcessGroup, purpose: str, timeout: timedelta | None) -> ProcessGroup:
+    """A new group of ``group``'s ranks and backend for autotune's ``purpose`` (its description:
+    ``autotune_<purpose>:<group name>``), whose collectives give up after ``timeout`` (None:
+    torch's default for the backend). Made collectively over ``group``'s members only."""
+    made = dist.new_group(
+        ranks=dist.get_process_group_ranks(group),
+        backend=dist.get_backend_config(group),
+        timeout=timeout,
+        use_local_synchronization=True,
+        group_desc=f"autotune_{purpose}:{group.group_name}",
+    )
+    assert isinstance(made, ProcessGroup)
+    return made
 
 
 def forget_p2p_group(group: ProcessGroup | None = None) -> ProcessGroup | None:

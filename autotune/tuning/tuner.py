@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from autotune import topology
-from autotune.algorithms import agreed, bookkeeping_device, current_device
+from autotune.algorithms import agreed, bookkeeping_device, current_device, sibling_group
 from autotune.blocks import BLOCK
 from autotune.events import Event, Failure, IterationDone, IterationEnd
 from autotune.model import Prior
@@ -123,7 +123,7 @@ class Tuner:
         # The exchange's own group: it runs alongside the next iteration's messages, and
         # collectives on a shared group would have to be issued in the same order everywhere.
         # Made before the storage is opened, which can fail on rank 0 alone.
-        self.group = _exchange_group(group, config.timeout_s)
+        self.group = sibling_group(group, "tuner", timedelta(seconds=config.timeout_s))
         # Which ranks share a node, for the fingerprint: learnt here, where every rank is.
         self.topology = topology.detect(self.group, timedelta(seconds=config.timeout_s))
         #: What "auto" chooses among: the configured candidates this group can run.
@@ -644,15 +644,3 @@ def _outcome_word(kind: str, won: bool, ratio: float) -> str:
     if kind == "recheck" and not won:
         return "held" if ratio < 1.0 else "lost"
     return "won" if won else "lost"
-
-
-def _exchange_group(group: dist.ProcessGroup, timeout_s: float) -> dist.ProcessGroup:
-    made = dist.new_group(
-        ranks=dist.get_process_group_ranks(group),
-        backend=dist.get_backend_config(group),
-        timeout=timedelta(seconds=timeout_s),
-        use_local_synchronization=True,
-        group_desc=f"autotune_tuner:{group.group_name}",
-    )
-    assert isinstance(made, dist.ProcessGroup)
-    return made
