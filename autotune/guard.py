@@ -9,11 +9,14 @@ from such a collective is diagnosed as the hook's errors are (`autotune.faults`)
 that `PeerError`: ``backward()`` runs through one wrapper of torch's (`install`), which asks the
 live guards about an error and otherwise lets it go as it was. A forward pre-hook counts the
 iterations begun without the hook (`autotune.liveness`) and raises the job's failure, once
-known, before DDP's forward starts a collective that would wait on a dead peer.
+known, before DDP's forward starts a collective that would wait on a dead peer; where DDP's
+forward is the first to fail, a forward hook diagnoses it (the forward raises its own error).
 """
 
 from __future__ import annotations
 
+import logging
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -29,6 +32,8 @@ from autotune.algorithms import PeerError, sibling_group
 from autotune.liveness import Liveness
 
 __all__ = ["Guard", "guarded_group", "install"]
+
+_log = logging.getLogger("autotune")
 
 #: Words of the errors torch's backends raise when a collective fails (gloo's transport, NCCL's
 #: watchdog, the process group's own). An error in backward() without them is the user's own.
@@ -65,7 +70,7 @@ class Guard:
         self._diagnose = diagnose
         self._hooked = hooked
         self._model: weakref.ref[DistributedDataParallel] | None = None
-        self._handle: Any = None
+        self._handles: list[Any] = []
         #: The job's failure once diagnosed (the same error every later call raises).
         self.failure: PeerError | None = None
 
@@ -74,7 +79,10 @@ class Guard:
         if self._model is not None and self._model() is ddp:
             return
         self._model = weakref.ref(ddp)
-        self._handle = ddp.register_forward_pre_hook(self._pre_forward)
+        self._handles = [
+            ddp.register_forward_pre_hook(self._pre_forward),
+            ddp.register_forward_hook(self._after_forward, always_call=True),
+        ]
         install(self)
 
     def adopt_group(self, ddp: DistributedDataParallel) -> None:
@@ -111,10 +119,21 @@ class Guard:
         self.failure = self._diagnose(error)
         return self.failure
 
+    def _after_forward(self, module: torch.nn.Module, args: object, output: object) -> None:
+        """Where DDP's forward failed (its buffers' broadcast, its buckets' rebuild): diagnose
+        it now, so the peers learn the culprit and the next call raises the `PeerError`. The
+        forward itself raises its own error: a forward hook cannot replace it."""
+        error = sys.exc_info()[1]
+        if output is not None or error is None or self.failure is not None:
+            return  # forward returned (this runs on every forward), or the failure is known
+        failure = self.translate(error)
+        if failure is not None:
+            _log.error("autotune: DDP's forward failed: %s", failure)
+
     def close(self) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
         uninstall(self)
 
 

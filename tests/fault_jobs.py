@@ -58,6 +58,21 @@ class Seen:
     seconds: float  # from the start of the step that failed to the error
     aside_at: int | None  # the iteration after which autotune had stepped aside
     ddp_group: str  # the name of the group DDP's reducer ran on when it failed
+    in_forward: bool = False  # the error came from forward(), not backward()
+    #: Where the first error was not a `PeerError`: the error of one more step (kind, rank).
+    then: tuple[str, int | None] | None = None
+
+
+class BufferNet(Net):
+    """`Net` with batch norm: DDP broadcasts its running statistics at every forward
+    (``broadcast_buffers``), a collective of DDP's own before backward's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.BatchNorm1d(16)
+
+    def forward(self, x: torch.Tensor, use_branch: bool = True) -> torch.Tensor:
+        return super().forward(self.norm(x), use_branch)
 
 
 def plan_that_steps_aside(path: Path) -> str:
@@ -74,6 +89,7 @@ def train_until_it_fails(
     config: dict[str, Any],
     when: str = "8",
     wake: bool = False,
+    buffers: bool = False,
 ) -> Seen:
     """Train; at the step ``when`` says, each rank in ``faults`` does what it says: "exit" (as if
     killed), "stop" (SIGSTOP itself: hung, alive) or "sleep" (hung in Python, its heartbeat
@@ -81,9 +97,10 @@ def train_until_it_fails(
     Every other rank reports the error it gets. ``when``: a step ("8"), 3 steps after autotune
     stepped aside ("aside"), or the second step of the catch's first block of plain DDP
     ("catch"); every rank reaches these at the same step. ``wake``: the lowest surviving rank,
-    once it has its error, wakes the stopped ranks (SIGCONT), which then report theirs."""
+    once it has its error, wakes the stopped ranks (SIGCONT), which then report theirs.
+    ``buffers``: train `BufferNet`, whose forward runs a collective of DDP's."""
     torch.manual_seed(0)
-    model = DDP(Net())
+    model = DDP(BufferNet() if buffers else Net())
     state = autotune.register(model, autotune.Config(**config))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     fault_at = int(when) if when.isdigit() else None
@@ -105,9 +122,12 @@ def train_until_it_fails(
             if fault == "sleep":
                 time.sleep(3 * config["timeout_s"])  # past the others' timeout and diagnosis
                 os._exit(18)
+        x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+        in_forward = True
         try:
-            x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
-            torch.nn.functional.cross_entropy(model(x), y).backward()
+            out = model(x)
+            in_forward = False
+            torch.nn.functional.cross_entropy(out, y).backward()
         except RuntimeError as exc:
             seen = Seen(
                 step,
@@ -118,7 +138,13 @@ def train_until_it_fails(
                 time.monotonic() - start,
                 None if state.aside is None else state.aside.at,
                 model.process_group.group_desc,
+                in_forward,
             )
+            if not isinstance(exc, autotune.algorithms.PeerError):
+                try:
+                    torch.nn.functional.cross_entropy(model(x), y).backward()
+                except RuntimeError as again:
+                    seen.then = (type(again).__name__, getattr(again, "rank", None))
             if wake and rank == min(r for r in range(world_size) if r not in faults):
                 time.sleep(2.0)  # every survivor has its error: then the culprits wake
                 for r, fault in faults.items():

@@ -27,6 +27,7 @@ def run(
 ) -> list[Seen | None]:
     wake = options.pop("wake", False)
     when = options.pop("when", "8")
+    buffers = options.pop("buffers", False)
     results = launch(
         train_until_it_fails,
         world_size,
@@ -34,6 +35,7 @@ def run(
         {"timeout_s": TIMEOUT_S, **config},
         when,
         wake,
+        buffers,
         timeout_s=120,
         grace_s=60,
         **options,
@@ -64,6 +66,19 @@ def test_stepped_aside_a_killed_rank_is_named_on_every_survivor(aside: dict[str,
         s = named(s, 1, within_s=TIMEOUT_S)  # closed connections: no timeout to wait out
         assert s.aside_at == 1 and s.ddp_group.startswith("autotune_ddp"), s
         assert "its process exited" in s.message
+
+
+def test_where_ddps_forward_fails_first_the_next_call_names_the_culprit(
+    aside: dict[str, Any],
+) -> None:
+    # The documented exception (docs/FAULTS.md): DDP broadcasts its buffers in forward(); rank
+    # 0, broadcasting to the dead rank 1, gets gloo's error from forward() itself (a forward
+    # hook cannot replace it), diagnosed at once: its next call raises the PeerError.
+    seen = run(3, {1: "exit"}, aside, buffers=True)
+    s0, s2 = seen[0], seen[2]
+    assert s0 is not None and s0.in_forward and s0.kind == "RuntimeError", s0
+    assert s0.then == ("PeerError", 1), s0
+    assert named(s2, 1, within_s=TIMEOUT_S).then is None  # backward() named it directly
 
 
 def test_stepped_aside_by_the_tuner_a_killed_rank_is_named(tmp_path: Path) -> None:
