@@ -1,6 +1,7 @@
 """What each failure gives the user, how soon, with which error: the fault table of docs/FAULTS.md.
 
     python benchmarks/faults.py
+    python benchmarks/faults.py --nccl      # on a GPU machine: the contract on NCCL, 2 ranks
 
 Runs each fault for real on local gloo ranks (the jobs of tests/ddp_jobs.py) and prints one
 markdown row per fault: the ranks' errors and the seconds from the step (or register) that
@@ -9,6 +10,7 @@ failed to the error. Timings depend on the machine; the errors do not.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 import time
@@ -62,8 +64,20 @@ def row(
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--nccl",
+        action="store_true",
+        help="only the contract's rows, at 2 ranks on CUDA and NCCL (a GPU machine; 2 ranks on "
+        "one GPU need NCCL >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1): NCCL's watchdog against "
+        "autotune's",
+    )
+    args = parser.parse_args()
     print("| fault | the failing rank gets | every other rank gets | seconds (slowest) |")
     print("|---|---|---|---|")
+    if args.nccl:
+        nccl_rows()
+        return
     fault = lambda f: (f.kind, f.message, f.seconds)  # noqa: E731
     for algorithm in ("ring", "tree", "native"):
         results = launch(faulty_training, 4, algorithm, "exit", 2, 60.0, timeout_s=120, grace_s=60)
@@ -81,6 +95,23 @@ def main() -> None:
     results = launch(storage_down, 3, url, timeout_s=120)
     row("the storage's server is down (rank 0 opens it)", results, 0, lambda v: v)
     contract_rows()
+
+
+def nccl_rows() -> None:
+    """The contract on NCCL at 2 ranks: hooked (native) and stepped aside, a rank killed and a
+    rank stopped. Where autotune stepped aside on NCCL, DDP runs on the job's group (autotune
+    makes no NCCL group of its own), whose timeout here is launch's 60 s."""
+    seen = lambda s: (s.kind, s.message, s.seconds)  # noqa: E731
+    with tempfile.TemporaryDirectory() as tmp:
+        aside = {"plan_file": plan_that_steps_aside(Path(tmp) / "plan.json"), "timeout_s": 4.0}
+        native = {"algorithm": "native", "timeout_s": 4.0}
+        for name, config in (("native (hooked)", native), ("stepped aside", aside)):
+            for fault, wake in (("exit", False), ("stop", True)):
+                results = launch(
+                    train_until_it_fails, 2, {1: fault}, config, "8", wake, False, "cuda",
+                    backend="nccl", timeout_s=180,
+                )  # fmt: skip
+                row(f"NCCL, {name}: rank 1 of 2 {fault}s (timeout_s=4)", results, 1, seen)
 
 
 def contract_rows() -> None:

@@ -9,7 +9,9 @@
 # shows them), tests (tests/test_cuda.py), example (the example at world size 1 on NCCL and at 2
 # on gloo with CUDA tensors), gain-gloo (benchmarks/step_gain.py on CUDA tensors over gloo, 2
 # ranks), gain-nccl (the same on NCCL; 2 ranks on one GPU need NCCL 2.30 or newer, which it
-# checks first). Each writes its log, and the benchmarks their JSON, under
+# checks first), faults-nccl (the fault contract on NCCL at 2 ranks, benchmarks/faults.py
+# --nccl: the same NCCL check; not in the default run). Each writes its log, and the
+# benchmarks their JSON, under
 # $OUT (default: gpu-checks/), at most seven files. PY names the Python (default: python3).
 #
 # A lease is short: BUDGET_S (seconds, default none) ends the whole run in time, and each phase
@@ -110,6 +112,15 @@ gain() {  # gain BACKEND
         --json "$OUT/step-gain-cuda-$1.json" 2>&1 | tee "$OUT/step-gain-cuda-$1.log"
 }
 
+faults_phase() {  # the fault contract on NCCL, 2 ranks: NCCL's watchdog against autotune's
+    if "$PY" -c 'import sys, torch; sys.exit(torch.cuda.device_count() < 2 and torch.cuda.nccl.version()[:2] < (2, 30))'; then
+        NCCL_MULTI_RANK_GPU_ENABLE=1 capped 240 "$PY" benchmarks/faults.py --nccl 2>&1 \
+            | tee "$OUT/faults-nccl.md"
+    else
+        echo "faults-nccl skipped: 2 ranks on one GPU need NCCL >= 2.30" | tee "$OUT/faults-nccl.md"
+    fi
+}
+
 nccl_phase() {
     if "$PY" -c 'import sys, torch; sys.exit(torch.cuda.device_count() < 2 and torch.cuda.nccl.version()[:2] < (2, 30))'; then
         NCCL_MULTI_RANK_GPU_ENABLE=1 gain nccl
@@ -133,7 +144,8 @@ for phase in "${@:-env tests example gain-gloo gain-nccl}"; do
             example) example_phase ;;
             gain-gloo) gain gloo ;;
             gain-nccl) nccl_phase ;;
-            *) echo "unknown phase $p (env, tests, example, gain-gloo, gain-nccl)" >&2; exit 2 ;;
+            faults-nccl) faults_phase ;;
+            *) echo "unknown phase $p (env, tests, example, gain-gloo, gain-nccl, faults-nccl)" >&2; exit 2 ;;
         esac || status=1
     done
 done

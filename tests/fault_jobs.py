@@ -90,6 +90,7 @@ def train_until_it_fails(
     when: str = "8",
     wake: bool = False,
     buffers: bool = False,
+    device: str = "cpu",
 ) -> Seen:
     """Train; at the step ``when`` says, each rank in ``faults`` does what it says: "exit" (as if
     killed), "stop" (SIGSTOP itself: hung, alive) or "sleep" (hung in Python, its heartbeat
@@ -98,9 +99,14 @@ def train_until_it_fails(
     stepped aside ("aside"), or the second step of the catch's first block of plain DDP
     ("catch"); every rank reaches these at the same step. ``wake``: the lowest surviving rank,
     once it has its error, wakes the stopped ranks (SIGCONT), which then report theirs.
-    ``buffers``: train `BufferNet`, whose forward runs a collective of DDP's."""
+    ``buffers``: train `BufferNet`, whose forward runs a collective of DDP's. ``device``:
+    "cuda" puts the model and batches on this rank's GPU (ranks share GPUs round robin)."""
     torch.manual_seed(0)
-    model = DDP(BufferNet() if buffers else Net())
+    where = torch.device("cpu")
+    if device == "cuda":
+        where = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(where)
+    model = DDP((BufferNet() if buffers else Net()).to(where))
     state = autotune.register(model, autotune.Config(**config))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     fault_at = int(when) if when.isdigit() else None
@@ -122,7 +128,7 @@ def train_until_it_fails(
             if fault == "sleep":
                 time.sleep(3 * config["timeout_s"])  # past the others' timeout and diagnosis
                 os._exit(18)
-        x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+        x, y = torch.randn(8, 16, device=where), torch.randint(0, 4, (8,), device=where)
         in_forward = True
         try:
             out = model(x)
