@@ -148,9 +148,10 @@ def _from_backend(error: BaseException) -> bool:
 
 _guards: weakref.WeakSet[Guard] = weakref.WeakSet()
 _lock = threading.Lock()
-#: What torch's ``backward()`` and ``grad()`` call (torch 2.3 and later), by that name.
+#: What torch's ``backward()`` and ``grad()`` call (torch 2.3 and later), by that name. A torch
+#: without it gets no wrapper: DDP's errors without the hook then reach the user as they are.
 _NAME = "_engine_run_backward"
-_torch_run_backward: Callable[..., Any] = torch.autograd.graph._engine_run_backward
+_torch_run_backward: Callable[..., Any] | None = getattr(torch.autograd, _NAME, None)
 
 
 def install(guard: Guard) -> None:
@@ -160,7 +161,8 @@ def install(guard: Guard) -> None:
     wrapper adds one Python frame to a backward pass and acts only on an error."""
     with _lock:
         _guards.add(guard)
-        setattr(torch.autograd, _NAME, _run_backward)
+        if _torch_run_backward is not None:
+            setattr(torch.autograd, _NAME, _run_backward)
 
 
 def uninstall(guard: Guard) -> None:
@@ -171,6 +173,7 @@ def uninstall(guard: Guard) -> None:
 
 
 def _run_backward(*args: Any, **kwargs: Any) -> Any:
+    assert _torch_run_backward is not None  # installed only where torch has it
     try:
         return _torch_run_backward(*args, **kwargs)
     except PeerError:
