@@ -175,20 +175,19 @@ class Engine:
             limit = self.fusion_bytes
             if buffer.layout != torch.strided:
                 self._flush()  # the buckets before it go first, as on every rank
-                self._sparse(bucket)
-            elif self._pending and (
-                limit == 0
-                or self._pending[0].buffer.dtype != buffer.dtype
-                or self._pending[0].buffer.device != buffer.device
-                or sum(b.nbytes for b in self._pending) + bucket.nbytes > limit
-            ):
-                self._flush()
-            if buffer.layout != torch.strided:
-                pass
-            elif limit == 0 or bucket.nbytes >= limit:
-                self._dispatch([bucket])
+                self._hand_over(self._sparse(bucket))
             else:
-                self._pending.append(bucket)
+                if self._pending and (
+                    limit == 0
+                    or self._pending[0].buffer.dtype != buffer.dtype
+                    or self._pending[0].buffer.device != buffer.device
+                    or sum(b.nbytes for b in self._pending) + bucket.nbytes > limit
+                ):
+                    self._flush()
+                if limit == 0 or bucket.nbytes >= limit:
+                    self._dispatch([bucket])
+                else:
+                    self._pending.append(bucket)
             if is_last:
                 self._last_bucket_at = time.perf_counter()
                 self._flush()
@@ -278,17 +277,7 @@ class Engine:
             # same on every rank: the lane and the rest talk on different groups.
             direct = self._direct(buckets[0])
             if direct is not None:
-                if self._starting:
-                    # Launched now (the start thread never uses the job's group), finished in
-                    # order: it queues behind the messages the start thread has yet to start.
-                    self._release()
-                    self._starting += 1
-                    self._to_start.put(direct)
-                elif direct.pieces and direct.pieces[0].early:
-                    self._held.append(direct)
-                else:
-                    self._release()
-                    self._to_finish.put(direct)
+                self._hand_over(direct)
                 return
         nbytes = sum(b.nbytes for b in buckets)
         inline = self._starting == 0 and all(
@@ -315,16 +304,7 @@ class Engine:
         choice = self.plan.choice(nbytes)
         started = _Started([bucket], bucket.buffer, algorithm=choice.algorithm)
         try:
-            lane = self._lanes.get(choice.algorithm)
-            if lane is None:
-                algo = self.algorithm_for(choice.algorithm)
-                if algo.asynchronous:
-                    # On the job's own group, as DDP and allreduce_hook do: launched here, on
-                    # the autograd thread, in bucket order on every rank. (A dedicated group
-                    # measured ~5% slower steps on 2 shared cores.)
-                    comm = algo.connect(self.group, bucket.buffer.device, dedicated=False)
-                    lane = (algo, comm)
-                self._lanes[choice.algorithm] = lane
+            lane = self._lane(choice.algorithm, bucket.buffer.device)
             if lane is None:
                 return None
             algo, comm = lane
@@ -340,14 +320,44 @@ class Engine:
         self._complete_early(bucket, piece)
         return started
 
-    def _sparse(self, bucket: _Bucket) -> None:
+    def _lane(self, name: str, device: torch.device) -> tuple[AllReduceAlgorithm, Comm] | None:
+        """Algorithm ``name`` and its kept connection on the job's own group, where the backend
+        runs it (`asynchronous`); None where it is driven from Python."""
+        lane = self._lanes.get(name)
+        if lane is None:
+            algo = self.algorithm_for(name)
+            if algo.asynchronous:
+                # On the job's own group, as DDP and allreduce_hook do: launched on the autograd
+                # thread, in bucket order on every rank. (A dedicated group measured ~5% slower
+                # steps on 2 shared cores.)
+                lane = (algo, algo.connect(self.group, device, dedicated=False))
+            self._lanes[name] = lane
+        return lane
+
+    def _hand_over(self, started: _Started) -> None:
+        """Pass a message launched on the submitting thread on, in order (with the lock held):
+        behind those the start thread has yet to start (it never uses the job's group), else
+        held for the completing thread where the backend's callback completes it, else to it."""
+        if self._starting:
+            self._release()
+            self._starting += 1
+            self._to_start.put(started)
+        elif started.pieces and started.pieces[0].early:
+            self._held.append(started)
+        else:
+            self._release()
+            self._to_finish.put(started)
+
+    def _sparse(self, bucket: _Bucket) -> _Started:
         """A sparse gradient (``nn.Embedding(sparse=True)``): the backend's own all-reduce, on the
         job's group, as DDP runs it without a hook and PyTorch's ``allreduce_hook`` with one.
         No algorithm of autotune's takes sparse tensors, and its size says nothing of a dense
         message's: it is neither tuned nor timed. Called with the lock held, after a flush."""
         started = _Started([bucket], bucket.buffer, algorithm="native", sparse=True)
         try:
-            comm = self._job_comm(bucket.buffer.device)
+            lane = self._lane(BASELINE_CHOICE.algorithm, bucket.buffer.device)
+            assert lane is not None  # the backend's own all-reduce is asynchronous
+            comm = lane[1]
             bucket.buffer.mul_(1.0 / self.world_size)  # as `_start` explains
             begin = time.perf_counter()
             work = dist.all_reduce(bucket.buffer, group=comm.group, async_op=True)
@@ -357,22 +367,7 @@ class Engine:
             started.pieces.append(_Piece(0, BASELINE_CHOICE, pending, begin, None, None, None))
         except BaseException as exc:
             started.error = exc
-        if self._starting:  # behind what the start thread has yet to start, as the lane
-            self._release()
-            self._starting += 1
-            self._to_start.put(started)
-        else:
-            self._release()
-            self._to_finish.put(started)
-
-    def _job_comm(self, device: torch.device) -> Comm:
-        """The backend's own all-reduce on the job's group, kept (the lane's, `_direct`)."""
-        lane = self._lanes.get(BASELINE_CHOICE.algorithm)
-        if lane is None:
-            algo = self.algorithm_for(BASELINE_CHOICE.algorithm)
-            lane = (algo, algo.connect(self.group, device, dedicated=False))
-            self._lanes[BASELINE_CHOICE.algorithm] = lane
-        return lane[1]
+        return started
 
     def _release(self) -> None:
         """Hand the held messages to the completing thread (with the lock held)."""

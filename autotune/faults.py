@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from autotune.algorithms import PeerError
-from autotune.liveness import Liveness, StoreUnreachable
+from autotune.liveness import Liveness, StoreUnreachable, local_suspect
 from autotune.processes import ProcessId, state
 from autotune.redact import redact
 
@@ -162,7 +162,7 @@ class FailureBoard:
         """
         liveness = self.liveness
         try:
-            claimed = self._call(lambda s: s.get("verdict") if s.check(["verdict"]) else b"")
+            claimed = self._claimed()
             if claimed:
                 return _read_verdict(claimed)
             rank, reason = self._name(error)
@@ -183,13 +183,15 @@ class FailureBoard:
     def _name(self, error: BaseException) -> tuple[int | None, str]:
         if not isinstance(error, PeerError):
             return self.rank, redact(f"{type(error).__name__}: {_first_line(error)}")
-        dead = self._dead_peers()
-        if dead:
-            return dead[0], f"its process exited; seen by rank {self.rank}"
-        if self.liveness is not None:
-            suspect = self.liveness.suspect()
-            if suspect is not None:
-                return suspect
+        # A local peer that exited or is stopped first; then, where the heartbeats run, whom
+        # they point to (`Liveness.suspect` looks at the local peers again as it reads them).
+        suspect = (
+            local_suspect(self.peers, self.rank)
+            if self.liveness is None
+            else self.liveness.suspect()
+        )
+        if suspect is not None:
+            return suspect
         if error.peer is not None:
             return error.peer, redact(f"rank {self.rank} waited on it: {_first_line(error)}")
         return None, ""
@@ -222,18 +224,18 @@ class FailureBoard:
             return fn(self.store)
         return self.liveness.bounded.call(fn)
 
+    def _claimed(self) -> bytes:
+        """The claim in the store, or b"" where no rank has made one."""
+        return bytes(self._call(lambda s: s.get("verdict") if s.check(["verdict"]) else b""))
+
     def _wait_for_verdict(self) -> bytes:
         deadline = self.clock() + min(VERDICT_WAIT_S, self.timeout_s)
         while self.clock() < deadline:
-            claimed = self._call(lambda s: s.get("verdict") if s.check(["verdict"]) else b"")
+            claimed = self._claimed()
             if claimed:
-                return bytes(claimed)
+                return claimed
             time.sleep(0.02)
         return b""
-
-    def _dead_peers(self) -> list[int]:
-        """Ranks on this host whose process has exited (other hosts' cannot be seen from here)."""
-        return [r for r, p in sorted(self.peers.items()) if p.here and state(p) == "exited"]
 
 
 def _read_verdict(raw: bytes) -> Verdict:

@@ -225,6 +225,10 @@ class AutotuneState:
         it steps aside, DDP's bucket size (`autotune.buckets`). As of the last iteration whose
         backward() returned, the same on every rank (see `locked`)."""
         self.engine.settle(self.config.timeout_s)
+        return self._settled()
+
+    def _settled(self) -> bool:
+        """`settled`, from what this rank knows now (the engine settled first)."""
         tuner, aside = self.tuner, self.aside
         if tuner is None:
             return aside is None or aside.at is not None or aside.refused is not None
@@ -248,12 +252,12 @@ class AutotuneState:
         self.engine.settle(self.config.timeout_s)
         tuner, aside = self.tuner, self.aside
         if tuner is None:
-            return self.settled
+            return self._settled()
         if tuner.aside_from is None:
             return tuner.locked
         if aside is not None and aside.at is None and aside.refused is None:
             return True  # the baseline, locked: DDP takes over at the next forward
-        return self.settled
+        return self._settled()
 
     def verdict(self) -> str:
         """One line for a job's summary: its training step against plain DDP's, as the tuner

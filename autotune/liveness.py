@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from autotune.processes import ProcessId, state
 
-__all__ = ["BoundedStore", "Liveness", "StoreUnreachable", "period_for"]
+__all__ = ["BoundedStore", "Liveness", "StoreUnreachable", "local_suspect", "period_for"]
 
 _log = logging.getLogger("autotune")
 
@@ -180,16 +180,7 @@ class Liveness:
         return None
 
     def local_suspect(self) -> tuple[int, str] | None:
-        """A peer on this host whose process exited or is stopped (others cannot be seen)."""
-        for r, peer in sorted(self.peers.items()):
-            if not peer.here:
-                continue
-            now = state(peer)
-            if now == "exited":
-                return r, f"its process exited; seen by rank {self.rank}"
-            if now == "stopped":
-                return r, f"its process is stopped (SIGSTOP, a debugger); seen by rank {self.rank}"
-        return None
+        return local_suspect(self.peers, self.rank)
 
     def _read(self) -> dict[int, tuple[int, int]]:
         others = [r for r in self.ranks if r != self.rank]
@@ -206,3 +197,16 @@ class Liveness:
                 beat, progress = raw.decode().split()
                 out[r] = (int(beat), int(progress))
         return out
+
+
+def local_suspect(peers: Mapping[int, ProcessId], rank: int) -> tuple[int, str] | None:
+    """A peer on this host (seen from ``rank``) whose process exited, else one that is stopped;
+    the lowest such rank. Other hosts' processes cannot be seen from here."""
+    seen = {r: state(p) for r, p in sorted(peers.items()) if p.here}
+    exited = [r for r, now in seen.items() if now == "exited"]
+    if exited:
+        return exited[0], f"its process exited; seen by rank {rank}"
+    stopped = [r for r, now in seen.items() if now == "stopped"]
+    if stopped:
+        return stopped[0], f"its process is stopped (SIGSTOP, a debugger); seen by rank {rank}"
+    return None

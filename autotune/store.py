@@ -288,20 +288,15 @@ class Store:
             return f"the job that ran it ended: its process ({process.describe()}) is gone"
         return None
 
-    def fail_stale(self, key: str) -> int:
-        """`fail_stale_trials` in every study of fingerprint ``key``; the trials left running.
-        A job that only loads the stored plan opens none of them: it calls this."""
+    def fail_stale(self, key: str) -> None:
+        """`fail_stale_trials` in every study of fingerprint ``key``: a job that only loads the
+        stored plan opens none of them, so it calls this."""
         import optuna
-        from optuna.trial import TrialState
 
-        running = 0
         prefix = f"autotune/{key}/"
         for name in optuna.study.get_all_study_names(storage=self.storage):
             if name.startswith(prefix):
-                study = optuna.load_study(study_name=name, storage=self.storage)
-                self.fail_stale_trials(study)
-                running += len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-        return running
+                self.fail_stale_trials(optuna.load_study(study_name=name, storage=self.storage))
 
     def load_table(self, key: str) -> Table | None:
         """The plan stored for fingerprint ``key`` (every job's, merged), if a job locked one."""
