@@ -29,6 +29,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	@# The layer contract: no import circle, no layer importing one above it (tools/layers.py).
+	$(PY) tools/layers.py
 
 # Two pytest-xdist workers, a test file each at a time (its module fixtures, such as one
 # Prometheus for a file's tests, stay in one worker). `make pytest PYTEST_ARGS=` runs serially.

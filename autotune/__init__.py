@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from autotune import algorithms
 from autotune.config import Config
+from autotune.ddp.stats import MessageRecord, Summary
 from autotune.hook import AutotuneState, default_state, hook, register
 from autotune.plan import Choice, size_class
-from autotune.stats import MessageRecord, Summary
 
 __all__ = [
     "AutotuneState",

@@ -11,19 +11,22 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from autotune.algorithms import ALGORITHMS, BUILTINS, available
+from autotune.comm.topology import NODE_ID_ENV
 from autotune.plan import check_fusion_bytes
-from autotune.redact import redact
-from autotune.testing.cluster import NETNS_TAG_ENV
-from autotune.topology import NODE_ID_ENV
-from autotune.units import parse_bytes
+from autotune.util.redact import redact
+from autotune.util.units import parse_bytes
 
-__all__ = ["ENV_PREFIX", "OTHER_VARIABLES", "Config"]
+__all__ = ["ENV_PREFIX", "NETNS_TAG_ENV", "OTHER_VARIABLES", "Config"]
 
 ENV_PREFIX = "AUTOTUNE_"
 
+#: Tags the network namespaces a test run makes (autotune.testing.cluster), so that each run
+#: removes only its own.
+NETNS_TAG_ENV = "AUTOTUNE_NETNS_TAG"
+
 #: Variables of ours that are not Config fields, and who reads them.
 OTHER_VARIABLES = {
-    NODE_ID_ENV: "autotune.topology: which ranks share a node",
+    NODE_ID_ENV: "autotune.comm.topology: which ranks share a node",
     NETNS_TAG_ENV: "autotune.testing.cluster: tags the network namespaces a test run makes",
 }
 
@@ -92,9 +95,9 @@ class Config:
     step_aside: bool = True
     """Once the tuner keeps the baseline (no plan beat the backend's own all-reduce on DDP's
     buckets), give DDP its reducer back without the hook, so the job runs as plain DDP
-    (`autotune.aside`); and before a plan that needs the hook is locked, make it beat plain DDP
-    itself, in blocks of iterations on DDP's reducers (`autotune.catch`). False keeps the hook,
-    and its per-bucket measurements, to the end, whatever is kept."""
+    (`autotune.ddp.aside`); and before a plan that needs the hook is locked, make it beat plain DDP
+    itself, in blocks of iterations on DDP's reducers (`autotune.tuning.catch`). False keeps the
+    hook, and its per-bucket measurements, to the end, whatever is kept."""
 
     plan_file: str | None = None
     """A tuned table (``autotune show --json``) to run as a fixed plan, without tuning."""

@@ -22,7 +22,7 @@ from autotune.hook import (
     reset_default_state,
 )
 from autotune.plan import segment_text
-from autotune.units import format_bytes
+from autotune.util.units import format_bytes
 
 __all__ = ["attach", "detach", "find_ddp", "log_values", "plan_text"]
 

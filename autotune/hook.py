@@ -30,21 +30,21 @@ from autotune.algorithms import (
     get_algorithm,
     p2p_group,
 )
-from autotune.aside import CatchHooks, StepAside
-from autotune.blocks import BLOCK
-from autotune.buckets import MAX_PAIRS, BucketTuner, why_not_tuned
-from autotune.catch import HookCatch
+from autotune.comm.faults import FailureBoard, release
 from autotune.config import Config
-from autotune.cores import oversubscription, usable_cores
-from autotune.engine import Engine
-from autotune.faults import FailureBoard, release
-from autotune.guard import Guard, guarded_group
+from autotune.ddp.aside import CatchHooks, StepAside
+from autotune.ddp.engine import Engine
+from autotune.ddp.guard import Guard, guarded_group
+from autotune.ddp.stats import Recorder, Summary, summarize
 from autotune.plan import BASELINE_CHOICE, Buckets, Choice, Entry, Plan, Table, load_table
-from autotune.redact import redact
-from autotune.stats import Recorder, Summary, summarize
-from autotune.store import elastic_attempt
+from autotune.storage.store import elastic_attempt
 from autotune.tuning import Tuner
-from autotune.units import format_bytes
+from autotune.tuning.blocks import BLOCK
+from autotune.tuning.buckets import MAX_PAIRS, BucketTuner, why_not_tuned
+from autotune.tuning.catch import HookCatch
+from autotune.util.cores import oversubscription, usable_cores
+from autotune.util.redact import redact
+from autotune.util.units import format_bytes
 
 if TYPE_CHECKING:
     from autotune.metrics import Exporter
@@ -129,9 +129,10 @@ class AutotuneState:
         self.tuner: Tuner | None = None
         #: The Prometheus exporter (``Config.metrics_port``), else None.
         self.exporter: Exporter | None = None
-        #: Takes the hook out of DDP once the tuner keeps the baseline (`autotune.aside`).
+        #: Takes the hook out of DDP once the tuner keeps the baseline (`autotune.ddp.aside`).
         self.aside: StepAside | None = None
-        #: The fault contract where DDP runs without the hook (`autotune.guard`), wherever it may.
+        #: The fault contract where DDP runs without the hook (`autotune.ddp.guard`), wherever it
+        #: may.
         self.guard: Guard | None = None
         #: The job's failure, once diagnosed: every later error of this state is this one.
         self.failure: PeerError | None = None
@@ -144,7 +145,7 @@ class AutotuneState:
             diagnose=self._diagnose,
         )
         # This state builds every part and hands each what it uses; they hear the engine's
-        # events (autotune.events) rather than reaching into the state.
+        # events (autotune.ddp.events) rather than reaching into the state.
         self.engine.subscribe(self.recorder.record)
         try:
             # Made now, collectively, rather than inside the first backward on the autograd
@@ -198,7 +199,7 @@ class AutotuneState:
             raise
         self.board.start_watching()
         #: On the lowest of the group's ranks on this host, where they oversubscribe its cores
-        #: (`autotune.cores`), what to say at the first bucket if it is on the CPU; else None.
+        #: (`autotune.util.cores`), what to say at the first bucket if it is on the CPU; else None.
         self._cores_warning = _oversubscribed_here(self.board)
 
     def _warn_cores(self, buffer: torch.Tensor) -> None:
@@ -222,8 +223,8 @@ class AutotuneState:
     @property
     def settled(self) -> bool:
         """Whether autotune has decided what this job runs: the tuner's plan, locked, and where
-        it steps aside, DDP's bucket size (`autotune.buckets`). As of the last iteration whose
-        backward() returned, the same on every rank (see `locked`)."""
+        it steps aside, DDP's bucket size (`autotune.tuning.buckets`). As of the last iteration
+        whose backward() returned, the same on every rank (see `locked`)."""
         self.engine.settle(self.config.timeout_s)
         return self._settled()
 
@@ -350,7 +351,7 @@ class AutotuneState:
         return diagnosed
 
     def _diagnose_ddp(self, error: BaseException) -> PeerError:
-        """DDP's own collective failed, without the hook (`autotune.guard`)."""
+        """DDP's own collective failed, without the hook (`autotune.ddp.guard`)."""
         ours = PeerError(f"DDP's all-reduce without autotune's hook: {error}")
         ours.__cause__ = error
         return self._diagnose(ours, "native")
@@ -419,7 +420,7 @@ def _bucket_tuner(
     tuner: Tuner, config: Config
 ) -> Callable[[DistributedDataParallel], BucketTuner | None]:
     """Once aside: DDP's bucket size tuned, from the fusion size the tuner kept and the size a
-    previous job stored, unless the model's buckets cannot be (`autotune.buckets`)."""
+    previous job stored, unless the model's buckets cannot be (`autotune.tuning.buckets`)."""
 
     def start(ddp: DistributedDataParallel) -> BucketTuner | None:
         why = "tuning stopped: its storage failed" if tuner.frozen else why_not_tuned(ddp)
@@ -438,7 +439,7 @@ def _bucket_tuner(
 
 
 def _catch_hooks(tuner: Tuner, engine: Engine, config: Config) -> CatchHooks:
-    """The catch (`autotune.catch`): the plan the tuner locked, against plain DDP."""
+    """The catch (`autotune.tuning.catch`): the plan the tuner locked, against plain DDP."""
 
     def settle() -> None:
         if not engine.settle(config.timeout_s):
@@ -551,7 +552,7 @@ def hook(
     if bucket.is_last():
         liveness = state.board.liveness
         if liveness is not None:
-            liveness.progress += 1  # an iteration begun (autotune.liveness)
+            liveness.progress += 1  # an iteration begun (autotune.comm.liveness)
         _check_at_backward_end(future)
         if state.aside is not None:
             state.aside.check(state.engine.submitted)

@@ -39,7 +39,7 @@ def segment_text(choice: Choice) -> str:
     """A choice's segment as every table shows it: "-" where the algorithm has none (or is not
     registered here), "default" for the algorithm's own, else the size ("256 KiB")."""
     from autotune.algorithms import ALGORITHMS
-    from autotune.units import format_bytes
+    from autotune.util.units import format_bytes
 
     algo = ALGORITHMS.get(choice.algorithm)
     if algo is None or not algo.segmented:
@@ -54,7 +54,7 @@ PLAN_COLUMNS = ("size class", "algorithm", "segment", "median (us)", "trials")
 def plan_rows(table: Table) -> list[tuple[int, tuple[str, str, str, str, str]]]:
     """A tuned table's cells, one row per size class (smallest first), as every plan table shows
     them (`PLAN_COLUMNS`); each renderer lays them out (text, markdown, a figure)."""
-    from autotune.units import format_bytes
+    from autotune.util.units import format_bytes
 
     return [
         (
@@ -103,7 +103,7 @@ class Choice:
 
     def __str__(self) -> str:
         """``ring`` or, with a segment, ``ring/256 KiB``: how logs and verdicts name it."""
-        from autotune.units import format_bytes
+        from autotune.util.units import format_bytes
 
         if self.segment_bytes is None:
             return self.algorithm
@@ -140,7 +140,7 @@ class Arm:
         return Arm(self.choices, fusion_bytes)
 
     def describe(self) -> str:
-        from autotune.units import format_bytes
+        from autotune.util.units import format_bytes
 
         parts = [f"{format_bytes(cls)}: {c}" for cls, c in self.choices]
         fusion = f"fusion {format_bytes(self.fusion_bytes)}" if self.fusion_bytes else ""
@@ -304,11 +304,11 @@ class Lead:
 
 @dataclass(frozen=True)
 class Buckets:
-    """DDP's own bucket size that a job kept once autotune stepped aside (`autotune.buckets`),
-    and its step over DDP's buckets as the job built them, plain DDP as the user set it up
-    (None: that size is the job's own; no other beat it). Where the job's own was kept,
-    ``lead`` is the size that came closest (ahead on the step, not beyond noise) with what it
-    measured: the next job duels it once more."""
+    """DDP's own bucket size that a job kept once autotune stepped aside
+    (`autotune.tuning.buckets`), and its step over DDP's buckets as the job built them, plain DDP
+    as the user set it up (None: that size is the job's own; no other beat it). Where the job's own
+    was kept, ``lead`` is the size that came closest (ahead on the step, not beyond noise) with
+    what it measured: the next job duels it once more."""
 
     bucket_bytes: int
     gain: Gain | None
@@ -322,7 +322,7 @@ class Buckets:
 
     def describe(self) -> str:
         """``DDP's buckets at 4 MiB (0.82x over 12 pairs of blocks)``."""
-        from autotune.units import format_bytes
+        from autotune.util.units import format_bytes
 
         size = f"DDP's buckets at {format_bytes(self.bucket_bytes)}"
         if self.gain is not None:
@@ -522,6 +522,6 @@ def _optional_int(value: object) -> int | None:
 
 def load_table(path: str) -> Table:
     """Read a table written by ``autotune show --json``; errors name the file and the problem."""
-    from autotune.jsonfile import read_json
+    from autotune.util.jsonfile import read_json
 
     return read_json(path, Table.from_json, "plan file")

@@ -24,10 +24,10 @@ import torch
 import torch.distributed as dist
 
 from autotune.algorithms import available, get_algorithm
-from autotune.launch import run_local
-from autotune.stats import quartiles
+from autotune.comm.launch import run_local
+from autotune.ddp.stats import quartiles
 from autotune.sweep import Bench, Variant, machine
-from autotune.units import format_bytes, parse_bytes
+from autotune.util.units import format_bytes, parse_bytes
 
 
 def parse_size(text: str) -> int:

@@ -30,9 +30,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
-from autotune.launch import run_local
+from autotune.comm.launch import run_local
+from autotune.ddp.stats import quartiles
 from autotune.plan import Buckets, Table
-from autotune.stats import quartiles
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from train_ddp import Teacher, add_model_arguments, build_model

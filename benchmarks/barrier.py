@@ -25,7 +25,7 @@ import torch.distributed as dist
 from autotune.algorithms import Comm, p2p_group
 from autotune.algorithms import _shared_memory as shm
 from autotune.algorithms._pipes import PipeBarrier
-from autotune.launch import run_local
+from autotune.comm.launch import run_local
 
 
 def timings(rank: int, world_size: int, rounds: int) -> dict[str, float]:

@@ -8,11 +8,11 @@ plain DDP at each ``--caps`` bucket size (MiB; the first is the reference), and 
 model's usual buckets (the mlp's 1 MiB, DDP's default otherwise) with autotune's hook fixed on
 the backend's all-reduce at each ``--fusions`` size (MiB, 0: DDP's buckets as they are).
 Reported: each arm's median step over the reference's, per step, slowest rank, with the sign
-test's 95% interval. Why `autotune.buckets` tunes DDP's bucket size rather than fusing through
-the hook once it steps aside.
+test's 95% interval. Why `autotune.tuning.buckets` tunes DDP's bucket size rather than fusing
+through the hook once it steps aside.
 
 With ``--block N`` the arms take turns in blocks of N steps instead, with no barrier, as a job
-runs (and as `autotune.buckets` compares sizes): the first `BLOCK_WARMUP` steps of each block
+runs (and as `autotune.tuning.buckets` compares sizes): the first `BLOCK_WARMUP` steps of each block
 are not timed, a block's value is the median of its other steps (per step, the slowest rank's),
 and each round's blocks are compared with the reference's block of the same round. The barrier
 lines the ranks up before every step; without it, a rank that finished early starts its next
@@ -34,8 +34,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
-from autotune.blocks import BLOCK_WARMUP
-from autotune.launch import run_local
+from autotune.comm.launch import run_local
+from autotune.tuning.blocks import BLOCK_WARMUP
 from autotune.tuning.duel import median_interval
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

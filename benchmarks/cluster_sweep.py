@@ -21,7 +21,7 @@ from pathlib import Path
 
 from autotune.sweep import SweepResult
 from autotune.testing.cluster import Cluster
-from autotune.units import format_bytes
+from autotune.util.units import format_bytes
 
 
 def _layout(text: str) -> tuple[int, int]:

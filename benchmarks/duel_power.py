@@ -4,11 +4,11 @@
 
 A duel's stopping rules (`autotune.tuning.duel.Duel`) decide on noisy pairs of blocks; whether
 they keep a real gain, or drop a size that has turned slower, is a matter of chance that a few
-benchmark runs cannot count. This feeds the duels `autotune.buckets` runs with pairs whose log
-ratio is normal around the log of the true ratio, with the given spread, and counts how often
+benchmark runs cannot count. This feeds the duels `autotune.tuning.buckets` runs with pairs whose
+log ratio is normal around the log of the true ratio, with the given spread, and counts how often
 each kept the challenger and how many pairs it took:
 
-- ``first``: a first duel (`autotune.buckets.bucket_duel`, as the job runs it: `MAX_PAIRS`,
+- ``first``: a first duel (`autotune.tuning.buckets.bucket_duel`, as the job runs it: `MAX_PAIRS`,
   extended to twice that while ahead on the median); the challenger must be faster beyond noise;
 - ``re-check at N``: a stored size's re-check judged at `MAX_PAIRS` alone (``extend_to`` =
   ``max_pairs``);
@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from autotune.buckets import MAX_PAIRS, bucket_duel
+from autotune.tuning.buckets import MAX_PAIRS, bucket_duel
 from autotune.tuning.duel import Duel
 
 RULES = ("first", f"re-check at {MAX_PAIRS}", "re-check, extended")

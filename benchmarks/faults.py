@@ -27,7 +27,7 @@ from fault_jobs import (
 )
 
 import autotune
-from autotune.launch import launch
+from autotune.comm.launch import launch
 
 
 def storage_down(rank: int, world_size: int, url: str) -> tuple[str, str, float]:

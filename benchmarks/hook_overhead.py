@@ -32,8 +32,8 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
-from autotune.launch import run_local
-from autotune.stats import MessageRecord, quartiles
+from autotune.comm.launch import run_local
+from autotune.ddp.stats import MessageRecord, quartiles
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from train_ddp import Teacher, add_model_arguments, build_model

@@ -25,9 +25,9 @@ from prometheus_client import generate_latest
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
-from autotune.events import Event
-from autotune.launch import run_local
-from autotune.stats import MessageRecord
+from autotune.comm.launch import run_local
+from autotune.ddp.events import Event
+from autotune.ddp.stats import MessageRecord
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from train_ddp import Teacher, add_model_arguments, build_model

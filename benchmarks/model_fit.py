@@ -15,9 +15,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from autotune.comm.topology import Topology
 from autotune.model import MODELLED, Fit, Link, fit, samples_from_sweep
 from autotune.sweep import SweepResult
-from autotune.topology import Topology
 
 
 def _gbps(link: Link) -> str:

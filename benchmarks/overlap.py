@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
 from autotune.algorithms import Comm, RingAllReduce, register
-from autotune.launch import run_local
+from autotune.comm.launch import run_local
 
 
 class DelayedRing(RingAllReduce):

@@ -12,7 +12,7 @@ does it): a one-element all-reduce on the job's group. Ends with the verdict. Wh
 job did or did not try a choice on the step (docs/BENCHMARKS.md, "What tuning pays").
 ``--plan`` seeds the storage with a locked plan (size class in bytes = algorithm, comma
 separated; the other classes native) as a job before it would have stored it: the job starts
-from it, as a restart does, and where the plan needs the hook, the catch (autotune/catch.py)
+from it, as a restart does, and where the plan needs the hook, the catch (autotune/tuning/catch.py)
 compares it with plain DDP.
 """
 
@@ -31,9 +31,9 @@ from step_gain import MODELS, model_and_batch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
-from autotune.launch import run_local
+from autotune.comm.launch import run_local
 from autotune.plan import Choice, Entry, Table, size_class
-from autotune.store import Store, device_model, fingerprint, fingerprint_key
+from autotune.storage.store import Store, device_model, fingerprint, fingerprint_key
 
 #: The tuner's lines worth reading here (rank 0 logs them at INFO).
 TOLD = ("screening", "nominated", "duel", "locked", "steps aside", "catch", "kept")

@@ -9,7 +9,7 @@ model and world size, three runs on spawned CPU ranks (gloo, 127.0.0.1), one int
 rank as torchrun sets (``--threads`` to change it):
 
 1. tune: autotune alone from an empty storage (the live tuner, every phase, and where it steps
-   aside, DDP's bucket size: `autotune.buckets`); records the step from which everything was
+   aside, DDP's bucket size: `autotune.tuning.buckets`); records the step from which everything was
    decided, and every step's time; it ends 20 steps after that where it stepped aside (nothing
    changes from there), else at ``--tune-steps``;
 2. restart: autotune alone again on run 1's storage: the stored plan is confirmed against the
@@ -61,7 +61,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hoo
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
-from autotune.launch import RankFailure, run_local
+from autotune.comm.launch import RankFailure, run_local
 from autotune.plan import Arm, Table
 from autotune.testing.settled import all_settled, control_device, everywhere
 from autotune.tuning.duel import median_interval

@@ -31,8 +31,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
-from autotune.launch import run_local
-from autotune.units import format_bytes
+from autotune.comm.launch import run_local
+from autotune.util.units import format_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from train_ddp import Teacher, add_model_arguments, build_model

@@ -28,9 +28,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
-from autotune.launch import run_local
+from autotune.comm.launch import run_local
 from autotune.plan import segment_text
-from autotune.units import format_bytes, parse_bytes
+from autotune.util.units import format_bytes, parse_bytes
 
 INPUTS = 64
 CLASSES = 10

@@ -13,7 +13,7 @@ from ddp_jobs import VARIANTS, Net, digest
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
-from autotune.store import Store
+from autotune.storage.store import Store
 from autotune.testing.settled import everywhere
 
 #: A tuner that can only keep the baseline: one candidate (native), DDP's buckets, quick trials.
@@ -35,13 +35,13 @@ class Aside:
     hooks_left: int  # what DDP's _comm_hooks lists at the end
     verdict: str
     stepped_aside_gauge: float | None  # the exporter's autotune_hook_stepped_aside, if it ran
-    # DDP's bucket size once aside (`autotune.buckets`): each challenger's cap and whether it
+    # DDP's bucket size once aside (`autotune.tuning.buckets`): each challenger's cap and whether it
     # won, the cap kept (None: not searched), the model's cap at the end, the stored table's.
     bucket_duels: list[tuple[int, bool]] | None = None
     bucket_kept: int | None = None
     bucket_cap: int = 0
     stored_buckets: dict[str, Any] | None = None
-    # The catch (`autotune.catch`): whether the hook ran on after it (None: none ran), its
+    # The catch (`autotune.tuning.catch`): whether the hook ran on after it (None: none ran), its
     # pairs of blocks, and the plan the storage holds afterwards (algorithm per size class).
     catch_kept: bool | None = None
     catch_pairs: int = 0
@@ -69,7 +69,7 @@ def beside_plain(
     load), and has finished tuning DDP's bucket size where it does. ``slow``: "reference" slows
     every step of the hooked model while its reducer has the buckets the job built it with (by
     `SLOW_S`), "others" while it has any other bucket size; "hook" while the reducer has
-    autotune's hook, "plain" while it has none (`autotune.catch`). With ``after_catch``,
+    autotune's hook, "plain" while it has none (`autotune.tuning.catch`). With ``after_catch``,
     ``steps`` is a cap: training stops once every rank's catch is over and it has taken that
     many synced steps since."""
     variant = VARIANTS[variant_name]
@@ -177,7 +177,7 @@ def beside_plain(
 
 
 def _catch_over(state: autotune.AutotuneState) -> bool:
-    """Whether this rank's catch (`autotune.catch`) has decided."""
+    """Whether this rank's catch (`autotune.tuning.catch`) has decided."""
     aside = state.aside
     return aside is not None and aside.catch is not None and aside.catch.outcome is not None
 

@@ -19,8 +19,8 @@ import torch.distributed as dist
 
 
 def topology() -> dict[str, Any]:
-    from autotune.store import job_fingerprint
-    from autotune.topology import detect
+    from autotune.comm.topology import detect
+    from autotune.storage.store import job_fingerprint
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

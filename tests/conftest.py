@@ -54,7 +54,7 @@ def clean_registry() -> Iterator[None]:
 def stale_after_s(monkeypatch: pytest.MonkeyPatch) -> float:
     """Heartbeats every second and a 2 s grace, for stores opened in the test; returns how long
     to wait for a trial to go stale (the grace, plus SQLite's 1 s clock resolution, plus margin)."""
-    from autotune import store
+    from autotune.storage import store
 
     monkeypatch.setattr(store, "HEARTBEAT_S", 1)
     monkeypatch.setattr(store, "STALE_AFTER_S", 2)

@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import autotune
 from autotune.algorithms import Comm, RingAllReduce, register
 from autotune.config import Config
-from autotune.stats import MessageRecord
+from autotune.ddp.stats import MessageRecord
 
 
 class Net(torch.nn.Module):
@@ -474,7 +474,7 @@ def frameworks_attach(rank: int, world_size: int) -> dict[str, Any]:
 
 def oversubscription_warnings(rank: int, world_size: int) -> list[str]:
     """Two steps of a small model with the hook fixed on native; the warnings about this host's
-    cores (autotune.cores) that this rank logged."""
+    cores (autotune.util.cores) that this rank logged."""
     import logging
 
     seen: list[str] = []

@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
 from autotune.plan import Buckets, Choice, Entry, Gain, Table, size_class
-from autotune.store import Store, device_model, fingerprint, fingerprint_key
+from autotune.storage.store import Store, device_model, fingerprint, fingerprint_key
 
 
 def register_with_storage(rank: int, world_size: int, url: str) -> tuple[str, str, list[str]]:
@@ -31,7 +31,7 @@ def register_with_storage(rank: int, world_size: int, url: str) -> tuple[str, st
         autotune.register(DDP(Net()), autotune.Config(storage=url, timeout_s=60)).close()
     except (RuntimeError, ValueError) as exc:
         kind, message = type(exc).__name__, str(exc)
-    # The first state's board (`autotune.faults.FailureBoard`), as it names its keys.
+    # The first state's board (`autotune.comm.faults.FailureBoard`), as it names its keys.
     assert dist.group.WORLD is not None
     board = f"autotune/{dist.group.WORLD.group_name}/0/"
     store = dist.PrefixStore(board, dist.distributed_c10d._get_default_store())
@@ -165,7 +165,7 @@ def train_until_it_fails(
 def storage_with_a_ring_plan(path: Path, world_size: int) -> str:
     """A storage holding, for `Net`'s all-reduces at ``world_size`` CPU ranks on this host, a
     plan with `ring` for its bucket's size class: a job from it goes straight to the catch
-    (`autotune.catch`), whose blocks alternate the hook and plain DDP."""
+    (`autotune.tuning.catch`), whose blocks alternate the hook and plain DDP."""
     url = f"sqlite:///{path}"
     net_bytes = sum(p.numel() * p.element_size() for p in Net().parameters())
     classes = {size_class(net_bytes): Entry(Choice("ring"), state="locked")}
@@ -176,7 +176,7 @@ def storage_with_a_ring_plan(path: Path, world_size: int) -> str:
 
 def gloo_cpu_key(world_size: int) -> str:
     """The fingerprint key of float32 all-reduces on gloo among ``world_size`` CPU ranks on
-    this host, as the tuner names them (`autotune.store.job_fingerprint`)."""
+    this host, as the tuner names them (`autotune.storage.store.job_fingerprint`)."""
     fp = fingerprint(
         backend="gloo", world_size=world_size, nodes=1, device=device_model("cpu"), dtype="float32"
     )

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from aside_jobs import KEEPS_BASELINE, Aside, beside_plain
 
-from autotune.launch import run_local
+from autotune.comm.launch import run_local
 from autotune.plan import Buckets, Gain, Table
-from autotune.store import Store
-from autotune.units import format_bytes
+from autotune.storage.store import Store
+from autotune.util.units import format_bytes
 
 STEPS = 40
 #: Jobs that should step aside train until every rank has, and this many synced steps after,
@@ -122,8 +122,8 @@ def test_where_the_reducer_cannot_be_rebuilt_the_hook_stays_and_says_why(
 #: model in DDP buckets of about 2 KB, so DDP's bucket size has a layout to change (one bucket).
 TUNES_BUCKETS = {**KEEPS_BASELINE, "fusion_bytes": None, "duel_pairs": 6}
 SMALL_BUCKETS = int(0.002 * 2**20)  # bucket_cap_mb=0.002, as DDP turns it into bytes
-#: The smallest of autotune.buckets.LADDER: the model's 23 KB in one bucket. The one challenger
-#: is this, or the fusion size the tuner kept (tried first), which makes the same layout.
+#: The smallest of autotune.tuning.buckets.LADDER: the model's 23 KB in one bucket. The one
+#: challenger is this, or the fusion size the tuner kept (tried first), which makes the same layout.
 ONE_BUCKET = 1 << 20
 
 

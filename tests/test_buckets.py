@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from autotune.buckets import MAX_PAIRS, BucketSearch, challengers
 from autotune.plan import Buckets, Choice, Entry, Gain, Table
+from autotune.tuning.buckets import MAX_PAIRS, BucketSearch, challengers
 from autotune.tuning.duel import Duel
 
 MIB = 1 << 20

@@ -2,7 +2,7 @@
 
 Each job trains autotune's model beside plain DDP on the same batches (tests/aside_jobs.py),
 from a storage that holds a plan with `ring` for every size class. Where the job steps aside
-for the baseline, such a plan goes straight to the catch (autotune/catch.py): blocks of
+for the baseline, such a plan goes straight to the catch (autotune/tuning/catch.py): blocks of
 iterations on DDP's reducer without the hook (plain DDP) and with it (the plan), rebuilt at each
 switch. A delay in a forward pre-hook of the test's makes one of the two slower.
 """
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from aside_jobs import KEEPS_BASELINE, Aside, beside_plain
 
-from autotune.blocks import BLOCK
-from autotune.launch import run_local
+from autotune.comm.launch import run_local
 from autotune.plan import Choice, Entry, Gain, Table
-from autotune.store import Store
+from autotune.storage.store import Store
+from autotune.tuning.blocks import BLOCK
 
 #: Synced steps each job trains after the catch is over (up to `CAP` steps in all).
 AFTER = 10

@@ -11,7 +11,7 @@ import torch
 from aside_jobs import KEEPS_BASELINE
 from ddp_jobs import compiled_training
 
-from autotune.launch import run_local
+from autotune.comm.launch import run_local
 
 STEPS = 30
 

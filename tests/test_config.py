@@ -132,7 +132,7 @@ def test_bad_environment_says_which_variable(env: dict[str, str], words: str) ->
 
 
 def test_our_variables_that_are_not_fields_are_not_misspellings() -> None:
-    # AUTOTUNE_NODE_ID is read by autotune.topology, not by Config.
+    # AUTOTUNE_NODE_ID is read by autotune.comm.topology, not by Config.
     assert Config.from_env({"AUTOTUNE_NODE_ID": "rack1-host7"}) == Config()
     with pytest.raises(ValueError, match="did you mean AUTOTUNE_NODE_ID"):
         Config.from_env({"AUTOTUNE_NODE_IDS": "x"})

@@ -1,12 +1,12 @@
-"""The warning for ranks that oversubscribe their host's cores (autotune.cores)."""
+"""The warning for ranks that oversubscribe their host's cores (autotune.util.cores)."""
 
 from __future__ import annotations
 
 import pytest
 from ddp_jobs import oversubscription_warnings
 
-from autotune.cores import oversubscription, usable_cores
-from autotune.launch import run_local
+from autotune.comm.launch import run_local
+from autotune.util.cores import oversubscription, usable_cores
 
 
 def test_ranks_fit_their_cores_or_are_told_the_thread_count_that_does() -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from autotune.algorithms import available
-from autotune.launch import run_local
+from autotune.comm.launch import run_local
 from autotune.testing.conformance import Case, algorithms_under_test, failures, run_conformance
 from autotune_nccl import library_path
 

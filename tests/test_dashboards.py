@@ -28,8 +28,8 @@ from fake_gpus import H100, H100_B, FakeNvml
 from metrics_jobs import serve_while_training
 from prometheus_server import Prometheus, free_port, require
 
+from autotune.comm.launch import launch
 from autotune.dashboards import VARIABLES, differences, load, panel_queries, substitute
-from autotune.launch import launch
 from autotune.metrics import run_daemon
 from autotune.report import PrometheusClient, Series, render_dashboard
 
@@ -431,7 +431,7 @@ def test_push_never_shows_the_token_or_password(grafana: FakeGrafana) -> None:
     out = push(with_password, None)
     assert out.returncode == 0, out.stderr
     assert "pw@" not in out.stdout + out.stderr
-    assert grafana.url.replace("http://", "http://admin:***@") in out.stdout  # autotune.redact
+    assert grafana.url.replace("http://", "http://admin:***@") in out.stdout  # autotune.util.redact
     # Neither: a clear error before any request.
     before = len(grafana.requests)
     out = push(grafana.url, None)

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from autotune.algorithms import AllReduceAlgorithm, Comm, PeerError, Pending
-from autotune.engine import Engine
-from autotune.events import Event, IterationDone, IterationEnd
+from autotune.ddp.engine import Engine
+from autotune.ddp.events import Event, IterationDone, IterationEnd
+from autotune.ddp.stats import Recorder
 from autotune.plan import Choice, Plan, size_class
-from autotune.stats import Recorder
 
 
 class Recording(AllReduceAlgorithm):

@@ -1,6 +1,6 @@
 """The fault contract wherever autotune is: hooked, stepped aside, and when the store's host hangs.
 
-Real ranks on gloo over 127.0.0.1 (`autotune.launch`), a fault at a set step: a rank killed
+Real ranks on gloo over 127.0.0.1 (`autotune.comm.launch`), a fault at a set step: a rank killed
 ("exit"), stopped (SIGSTOP: alive, hung), or hung in Python ("sleep": its heartbeat goes on).
 Every survivor must get the same `PeerError` naming the culprit, from backward(), within
 ``timeout_s`` and the stated margin (docs/FAULTS.md); a stopped culprit, woken, agrees.
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from fault_jobs import Seen, plan_that_steps_aside, storage_with_a_ring_plan, train_until_it_fails
 
-from autotune.launch import launch
+from autotune.comm.launch import launch
 
 TIMEOUT_S = 4.0
 #: What the contract allows past timeout_s (docs/FAULTS.md): the diagnosis's store calls are

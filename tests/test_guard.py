@@ -1,4 +1,4 @@
-"""backward() through the guards' wrapper (`autotune.guard`): a backend's error becomes the
+"""backward() through the guards' wrapper (`autotune.ddp.guard`): a backend's error becomes the
 `PeerError` a live guard diagnoses; any other error passes as it was; nothing stays installed.
 
 The wrapper is checked here with a stand-in guard; tests/test_faults_aside.py runs real guards on
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autotune import guard
 from autotune.algorithms import PeerError
+from autotune.ddp import guard
 
 
 class StandIn:

@@ -11,7 +11,7 @@ import pytest
 from autotune.algorithms import Round, split
 from autotune.algorithms._hierarchical_ring import hierarchical_rounds
 from autotune.algorithms._ring import ring_rounds
-from autotune.topology import Topology
+from autotune.comm.topology import Topology
 
 LAYOUTS = [
     (0, 0, 1, 1),  # 2 nodes x 2

@@ -27,7 +27,7 @@ from ddp_jobs import (
     train_all,
 )
 
-from autotune.launch import launch, run_local
+from autotune.comm.launch import launch, run_local
 from autotune.plan import size_class
 from autotune.testing.conformance import algorithms_under_test
 

@@ -12,7 +12,7 @@ from types import FrameType
 import pytest
 import torch.distributed as dist
 
-from autotune.launch import RankFailure, launch, run_local
+from autotune.comm.launch import RankFailure, launch, run_local
 
 
 def _identity(rank: int, world_size: int, tag: str) -> tuple[int, int, str, str, str]:

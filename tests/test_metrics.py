@@ -19,7 +19,8 @@ from metrics_jobs import exporter_error, exposition, port_taken, serve_while_tra
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_server import Prometheus, free_port, promtool_check_metrics
 
-from autotune.launch import launch, run_local
+from autotune.comm.launch import launch, run_local
+from autotune.ddp.stats import IterationRecord, MessageRecord
 from autotune.metrics import (
     HookMetrics,
     HostMetrics,
@@ -28,7 +29,6 @@ from autotune.metrics import (
     PynvmlQuery,
 )
 from autotune.plan import Choice, Plan
-from autotune.stats import IterationRecord, MessageRecord
 
 HOST = socket.gethostname()
 

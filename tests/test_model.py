@@ -204,7 +204,7 @@ def test_autotune_model_prints_a_table_per_world_size(capsys: pytest.CaptureFixt
 def test_the_prior_orders_by_prediction_and_leaves_out_only_what_cannot_win() -> None:
     from autotune.model import Prior
     from autotune.plan import Choice
-    from autotune.space import search_space
+    from autotune.tuning.space import search_space
 
     # Every round 10 ms, bytes free: fewer rounds is faster. At 2 ranks and 1 MiB, unsegmented
     # ring, tree and two_tree take 2 rounds; with 256 KiB segments two_tree 3, ring 4, tree 5.
@@ -258,7 +258,7 @@ def test_hierarchical_ring_on_two_nodes_by_hand() -> None:
 @pytest.mark.parametrize(("ranks", "per_node"), [(4, 2), (6, 3), (6, 2), (5, 2), (7, 3), (8, 4)])
 def test_hierarchical_bytes_are_what_its_schedule_sends(ranks: int, per_node: int) -> None:
     from autotune.algorithms._hierarchical_ring import hierarchical_rounds
-    from autotune.topology import Topology
+    from autotune.comm.topology import Topology
 
     topo = Topology(tuple(r // per_node for r in range(ranks)))
     numel = 5 * 7 * 8 * 9 * 4  # divisible by every shard and chunk count here

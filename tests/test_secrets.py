@@ -1,6 +1,6 @@
 """A URL's password never reaches what autotune prints, logs, raises, stores or sends to peers.
 
-Every path that names a URL is taken here with a password in it (`autotune.redact`).
+Every path that names a URL is taken here with a password in it (`autotune.util.redact`).
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ import pytest
 from fault_jobs import register_with_storage
 
 from autotune.cli import main
+from autotune.comm.launch import run_local
 from autotune.config import Config
 from autotune.dashboards._push import PushError, push
-from autotune.launch import run_local
 from autotune.plan import Choice, Entry, Table
-from autotune.redact import redact
 from autotune.report._prometheus import PrometheusClient
-from autotune.store import Store, storage_failure
+from autotune.storage.store import Store, storage_failure
 from autotune.sweep._format import plan_lines
 from autotune.sweep._result import SweepResult
+from autotune.util.redact import redact
 
 SECRET = "s3cr3t-Pa55"
 # Port 9 (discard) on loopback: nothing listens, the connection is refused at once.

@@ -16,10 +16,10 @@ import torch.distributed as dist
 
 from autotune.algorithms import PeerError, get_algorithm, p2p_group
 from autotune.algorithms import _shared_memory as shm
-from autotune.algorithms._groups import Comm
 from autotune.algorithms._pipes import PipeBarrier
-from autotune.launch import launch, run_local
-from autotune.topology import NODE_ID_ENV
+from autotune.comm.groups import Comm
+from autotune.comm.launch import launch, run_local
+from autotune.comm.topology import NODE_ID_ENV
 
 
 def _many_turns(rank: int, world_size: int, dtype: torch.dtype) -> tuple[list[float], int, bool]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fault_jobs import sparse_beside_plain
 
-from autotune.launch import run_local
+from autotune.comm.launch import run_local
 
 
 @pytest.mark.parametrize(

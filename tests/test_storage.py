@@ -21,9 +21,9 @@ from fault_jobs import gloo_cpu_key
 from postgres_server import Postgres
 from tuner_jobs import tune
 
-from autotune.launch import launch, run_local
+from autotune.comm.launch import launch, run_local
 from autotune.plan import Arm, Buckets, Choice, Entry, Gain, Lead, Table
-from autotune.store import Store, merge_tables
+from autotune.storage.store import Store, merge_tables
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ import pytest
 from fault_jobs import StorageRun, storage_fails
 from postgres_server import Postgres
 
-from autotune.launch import run_local
-from autotune.store import Store, storage_failure
+from autotune.comm.launch import run_local
+from autotune.storage.store import Store, storage_failure
 
 
 def _sqlite_error(path: Path, *, read_only: bool = False) -> BaseException:

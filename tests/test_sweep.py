@@ -16,9 +16,9 @@ import pytest
 from sweep_jobs import measured_order, sweep, sweep_with_a_dying_rank
 
 from autotune.algorithms import available
-from autotune.launch import launch, run_local
+from autotune.comm.launch import launch, run_local
 from autotune.plan import size_class
-from autotune.store import Store
+from autotune.storage.store import Store
 from autotune.sweep import Measured, SweepOptions, SweepResult, Variant, dtype_name, exact_limit
 from autotune.sweep._measure import round_order
 
@@ -178,7 +178,7 @@ def test_tune_writes_a_plan_the_hook_starts_from(tmp_path: Path) -> None:
     store = Store(url)
     assert store.tables()[result.plan_key].classes == result.plan.classes
     # The result knows the fingerprint it was stored under (a job's, and the prior's key).
-    from autotune.store import fingerprint_key
+    from autotune.storage.store import fingerprint_key
 
     assert fingerprint_key(result.fingerprint()) == result.plan_key
     # The cost model's fit to the sweep is stored too, as the live tuner's prior.

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from autotune.algorithms import RingAllReduce, get_algorithm
-from autotune.algorithms._groups import Comm
 from autotune.algorithms._threads import _openmp, one_thread
-from autotune.launch import run_local
+from autotune.comm.groups import Comm
+from autotune.comm.launch import run_local
 
 
 @pytest.fixture

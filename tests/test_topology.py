@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from topology_jobs import detect_as
 
-from autotune.launch import run_local
-from autotune.store import fingerprint
-from autotune.topology import Topology
+from autotune.comm.launch import run_local
+from autotune.comm.topology import Topology
+from autotune.storage.store import fingerprint
 
 
 def test_topology_lists_nodes_in_order_of_their_lowest_rank() -> None:

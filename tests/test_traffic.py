@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from autotune.algorithms import get_algorithm
-from autotune.launch import run_local
+from autotune.comm.launch import run_local
 from autotune.model import bytes_sent
 
 NAMES = ["ring", "tree", "two_tree", "direct", "star"]

@@ -17,8 +17,8 @@ from autotune.algorithms import (
     get_algorithm,
     p2p_group,
 )
-from autotune.algorithms._groups import Comm
-from autotune.launch import launch, run_local
+from autotune.comm.groups import Comm
+from autotune.comm.launch import launch, run_local
 
 
 def _comm() -> Comm:

@@ -18,9 +18,9 @@ from tuner_jobs import (
     tune,
 )
 
-from autotune.launch import run_local
+from autotune.comm.launch import run_local
 from autotune.plan import Arm, Buckets, Choice, Entry, Gain, Lead, Table, size_class
-from autotune.store import Store
+from autotune.storage.store import Store
 
 QUICK = {"tune_warmup": 1, "tune_samples": 2, "fusion_bytes": 0, "duel_pairs": 10}
 #: Jobs that only need the tuner to settle train until it has (``until_settled``), up to this
@@ -252,8 +252,8 @@ def test_a_stored_prior_orders_screening_and_leaves_out_what_cannot_win(
     from autotune.algorithms import BUILTINS
     from autotune.config import Config
     from autotune.model import Link, Params, Prior
-    from autotune.space import search_space
-    from autotune.store import device_model, fingerprint, fingerprint_key
+    from autotune.storage.store import device_model, fingerprint, fingerprint_key
+    from autotune.tuning.space import search_space
 
     url = storage(tmp_path)
     fp = fingerprint(

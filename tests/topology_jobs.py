@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import torch
 
-from autotune.store import job_fingerprint
-from autotune.topology import NODE_ID_ENV, detect
+from autotune.comm.topology import NODE_ID_ENV, detect
+from autotune.storage.store import job_fingerprint
 
 
 def detect_as(

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 
-from autotune.store import Store
+from autotune.storage.store import Store
 
 
 def main(url: str, study_name: str, mode: str, *modes: str) -> None:

@@ -9,19 +9,6 @@ when); more arrive through `register` or the ``autotune.algorithms`` entry-point
 from __future__ import annotations
 
 from autotune.algorithms._base import SUPPORTED_DTYPES, AllReduceAlgorithm, Pending, check_tensor
-from autotune.algorithms._groups import (
-    Comm,
-    PeerError,
-    Traffic,
-    backend_for,
-    bookkeeping_device,
-    connect,
-    current_device,
-    ensure_ready,
-    forget_p2p_group,
-    p2p_group,
-    sibling_group,
-)
 from autotune.algorithms._hierarchical_ring import HierarchicalRingAllReduce
 from autotune.algorithms._hierarchical_two_tree import HierarchicalTwoTreeAllReduce
 from autotune.algorithms._native import NativeAllReduce
@@ -56,6 +43,19 @@ from autotune.algorithms._trees import (
     render,
 )
 from autotune.algorithms._two_tree import TwoTreeAllReduce
+from autotune.comm.groups import (
+    Comm,
+    PeerError,
+    Traffic,
+    backend_for,
+    bookkeeping_device,
+    connect,
+    current_device,
+    ensure_ready,
+    forget_p2p_group,
+    p2p_group,
+    sibling_group,
+)
 
 __all__ = [
     "ALGORITHMS",

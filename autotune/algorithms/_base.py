@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from autotune.algorithms._groups import Comm, Traffic, connect, ensure_ready
 from autotune.algorithms._threads import one_thread
+from autotune.comm.groups import Comm, Traffic, connect, ensure_ready
 
 __all__ = ["SUPPORTED_DTYPES", "AllReduceAlgorithm", "Pending"]
 

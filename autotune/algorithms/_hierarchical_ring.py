@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from autotune import topology
 from autotune.algorithms._base import AllReduceAlgorithm
-from autotune.algorithms._groups import Comm
 from autotune.algorithms._ring import ring_rounds
 from autotune.algorithms._transport import Recv, Round, Send, Transport, segments, split
+from autotune.comm import topology
+from autotune.comm.groups import Comm
 
 __all__ = ["HierarchicalRingAllReduce", "hierarchical_rounds"]
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from autotune import topology
 from autotune.algorithms._base import AllReduceAlgorithm
-from autotune.algorithms._groups import Comm
 from autotune.algorithms._transport import split
 from autotune.algorithms._trees import node_double_binary_tree, run_trees
+from autotune.comm import topology
+from autotune.comm.groups import Comm
 
 __all__ = ["HierarchicalTwoTreeAllReduce"]
 

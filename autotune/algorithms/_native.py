@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 from autotune.algorithms._base import AllReduceAlgorithm, Pending
-from autotune.algorithms._groups import Comm
+from autotune.comm.groups import Comm
 
 __all__ = ["NativeAllReduce"]
 

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from autotune.algorithms._groups import bookkeeping_device
 from autotune.algorithms._registry import get_algorithm_class
+from autotune.comm.groups import bookkeeping_device
 
 __all__ = ["agreed"]
 

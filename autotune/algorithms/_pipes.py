@@ -19,7 +19,7 @@ import time
 import weakref
 from datetime import timedelta
 
-from autotune.algorithms._groups import Comm, PeerError, group_timeout
+from autotune.comm.groups import Comm, PeerError, group_timeout
 
 __all__ = ["PipeBarrier"]
 

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import torch
 
 from autotune.algorithms._base import AllReduceAlgorithm
-from autotune.algorithms._groups import Comm
 from autotune.algorithms._transport import Recv, Round, Send, Transport, segments, split
+from autotune.comm.groups import Comm
 
 __all__ = ["RingAllReduce", "ring_rounds"]
 

@@ -17,7 +17,7 @@ Messages larger than the window go through it in turns. The window is sized once
 full ``/dev/shm`` is an error when the window is made rather than a SIGBUS in the middle of a
 sum. Its file and pipes are unlinked as soon as every rank has them open: nothing is left in
 ``/dev/shm``, even if a rank dies. Offered on CPU tensors over gloo where every rank of the
-group is on one node (`autotune.topology`) and sees the same ``/dev/shm`` (checked with a probe
+group is on one node (`autotune.comm.topology`) and sees the same ``/dev/shm`` (checked with a probe
 file).
 """
 
@@ -35,11 +35,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from autotune import topology
 from autotune.algorithms._base import AllReduceAlgorithm
-from autotune.algorithms._groups import Comm, backend_for, group_timeout
 from autotune.algorithms._pipes import PipeBarrier
 from autotune.algorithms._transport import split
+from autotune.comm import topology
+from autotune.comm.groups import Comm, backend_for, group_timeout, on_forget
 
 __all__ = ["MAX_WINDOW_BYTES", "SHM_DIR", "SharedMemoryAllReduce"]
 
@@ -149,12 +149,15 @@ def _put(slot: torch.Tensor, part: torch.Tensor, comm: Comm, window: _Window) ->
 
 
 def forget_window(group: ProcessGroup) -> None:
-    """Unmap ``group``'s window (`autotune.algorithms.forget_p2p_group` calls it, once a failure
-    aborted the group: its sums were left halfway)."""
+    """Unmap ``group``'s window (`autotune.algorithms.forget_p2p_group` calls it through
+    `on_forget`, once a failure aborted the group: its sums were left halfway)."""
     with _lock:
         window = _windows.pop(group.group_name, None)
     if window is not None:
         window.barrier.close()
+
+
+on_forget(forget_window)
 
 
 def _window(comm: Comm) -> _Window:

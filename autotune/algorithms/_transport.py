@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from autotune.algorithms._groups import Comm
+from autotune.comm.groups import Comm
 
 __all__ = ["Recv", "Round", "ScratchPool", "Send", "Transport", "segments", "split"]
 

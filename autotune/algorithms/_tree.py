@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 from autotune.algorithms._base import AllReduceAlgorithm
-from autotune.algorithms._groups import Comm
 from autotune.algorithms._trees import binary_tree, run_trees
+from autotune.comm.groups import Comm
 
 __all__ = ["TreeAllReduce"]
 

@@ -15,8 +15,8 @@ from functools import cached_property
 
 import torch
 
-from autotune.algorithms._groups import Comm
 from autotune.algorithms._transport import Recv, Send, Transport, segments
+from autotune.comm.groups import Comm
 
 __all__ = [
     "Tree",

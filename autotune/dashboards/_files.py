@@ -10,7 +10,7 @@ from typing import Any
 from autotune.dashboards._communication import communication
 from autotune.dashboards._gpus import gpus_and_host
 from autotune.dashboards._sdk import Sdk, sdk
-from autotune.jsonfile import read_json
+from autotune.util.jsonfile import read_json
 
 __all__ = ["BUILDERS", "build", "differences", "load", "write"]
 

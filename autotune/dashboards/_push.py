@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from autotune.redact import redact_url
+from autotune.util.redact import redact_url
 
 __all__ = ["PushError", "Pushed", "push"]
 

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from prometheus_client import CollectorRegistry
 
-from autotune import topology
+from autotune.comm import topology
 from autotune.metrics._hook import HookMetrics
 from autotune.metrics._host import HostMetrics
 from autotune.metrics._nvml import GpuReading, NvmlMetrics, NvmlQuery
@@ -17,9 +17,9 @@ from autotune.metrics._server import Server
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-    from autotune.aside import StepAside
     from autotune.config import Config
-    from autotune.engine import Engine
+    from autotune.ddp.aside import StepAside
+    from autotune.ddp.engine import Engine
     from autotune.tuning import Tuner
 
 __all__ = ["Exporter"]

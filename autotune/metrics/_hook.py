@@ -23,12 +23,12 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from autotune.stats import IterationRecord, MessageRecord
+from autotune.ddp.stats import IterationRecord, MessageRecord
 from autotune.tuning.wire import PHASES
 
 if TYPE_CHECKING:
-    from autotune.aside import StepAside
-    from autotune.engine import Engine
+    from autotune.ddp.aside import StepAside
+    from autotune.ddp.engine import Engine
     from autotune.tuning import Tuner
 
 __all__ = ["LATENCY_BUCKETS_S", "HookMetrics"]

@@ -141,7 +141,7 @@ def fit(samples: Sequence[Sample]) -> Fit:
 def samples_from_sweep(result: SweepResult) -> list[Sample]:
     """The modelled algorithms' rows of a sweep's result, on the nodes it ran across (its
     ``node_of``, ranks in node order); `native` only where it ran on gloo."""
-    from autotune.topology import Topology
+    from autotune.comm.topology import Topology
 
     per_node = None
     if result.node_of and max(result.node_of) > 0:

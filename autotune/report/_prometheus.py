@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.dashboards import VARIABLES, PanelQuery, panel_queries, substitute
-from autotune.redact import redact
 from autotune.report._sweep import _figure
+from autotune.util.redact import redact
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from autotune.algorithms import ALGORITHMS, BUILTINS
+from autotune.comm.topology import Topology
 from autotune.plan import PLAN_COLUMNS, plan_rows
 from autotune.sweep import P2P, SweepResult
-from autotune.topology import Topology
-from autotune.units import format_bytes
+from autotune.util.units import format_bytes
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

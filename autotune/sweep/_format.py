@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import statistics
 
+from autotune.comm.topology import Topology
 from autotune.plan import PLAN_COLUMNS, Choice, Table, plan_rows, segment_text
-from autotune.redact import redact_url
 from autotune.sweep._result import Row, SweepResult
-from autotune.topology import Topology
-from autotune.units import format_bytes
+from autotune.util.redact import redact_url
+from autotune.util.units import format_bytes
 
 __all__ = ["columns", "footer", "header", "plan_lines", "row_line"]
 

@@ -9,10 +9,10 @@ import statistics
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from autotune.jsonfile import read_json
+from autotune.ddp.stats import bus_factor
 from autotune.plan import Table
-from autotune.redact import redact_url
-from autotune.stats import bus_factor
+from autotune.util.jsonfile import read_json
+from autotune.util.redact import redact_url
 
 __all__ = ["FORMAT_VERSION", "Row", "SweepResult", "bus_factor"]
 
@@ -65,7 +65,9 @@ class SweepResult:
     plan_key: str | None = None  # its fingerprint key in the storage
     storage: str | None = None  # where it was stored
     candidates: list[str] | None = None  # what tuning chose among
-    node_of: list[int] | None = None  # each rank's node, as the ranks found (autotune.topology)
+    node_of: list[int] | None = (
+        None  # each rank's node, as the ranks found (autotune.comm.topology)
+    )
 
     @property
     def wrong(self) -> int:
@@ -73,10 +75,11 @@ class SweepResult:
         return sum(r.wrong or 0 for r in [*self.rows, *self.p2p])
 
     def fingerprint(self) -> dict[str, str | int]:
-        """The fingerprint of the job this sweep stands for (`autotune.store.fingerprint`)."""
-        from autotune.store import fingerprint
+        """The fingerprint of the job this sweep stands for
+        (`autotune.storage.store.fingerprint`)."""
+        from autotune.comm.topology import Topology
+        from autotune.storage.store import fingerprint
         from autotune.sweep._options import DTYPES
-        from autotune.topology import Topology
 
         topo = Topology(tuple(self.node_of or [0] * self.world_size))
         return fingerprint(

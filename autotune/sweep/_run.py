@@ -15,17 +15,17 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from autotune import topology
 from autotune.algorithms import ALGORITHMS, agreed, backend_for
+from autotune.comm import topology
+from autotune.comm.topology import Topology, local_rank
 from autotune.plan import Entry, size_class
-from autotune.store import device_model, storage_url
+from autotune.storage.store import device_model, storage_url
 from autotune.sweep._format import columns, footer, header, row_line
 from autotune.sweep._measure import P2P, Bench, Measured, Variant, exact_limit
 from autotune.sweep._options import SweepOptions
 from autotune.sweep._result import Row, SweepResult, bus_factor
 from autotune.sweep._tune import Tuned, class_trials, final_calls, tune
-from autotune.topology import Topology, local_rank
-from autotune.units import format_bytes
+from autotune.util.units import format_bytes
 
 __all__ = ["machine", "run_sweep", "tune_candidates"]
 

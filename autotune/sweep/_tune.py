@@ -20,12 +20,12 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from autotune.comm.topology import Topology
 from autotune.plan import Choice, Entry, Table
-from autotune.space import params_of, search_space, suggest_choice
-from autotune.store import Store, fingerprint_key, job_fingerprint, tell
+from autotune.storage.store import Store, fingerprint_key, job_fingerprint, tell
 from autotune.sweep._measure import Bench, Measured, Variant
-from autotune.topology import Topology
 from autotune.tuning.sampler import ask, open_study
+from autotune.tuning.space import params_of, search_space, suggest_choice
 
 __all__ = [
     "FINALISTS",

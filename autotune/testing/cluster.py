@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.config import NETNS_TAG_ENV
+
 __all__ = ["NETNS_PREFIX", "NETNS_TAG_ENV", "Cluster", "NodeRun", "namespaces", "unavailable"]
 
 #: Every namespace a cluster makes is named ``<prefix>[<tag>-]<token>-...``: the leak check looks
@@ -38,7 +40,6 @@ __all__ = ["NETNS_PREFIX", "NETNS_TAG_ENV", "Cluster", "NodeRun", "namespaces", 
 NETNS_PREFIX = "autotune-"
 #: The environment variable whose value, where set, tags the namespaces a cluster makes, so that
 #: one test run (one pytest-xdist worker) can tell its own from those another makes at once.
-NETNS_TAG_ENV = "AUTOTUNE_NETNS_TAG"
 _SUBNET = "10.213.0"
 _RDZV_PORT = 29400  # free: a fresh namespace has nothing listening
 

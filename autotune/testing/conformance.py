@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from autotune.algorithms import SUPPORTED_DTYPES, available, get_algorithm, register
-from autotune.launch import run_local
+from autotune.comm.launch import run_local
 
 __all__ = [
     "Case",
@@ -174,7 +174,7 @@ def _rank(
     import importlib
     import os
 
-    from autotune.topology import NODE_ID_ENV
+    from autotune.comm.topology import NODE_ID_ENV
 
     if node_of is not None:  # emulated nodes: the ranks' own node ids say who shares one
         os.environ[NODE_ID_ENV] = f"conformance-node-{node_of[rank]}"
@@ -244,7 +244,7 @@ def run_conformance(
     result against the exact reference itself. ``device="cuda"`` runs on CUDA tensors (ranks
     share GPUs round-robin), over ``backend`` "gloo" (staged through host memory) or "nccl".
     ``node_of``: the node of each rank, to check topology-aware algorithms on a layout one host
-    cannot have (the ranks name their nodes through `autotune.topology.NODE_ID_ENV`); None: as
+    cannot have (the ranks name their nodes through `autotune.comm.topology.NODE_ID_ENV`); None: as
     the ranks find themselves.
     """
     if node_of is not None and len(node_of) != world_size:

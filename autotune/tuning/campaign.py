@@ -20,7 +20,7 @@ step (`autotune.tuning.duel`):
 4. ``confirm``: if the incumbent was last compared with something other than the baseline, it
    meets the baseline once more;
 5. ``catch``: where the job steps aside for the baseline, a winner that needs the hook meets
-   plain DDP itself, without the hook, in blocks of iterations (`autotune.catch`): the duels
+   plain DDP itself, without the hook, in blocks of iterations (`autotune.tuning.catch`): the duels
    above ran the baseline through the hook, which costs what DDP without it does not. Lost, the
    job runs plain DDP; kept, the plan's gain is this one, against plain DDP;
 6. ``locked``: the winner runs. Every ``recheck_every`` iterations it meets the baseline again
@@ -130,7 +130,7 @@ class Campaign:
     ) -> None:
         self.baseline = baseline
         #: Whether a plan that needs the hook meets plain DDP before it is locked (the job
-        #: steps aside for the baseline; `autotune.catch`).
+        #: steps aside for the baseline; `autotune.tuning.catch`).
         self.catch = catch
         #: Whether ``gain`` is the catch's: against plain DDP itself, in pairs of blocks.
         self.against_plain = False

@@ -31,7 +31,7 @@ costs little where it happens: the challenger is ahead on the median, so its ext
 are, more likely than not, faster ones. A plan truly equal to the incumbent rarely has a median
 of 0.95 at 24 pairs, so it is rarely extended.
 
-Where each measurement is already the median of several steps (`autotune.buckets` compares
+Where each measurement is already the median of several steps (`autotune.tuning.buckets` compares
 blocks of iterations), the tails the sign test guards against are cut off inside each block, and
 ``signed_rank=True`` judges the ratios' logarithms by Wilcoxon's signed-rank interval instead: it
 uses how far each ratio lies from 1, not only on which side, and so needs fewer pairs for the
@@ -40,8 +40,8 @@ of DDP's 1 MiB buckets, 16 block pairs had 6-8 of 24 above 1 (block medians stil
 +-15% on 2 shared cores): the sign test needs 18 of 24 below 1 and kept losing a real 10% gain.
 
 A duel may instead re-check a challenger that has proven itself before (``hold=True``; the bucket
-size a previous job kept, `autotune.buckets`): then the burden of proof turns. It loses at once
-where it is slower beyond noise, and wins where it is faster beyond noise, as any challenger;
+size a previous job kept, `autotune.tuning.buckets`): then the burden of proof turns. It loses at
+once where it is slower beyond noise, and wins where it is faster beyond noise, as any challenger;
 otherwise it is judged on the median only at ``max_pairs``: still ahead, it wins ("ahead on the
 median") without the interval excluding 1. Not ahead there, it goes on to ``extend_to`` pairs, and
 is judged on the median of them all ("not ahead on the median" only then); there is no futility look
@@ -179,7 +179,7 @@ class Duel:
     at ``extend_to`` (see the module doc). ``signed_rank``:
     judge the ratios' logarithms with `signed_rank_interval` (the ratio reported:
     `hodges_lehmann`'s, back from the logarithm) instead of the sign test; for measurements
-    that are medians of several steps already (`autotune.buckets`' blocks), whose long tails
+    that are medians of several steps already (`autotune.tuning.buckets`' blocks), whose long tails
     the medians have cut off.
     """
 

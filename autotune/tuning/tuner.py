@@ -27,25 +27,31 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from autotune import topology
 from autotune.algorithms import agreed, bookkeeping_device, current_device, sibling_group
-from autotune.blocks import BLOCK
-from autotune.events import Event, Failure, IterationDone, IterationEnd
+from autotune.comm import topology
+from autotune.ddp.events import Event, Failure, IterationDone, IterationEnd
+from autotune.ddp.stats import MessageRecord
 from autotune.model import Prior
 from autotune.plan import Arm, Buckets, Choice, Entry, Gain, Table
-from autotune.space import search_space
-from autotune.stats import MessageRecord
-from autotune.store import Store, fingerprint_key, job_fingerprint, storage_failure, storage_url
+from autotune.storage.store import (
+    Store,
+    fingerprint_key,
+    job_fingerprint,
+    storage_failure,
+    storage_url,
+)
 from autotune.tuning import wire
+from autotune.tuning.blocks import BLOCK
 from autotune.tuning.campaign import Campaign, nominate
 from autotune.tuning.duel import Outcome
 from autotune.tuning.search import NOT_MEASURED, ClassSearch, Progress
+from autotune.tuning.space import search_space
 from autotune.tuning.worker import Worker
-from autotune.units import format_bytes
+from autotune.util.units import format_bytes
 
 if TYPE_CHECKING:
     from autotune.config import Config
-    from autotune.engine import Engine
+    from autotune.ddp.engine import Engine
 
 __all__ = ["FUSION_OPTIONS", "Tuner"]
 
@@ -71,9 +77,9 @@ class Tuner:
         self.rank = dist.get_rank(group)
         self.tune_fusion = config.fusion_bytes is None
         baseline = self.baseline = Arm((), config.fusion_bytes or 0)
-        #: Whether the job steps aside once it keeps the baseline (`autotune.aside`): only where
+        #: Whether the job steps aside once it keeps the baseline (`autotune.ddp.aside`): only where
         #: the baseline is what the job had without autotune, DDP's own buckets. Where it does,
-        #: a plan that needs the hook meets plain DDP before it is locked (`autotune.catch`).
+        #: a plan that needs the hook meets plain DDP before it is locked (`autotune.tuning.catch`).
         self.steps_aside = self.would_step_aside(config)
         #: What every rank runs now, as rank 0 ordered it (the baseline until it does).
         self.arm = baseline
@@ -84,13 +90,13 @@ class Tuner:
         self.gain: Gain | None = None
         #: The iteration from which every rank runs, locked, a plan DDP runs itself (None: it
         #: does not): the baseline, or where the fusion size is tuned, the backend's all-reduce
-        #: for every class at any fusion size, which `autotune.buckets` turns into DDP's own
+        #: for every class at any fusion size, which `autotune.tuning.buckets` turns into DDP's own
         #: bucket size. Set at the same iteration end on every rank, where the orders arrive.
         self.aside_from: int | None = None
         #: DDP's bucket size as this job keeps it, or as a previous job stored it until this
         #: job's search decides (rank 0 reads it from the storage; every rank sets it then).
         self.buckets: Buckets | None = None
-        #: The iteration from which the catch runs (`autotune.catch`; None: none is due), set
+        #: The iteration from which the catch runs (`autotune.tuning.catch`; None: none is due), set
         #: at the same iteration end on every rank, from orders in the ``catch`` phase. Stale
         #: such orders (sent before the catch ended) do not start another: one is due again
         #: only after orders in another phase.
@@ -118,7 +124,8 @@ class Tuner:
         #: Tuning stopped for good: rank 0's storage failed mid-job (set on rank 0 at once, on
         #: every rank where the orders that say so arrive).
         self.frozen = False
-        #: Why the storage failed, on rank 0 (`autotune.store.storage_failure`), once it has.
+        #: Why the storage failed, on rank 0 (`autotune.storage.store.storage_failure`), once it
+        #: has.
         self.storage_error: str | None = None
         # The exchange's own group: it runs alongside the next iteration's messages, and
         # collectives on a shared group would have to be issued in the same order everywhere.
@@ -242,7 +249,7 @@ class Tuner:
             self.aside_from = effective
 
     def caught(self, kept: bool, outcome: Outcome | None) -> None:
-        """Every rank, once the catch is over (`autotune.aside.StepAside`, settled): ``kept``,
+        """Every rank, once the catch is over (`autotune.ddp.aside.StepAside`, settled): ``kept``,
         the plan runs on through the hook; else the job has stepped aside, and rank 0 stores
         the baseline for the next job."""
         self.catch_from = None
@@ -575,8 +582,8 @@ class Tuner:
         return dataclasses.replace(table, buckets=self.buckets) if table.runs_native else table
 
     def buckets_kept(self, buckets: Buckets) -> None:
-        """Every rank, once `autotune.buckets` has decided (the hook no longer runs): the step
-        gain is now the bucket size's over plain DDP's (None: the job's own buckets, 1.00x).
+        """Every rank, once `autotune.tuning.buckets` has decided (the hook no longer runs): the
+        step gain is now the bucket size's over plain DDP's (None: the job's own buckets, 1.00x).
         Rank 0 stores the table with it for the next job."""
         self.buckets = buckets
         self.gain = buckets.gain

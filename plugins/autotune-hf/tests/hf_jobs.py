@@ -1,4 +1,4 @@
-"""Jobs for the Hugging Face tests, run on each rank by `autotune.launch.run_local` (gloo,
+"""Jobs for the Hugging Face tests, run on each rank by `autotune.comm.launch.run_local` (gloo,
 127.0.0.1): the same small training with and without autotune, through Accelerate and through the
 Transformers Trainer."""
 

@@ -10,7 +10,7 @@ import torch
 from hf_jobs import STEPS, accelerate_job, trainer_job
 
 import autotune
-from autotune.launch import run_local
+from autotune.comm.launch import run_local
 
 
 def same_training(tuned: list[dict[str, Any]], plain: list[dict[str, Any]]) -> None:

@@ -1,5 +1,5 @@
-"""Jobs for the Lightning tests, run on each rank by `autotune.launch.run_local` (gloo, 127.0.0.1):
-the same small fit with and without the callback."""
+"""Jobs for the Lightning tests, run on each rank by `autotune.comm.launch.run_local` (gloo,
+127.0.0.1): the same small fit with and without the callback."""
 
 from __future__ import annotations
 

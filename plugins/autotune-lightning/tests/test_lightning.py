@@ -9,7 +9,7 @@ import torch
 from lightning_jobs import STEPS, fit
 
 import autotune
-from autotune.launch import run_local
+from autotune.comm.launch import run_local
 
 
 def test_the_callback_trains_through_autotune_like_plain_ddp(tmp_path: Path) -> None:

@@ -158,7 +158,7 @@ def tune_on_fake_nccl(rank: int, world_size: int, storage: str, cap: int) -> Dri
         storage=storage,
         timeout_s=60,
         # The baseline is slow only as this fake NCCL runs it through the hook: a job that
-        # steps aside would take the plan to plain DDP on gloo instead (autotune.catch).
+        # steps aside would take the plan to plain DDP on gloo instead (autotune.tuning.catch).
         step_aside=False,
     )
     state = autotune.register(model, config)

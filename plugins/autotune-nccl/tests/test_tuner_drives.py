@@ -9,7 +9,7 @@ from pathlib import Path
 from nccl_jobs import FAST, offered_on_fake_nccl, offered_on_gloo, tune_on_fake_nccl
 
 from autotune.algorithms import BUILTINS, ENTRY_POINT_GROUP, available, get_algorithm_class
-from autotune.launch import run_local
+from autotune.comm.launch import run_local
 from autotune_nccl import ALGORITHMS, PROTOCOLS
 from autotune_nccl.algorithms import COMBINATIONS
 

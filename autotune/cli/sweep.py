@@ -9,10 +9,10 @@ import sys
 from datetime import timedelta
 from typing import Any, NoReturn
 
+from autotune.comm.topology import local_rank
 from autotune.sweep._options import SweepOptions
 from autotune.sweep._result import SweepResult
-from autotune.topology import local_rank
-from autotune.units import byte_count
+from autotune.util.units import byte_count
 
 __all__ = ["add_arguments", "main"]
 
@@ -136,7 +136,7 @@ def main(args: argparse.Namespace) -> int:
             )
             return 2
         return _torchrun(options, command, args)
-    from autotune.launch import RankFailure, launch
+    from autotune.comm.launch import RankFailure, launch
 
     world_size = args.world_size or 2
     if world_size < 1:
@@ -174,7 +174,7 @@ def _torchrun(options: SweepOptions, command: str, args: argparse.Namespace) -> 
         result = run_sweep(options, command=command, json_path=args.json, csv_path=args.csv)
     finally:
         dist.destroy_process_group()
-    # Skip interpreter teardown, as autotune.launch does for its ranks: after a finished sweep,
+    # Skip interpreter teardown, as autotune.comm.launch does for its ranks: after a finished sweep,
     # gloo's teardown there aborted about 1 run in 20 on a 2-core machine ("terminate called
     # without an active exception"), turning a good sweep into a failed torchrun.
     sys.stdout.flush()

@@ -4,7 +4,7 @@ Setup is a handshake (every rank says it is ready, or why not, before anyone wai
 collective), and a failure during training ends in one verdict that every rank reports alike:
 the first rank to name a culprit writes it, and every other rank reads it. What a rank names
 comes from its own error, its local peers' processes, and every rank's heartbeat and progress
-(`autotune.liveness`). Store calls after setup are bounded: where the store's own host hangs,
+(`autotune.comm.liveness`). Store calls after setup are bounded: where the store's own host hangs,
 every rank names that host, without the store.
 """
 
@@ -21,10 +21,10 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from autotune.algorithms import PeerError
-from autotune.liveness import Liveness, StoreUnreachable, local_suspect
-from autotune.processes import ProcessId, state
-from autotune.redact import redact
+from autotune.comm.groups import PeerError
+from autotune.comm.liveness import Liveness, StoreUnreachable, local_suspect
+from autotune.util.processes import ProcessId, state
+from autotune.util.redact import redact
 
 __all__ = ["FailureBoard", "Verdict", "release"]
 

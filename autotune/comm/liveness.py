@@ -22,7 +22,7 @@ from typing import TypeVar, cast
 
 import torch.distributed as dist
 
-from autotune.processes import ProcessId, state
+from autotune.util.processes import ProcessId, state
 
 __all__ = ["BoundedStore", "Liveness", "StoreUnreachable", "local_suspect", "period_for"]
 
@@ -105,7 +105,7 @@ class Liveness:
     of every peer's when something failed.
 
     ``progress`` counts the iterations this rank has begun; whoever drives the training loop
-    (the hook, or `autotune.guard.Guard` without it) adds to it. ``peers``: the ranks' processes
+    (the hook, or `autotune.ddp.guard.Guard` without it) adds to it. ``peers``: the ranks' processes
     as they said at setup; ``store_host``: the rank whose process serves the store (None: a
     process outside the job, such as torchrun's agent or a launcher).
     """
@@ -154,7 +154,7 @@ class Liveness:
         In order: a peer on this host whose process exited or is stopped; then, from two readings
         of the store a few heartbeats apart, a peer whose heartbeat stopped, then the peer that
         has begun the fewest iterations. Raises `StoreUnreachable` where the store does not
-        answer (the caller decides what that means: see `autotune.faults.FailureBoard`).
+        answer (the caller decides what that means: see `autotune.comm.faults.FailureBoard`).
         """
         local = self.local_suspect()
         if local is not None:

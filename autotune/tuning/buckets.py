@@ -6,8 +6,8 @@ for free, as it copies them in. On the example's mlp (3.4 MB of gradients in DDP
 0.78-0.81x at 4, while the hook's fusion of the same buckets ran 1.07-1.16x and 0.94-0.99x
 (docs/BENCHMARKS.md, "DDP's bucket size"). So where the tuner keeps a plan DDP can run itself
 (the backend's all-reduce for every size class, with or without fusion) and the fusion size is
-the tuner's to choose (``Config.fusion_bytes`` None), autotune steps aside (`autotune.aside`) and
-then compares bucket sizes on DDP's own reducer, without the hook:
+the tuner's to choose (``Config.fusion_bytes`` None), autotune steps aside (`autotune.ddp.aside`)
+and then compares bucket sizes on DDP's own reducer, without the hook:
 
 - the reference is DDP's reducer as the job built it (its ``bucket_cap_mb``): plain DDP as the
   user set it up, so every gain this measures is against plain DDP itself;
@@ -18,7 +18,7 @@ then compares bucket sizes on DDP's own reducer, without the hook:
   Wilcoxon's signed-rank interval on the log ratios of each pair of blocks' median steps; a
   challenger ahead on the median at `MAX_PAIRS` pairs goes on to twice that, `EXTEND_BELOW`): a
   switch rebuilds the reducer (as stepping aside does); the blocks are timed as
-  `autotune.blocks` says;
+  `autotune.tuning.blocks` says;
 - among the challengers that beat the reference beyond noise, the fastest on the median is
   kept; none: the reference. The kept size is stored with the plan, and the next job's first
   duel is that size against the reference, a re-check (``Duel(hold=True)``): still ahead on the
@@ -33,7 +33,7 @@ then compares bucket sizes on DDP's own reducer, without the hook:
   leads): the next job duels that size alone, once more, as a first duel, and forgets it if it
   loses.
 
-Every rank runs the same schedule and decides alike on the same numbers (`autotune.blocks`),
+Every rank runs the same schedule and decides alike on the same numbers (`autotune.tuning.blocks`),
 so the ranks rebuild their reducers before the same iteration without any orders. Once
 decided, nothing is re-checked in the job: without the hook no iteration is measured. The
 bucket layout is a property of the model and the network, which the next job with
@@ -48,17 +48,17 @@ from collections.abc import Callable, Sequence
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from autotune.aside import (
+from autotune.ddp.aside import (
     rebuild_reducer,
     restore_bucket_config,
     saved_bucket_config,
     set_bucket_cap,
 )
-from autotune.blocks import BLOCK, BlockTimer
 from autotune.plan import Buckets
+from autotune.tuning.blocks import BLOCK, BlockTimer
 from autotune.tuning.campaign import LEAD_BELOW
 from autotune.tuning.duel import MIN_PAIRS, Duel, Outcome
-from autotune.units import format_bytes
+from autotune.util.units import format_bytes
 
 __all__ = [
     "LADDER",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from autotune.stats import IterationRecord, MessageRecord
+from autotune.ddp.stats import IterationRecord, MessageRecord
 
 __all__ = ["Event", "Failure", "IterationDone", "IterationEnd", "Listener"]
 

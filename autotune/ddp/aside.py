@@ -1,7 +1,7 @@
 """Stepping aside: once the tuner keeps the baseline, DDP gets its own all-reduce back.
 
 (Also where it keeps the backend's all-reduce for every class with a fusion size of its own:
-DDP then runs it, and `autotune.buckets` tunes DDP's bucket size in its place.)
+DDP then runs it, and `autotune.tuning.buckets` tunes DDP's bucket size in its place.)
 
 Through a comm hook every bucket costs a Python call and a separate 1/N pass, which DDP without a
 hook folds into its copy into the bucket: 1-13% of a small model's step on 2 shared cores
@@ -27,8 +27,8 @@ Where the model cannot be rebuilt this way (a torch without those methods, anoth
 beside autotune's, two models on one state), autotune says why, once, and stays: the hook keeps
 running the baseline on its lane.
 
-The same forward pre-hook runs the catch (`autotune.catch`), where the tuner has locked a plan
-that needs the hook: from the iteration the tuner names (`CatchHooks.due`), the plan meets
+The same forward pre-hook runs the catch (`autotune.tuning.catch`), where the tuner has locked a
+plan that needs the hook: from the iteration the tuner names (`CatchHooks.due`), the plan meets
 plain DDP in blocks of iterations, on reducers rebuilt this way, with the hook registered again
 for the plan's blocks. Lost, the job has stepped aside; kept, the hook runs on.
 """
@@ -47,9 +47,9 @@ from torch.nn.parallel import DistributedDataParallel
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
 
-    from autotune.buckets import BucketTuner
-    from autotune.catch import HookCatch
-    from autotune.guard import Guard
+    from autotune.ddp.guard import Guard
+    from autotune.tuning.buckets import BucketTuner
+    from autotune.tuning.catch import HookCatch
     from autotune.tuning.duel import Outcome
 
 __all__ = [
@@ -146,7 +146,7 @@ def set_bucket_cap(ddp: DistributedDataParallel, nbytes: int) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class CatchHooks:
-    """What `StepAside` needs to run the catch (`autotune.catch`)."""
+    """What `StepAside` needs to run the catch (`autotune.tuning.catch`)."""
 
     #: The iteration from which the catch runs (None: none is due), the same on every rank.
     due: Callable[[], int | None]
@@ -170,7 +170,7 @@ class StepAside:
     to rebuild DDP's reducer with instead (a plan file's, `autotune.plan.Buckets`).
     ``catch``: where the tuner may lock a plan that needs the hook (see the module doc).
     ``guard``: keeps the fault contract on the model once it runs without the hook
-    (`autotune.guard`): it watches the model from when it is known, and DDP's reducers are
+    (`autotune.ddp.guard`): it watches the model from when it is known, and DDP's reducers are
     rebuilt on its group.
     """
 

@@ -16,7 +16,7 @@ from autotune.plan import Choice
 if TYPE_CHECKING:
     import optuna
 
-    from autotune.topology import Topology
+    from autotune.comm.topology import Topology
 
 __all__ = ["SEGMENT_OPTIONS", "choice_of", "params_of", "search_space", "suggest_choice"]
 

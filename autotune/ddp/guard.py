@@ -5,10 +5,10 @@ catch's blocks of plain DDP, a peer that dies or hangs fails ``backward()`` with
 Three parts. DDP's reducers are rebuilt on a group of autotune's with the job's ranks and
 backend and a timeout of ``Config.timeout_s`` (`guarded_group`), so no wait of DDP's outlasts it
 (the job's own group may wait 30 minutes, torch's default). An error that ``backward()`` raises
-from such a collective is diagnosed as the hook's errors are (`autotune.faults`) and raised as
+from such a collective is diagnosed as the hook's errors are (`autotune.comm.faults`) and raised as
 that `PeerError`: ``backward()`` runs through one wrapper of torch's (`install`), which asks the
 live guards about an error and otherwise lets it go as it was. A forward pre-hook counts the
-iterations begun without the hook (`autotune.liveness`) and raises the job's failure, once
+iterations begun without the hook (`autotune.comm.liveness`) and raises the job's failure, once
 known, before DDP's forward starts a collective that would wait on a dead peer; where DDP's
 forward is the first to fail, a forward hook diagnoses it (the forward raises its own error).
 """
@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from autotune.algorithms import PeerError, sibling_group
-from autotune.liveness import Liveness
+from autotune.comm.liveness import Liveness
 
 __all__ = ["Guard", "guarded_group", "install"]
 

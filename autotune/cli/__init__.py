@@ -41,14 +41,16 @@ def _trees(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     import json
 
-    from autotune.redact import redact_url
-    from autotune.store import Store, storage_url
-    from autotune.units import format_bytes
+    from autotune.storage.store import Store, storage_url
+    from autotune.util.redact import redact_url
+    from autotune.util.units import format_bytes
 
     url = storage_url(args.storage)
     try:
         tables = Store(url).tables()
-    except ValueError as exc:  # the storage's own error, its password masked (autotune.store)
+    except (
+        ValueError
+    ) as exc:  # the storage's own error, its password masked (autotune.storage.store)
         print(f"autotune show: {exc}", file=sys.stderr)
         return 1
     url = redact_url(url)
@@ -107,13 +109,13 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from autotune.sweep._cli import main as sweep_main
+    from autotune.cli.sweep import main as sweep_main
 
     return sweep_main(args)
 
 
 def _model(args: argparse.Namespace) -> int:
-    from autotune.model._cli import main as model_main
+    from autotune.cli.model import main as model_main
 
     return model_main(args)
 
@@ -218,7 +220,7 @@ def _dashboards(args: argparse.Namespace) -> int:
             print(f"wrote {path}")
         return 0
     from autotune.dashboards._push import PushError, push
-    from autotune.redact import redact_url
+    from autotune.util.redact import redact_url
 
     token = os.environ.get("GRAFANA_TOKEN") or None
     if token is None and "@" not in args.url:
@@ -257,8 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="autotune", description="Profiling and autotuning of all-reduce for PyTorch DDP."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    from autotune.model._cli import add_arguments as model_arguments
-    from autotune.sweep._cli import add_arguments as sweep_arguments
+    from autotune.cli.model import add_arguments as model_arguments
+    from autotune.cli.sweep import add_arguments as sweep_arguments
 
     p = sub.add_parser(
         "sweep",
@@ -340,7 +342,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     return result
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -29,9 +29,9 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from autotune.algorithms import AllReduceAlgorithm, Comm, Pending, check_tensor, split
-from autotune.events import Event, Failure, IterationDone, IterationEnd, Listener
+from autotune.ddp.events import Event, Failure, IterationDone, IterationEnd, Listener
+from autotune.ddp.stats import IterationRecord, MessageRecord
 from autotune.plan import BASELINE_CHOICE, Choice, Plan, size_class
-from autotune.stats import IterationRecord, MessageRecord
 
 __all__ = ["Engine"]
 
@@ -144,7 +144,7 @@ class Engine:
             t.start()
 
     def subscribe(self, listener: Listener) -> None:
-        """Tell ``listener`` every `autotune.events.Event`, on the finishing thread, in order:
+        """Tell ``listener`` every `autotune.ddp.events.Event`, on the finishing thread, in order:
         it must be quick (it runs between messages) and must not raise."""
         self._listeners.append(listener)
 
@@ -231,7 +231,7 @@ class Engine:
 
     def forget_step(self) -> None:
         """The next iteration's step is not timed: the model ran iterations without the hook
-        since the last one ended (`autotune.catch`). Call it between iterations, settled."""
+        since the last one ended (`autotune.tuning.catch`). Call it between iterations, settled."""
         self._last_end = None
 
     def settle(self, timeout_s: float | None = None) -> bool:

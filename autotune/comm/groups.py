@@ -5,6 +5,7 @@ the backend it uses per device, and the error every wait on it turns a failure i
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -23,6 +24,7 @@ __all__ = [
     "ensure_ready",
     "forget_p2p_group",
     "group_timeout",
+    "on_forget",
     "p2p_group",
     "sibling_group",
 ]
@@ -222,10 +224,18 @@ def forget_p2p_group(group: ProcessGroup | None = None) -> ProcessGroup | None:
     with _p2p_lock:
         dropped = _p2p_groups.pop(base.group_name, None)
     if dropped is not None:
-        from autotune.algorithms._shared_memory import forget_window
-
-        forget_window(dropped)
+        for forget in _on_forget:
+            forget(dropped)
     return dropped
+
+
+#: What else holds state per dedicated group (shared-memory windows): told when one is dropped.
+_on_forget: list[Callable[[ProcessGroup], None]] = []
+
+
+def on_forget(callback: Callable[[ProcessGroup], None]) -> None:
+    """Call ``callback(group)`` whenever `forget_p2p_group` drops a dedicated group."""
+    _on_forget.append(callback)
 
 
 def connect(

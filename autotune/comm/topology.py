@@ -137,7 +137,7 @@ def detect(group: ProcessGroup | None = None, timeout: timedelta | None = None) 
         [int.from_bytes(digest[:8], "little", signed=True), int(os.environ.get("GROUP_RANK", -1))],
         dtype=torch.int64,
     )
-    from autotune.algorithms._groups import bookkeeping_device, current_device
+    from autotune.comm.groups import bookkeeping_device, current_device
 
     device = bookkeeping_device(base, current_device())
     size = dist.get_world_size(base)

@@ -21,15 +21,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.plan import Entry, Table
-from autotune.processes import ProcessId, state
-from autotune.redact import redact, redact_url
+from autotune.util.processes import ProcessId, state
+from autotune.util.redact import redact, redact_url
 
 if TYPE_CHECKING:
     import optuna
     import torch
     from torch.distributed import ProcessGroup
 
-    from autotune.topology import Topology
+    from autotune.comm.topology import Topology
 
 __all__ = [
     "Store",
@@ -104,7 +104,7 @@ def job_fingerprint(
     group: ProcessGroup, device: torch.device, dtype: torch.dtype, topology: Topology
 ) -> dict[str, str | int]:
     """The fingerprint of all-reduces of ``dtype`` tensors on ``device`` over ``group``, whose
-    ranks sit on nodes as ``topology`` (of `autotune.topology.detect`) says."""
+    ranks sit on nodes as ``topology`` (of `autotune.comm.topology.detect`) says."""
     import torch.distributed as dist
 
     from autotune.algorithms import backend_for

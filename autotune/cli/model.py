@@ -6,12 +6,12 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from autotune.ddp.stats import bus_factor
 from autotune.model._cost import DEFAULT_SEGMENT_BYTES, Link, Shape, predict
 from autotune.model._fit import Fit, fit, samples_from_sweep
 from autotune.model._nccl import NCCL_SOURCE, PROTOCOLS, nccl_native, nccl_params
 from autotune.model._schedule import MODELLED
-from autotune.stats import bus_factor
-from autotune.units import byte_count
+from autotune.util.units import byte_count
 
 __all__ = ["add_arguments", "main"]
 

@@ -1,6 +1,6 @@
 """A process named so that it outlives its pid: host, pid and start time, and whether it still
-runs, is stopped, or has exited. Ranks tell each other theirs (`autotune.faults`); a tuning
-trial carries its job's (`autotune.store`).
+runs, is stopped, or has exited. Ranks tell each other theirs (`autotune.comm.faults`); a tuning
+trial carries its job's (`autotune.storage.store`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The campaign's duels (`autotune.tuning.campaign`) run the baseline through the hook: the
 backend's all-reduce, called from Python per bucket, with its own 1/N pass. Once it keeps the
-baseline, though, the job steps aside (`autotune.aside`) and runs plain DDP, which is faster
+baseline, though, the job steps aside (`autotune.ddp.aside`) and runs plain DDP, which is faster
 than that by the hook's own cost: 8-14% of the example mlp's step on 2 shared cores, 0-2.5% of
 the transformer's (docs/BENCHMARKS.md). So a plan that beat the hooked baseline by less than
 that runs slower than what the job would otherwise run. Measured: on the mlp at 2 ranks, `shm`
@@ -12,8 +12,8 @@ in its re-checks) and ran 1.066x plain DDP's step.
 So where a job steps aside for the baseline, a plan that needs the hook is locked only once it
 has met plain DDP: the job's reducer as it built it, without the hook (A), against a reducer
 with autotune's hook running the plan (B), in blocks of `BLOCK` iterations, A B B A
-(`autotune.blocks`; each switch rebuilds the reducer as stepping aside does, and registers
-the hook again for B). The duel is a first bucket duel's (`autotune.buckets.bucket_duel`):
+(`autotune.tuning.blocks`; each switch rebuilds the reducer as stepping aside does, and registers
+the hook again for B). The duel is a first bucket duel's (`autotune.tuning.buckets.bucket_duel`):
 B is kept only if it is faster than plain DDP beyond noise (Wilcoxon's signed-rank interval
 on the pairs' log ratios), within the pair budget, or twice that while it is ahead on the
 median at all. A proof, as every plan's against the baseline: plain DDP is the baseline the
@@ -34,9 +34,9 @@ from collections.abc import Callable
 
 from torch.nn.parallel import DistributedDataParallel
 
-from autotune.aside import rebuild_reducer
-from autotune.blocks import BLOCK, BlockTimer
-from autotune.buckets import bucket_duel
+from autotune.ddp.aside import rebuild_reducer
+from autotune.tuning.blocks import BLOCK, BlockTimer
+from autotune.tuning.buckets import bucket_duel
 from autotune.tuning.duel import Outcome
 
 __all__ = ["HookCatch"]
@@ -45,7 +45,7 @@ _log = logging.getLogger("autotune")
 
 
 class HookCatch:
-    """Runs the catch on ``ddp`` from its forward pre-hook (`autotune.aside.StepAside` calls
+    """Runs the catch on ``ddp`` from its forward pre-hook (`autotune.ddp.aside.StepAside` calls
     `pre_forward`), on every rank alike.
 
     ``settle()`` waits until the hook's last iteration is handled everywhere in this process

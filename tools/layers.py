@@ -1,0 +1,170 @@
+"""The layer contract of autotune's package, checked in `make lint`.
+
+Reads every module under autotune/ with `ast` (imports inside functions count; those under
+`if TYPE_CHECKING:` do not), then fails on an import circle among autotune's modules, on a
+layer that imports one above it, and on more loose modules directly in autotune/ than LOOSE_MAX.
+Run: python tools/layers.py [--graph]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "autotune"
+
+# Lowest first: a layer may import its own modules and those of layers before it, never after.
+# A module not named here belongs to the top (the package's __init__, the CLI).
+LAYERS: list[tuple[str, ...]] = [
+    ("autotune.util",),
+    ("autotune.comm",),
+    ("autotune.algorithms",),
+    ("autotune.plan",),
+    ("autotune.config", "autotune.storage", "autotune.model"),
+    ("autotune.ddp",),
+    ("autotune.tuning",),
+    ("autotune.metrics", "autotune.sweep"),
+    ("autotune.hook", "autotune.frameworks", "autotune.report", "autotune.dashboards"),
+    ("autotune.cli", "autotune.testing"),
+]
+# Runtime code never imports test support.
+RUNTIME_NEVER = "autotune.testing"
+LOOSE_MAX = 8
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports_of(path: Path, name: str, modules: set[str]) -> set[str]:
+    """The autotune modules `name` imports, at any depth but TYPE_CHECKING blocks."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def resolve(target: str) -> None:
+        # `from a.b import c` names the module a.b.c when there is one, else a.b.
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            found.add(target)
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _type_checking(child):
+                for other in child.orelse:
+                    visit(other)
+                continue
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    if alias.name.startswith(PACKAGE):
+                        resolve(alias.name)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    anchor = package.split(".")
+                    anchor = anchor[: len(anchor) - child.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                if base.startswith(PACKAGE):
+                    for alias in child.names:
+                        resolve(f"{base}.{alias.name}")
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    paths = {module_name(p): p for p in (ROOT / PACKAGE).rglob("*.py")}
+    modules = set(paths)
+    return {name: imports_of(path, name, modules) for name, path in paths.items()}
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+    sys.setrecursionlimit(10_000)
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            strong(v)
+    return found
+
+
+def layer_of(name: str) -> int:
+    for rank, layer in enumerate(LAYERS):
+        if any(name == top or name.startswith(top + ".") for top in layer):
+            return rank
+    return len(LAYERS)
+
+
+def problems(edges: dict[str, set[str]]) -> list[str]:
+    found = [f"import circle: {' <-> '.join(c)}" for c in circles(edges)]
+    for name, targets in sorted(edges.items()):
+        for target in sorted(targets):
+            if layer_of(target) > layer_of(name) and name != PACKAGE:
+                found.append(f"{name} imports {target}, a layer above it")
+            if target.startswith(RUNTIME_NEVER) and not name.startswith(RUNTIME_NEVER):
+                found.append(f"{name} imports test support {target}")
+    loose = sorted(p.stem for p in (ROOT / PACKAGE).glob("*.py") if p.name not in ("__init__.py",))
+    if len(loose) > LOOSE_MAX:
+        found.append(f"{len(loose)} loose modules in autotune/ (at most {LOOSE_MAX}): {loose}")
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--graph", action="store_true", help="print every module's imports")
+    args = parser.parse_args()
+    edges = graph()
+    if args.graph:
+        for name, targets in sorted(edges.items()):
+            print(f"{name}: {' '.join(sorted(targets))}")
+    found = problems(edges)
+    for line in found:
+        print(line, file=sys.stderr)
+    if not found:
+        print(f"layers: {len(edges)} modules, no circle, no upward import")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
