@@ -22,6 +22,7 @@ from autotune.hook import (
     reset_default_state,
 )
 from autotune.plan import segment_text
+from autotune.tuning.status import status
 from autotune.util.units import format_bytes
 
 __all__ = ["attach", "detach", "find_ddp", "log_values", "plan_text"]
@@ -89,11 +90,11 @@ def log_values(state: AutotuneState) -> dict[str, float]:
         "autotune/iterations": float(state.engine.iteration),
         "autotune/fusion_bytes": float(state.engine.fusion_bytes),
     }
-    tuner = state.tuner
-    if tuner is None:
+    if state.tuner is None:
         return values
-    values["autotune/locked"] = float(tuner.settled)
-    gain = tuner.gain
+    now = status(state.tuner, state.aside)
+    values["autotune/locked"] = float(now.plan_locked)
+    gain = now.gain
     if gain is not None and math.isfinite(gain.ratio):
         values["autotune/step_ratio"] = gain.ratio
         values["autotune/step_ratio_low"] = gain.low

@@ -76,7 +76,7 @@ def test_a_restarted_worker_group_fails_the_dead_attempts_trials_and_starts_lock
 def test_a_restart_on_the_agents_shared_store_is_warned_about(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from autotune.hook import _warn_restart_on_shared_store
+    from autotune.state import _warn_restart_on_shared_store
 
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")

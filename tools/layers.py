@@ -27,7 +27,13 @@ LAYERS: list[tuple[str, ...]] = [
     ("autotune.ddp",),
     ("autotune.tuning",),
     ("autotune.metrics", "autotune.sweep"),
-    ("autotune.hook", "autotune.frameworks", "autotune.report", "autotune.dashboards"),
+    (
+        "autotune.hook",
+        "autotune.state",
+        "autotune.frameworks",
+        "autotune.report",
+        "autotune.dashboards",
+    ),
     ("autotune.cli", "autotune.testing"),
 ]
 # Runtime code never imports test support.

@@ -24,6 +24,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from autotune.ddp.stats import IterationRecord, MessageRecord
+from autotune.tuning.status import Status, status
 from autotune.tuning.wire import PHASES
 
 if TYPE_CHECKING:
@@ -178,12 +179,10 @@ class HookMetrics(Collector):
         fusion.add_metric(values, self.engine.fusion_bytes)
         yield fusion
 
-    def _speedup(self, names: list[str], values: list[str]) -> Iterator[Metric]:
+    def _speedup(self, now: Status, names: list[str], values: list[str]) -> Iterator[Metric]:
         """The plan's gain over the baseline, as every rank heard it from rank 0."""
-        tuner = self.tuner
-        assert tuner is not None
-        gain = tuner.gain
-        if gain is None and not (tuner.settled and tuner.phase == "locked"):
+        gain = now.gain
+        if not now.compared:
             return  # not compared yet
         ratio = GaugeMetricFamily(
             "autotune_step_speedup_ratio",
@@ -213,23 +212,22 @@ class HookMetrics(Collector):
         yield pairs
 
     def _tuner(self, names: list[str], values: list[str]) -> Iterator[Metric]:
-        tuner = self.tuner
-        assert tuner is not None
+        now = status(self.tuner, self.aside)
         state = GaugeMetricFamily(
             "autotune_tuner_state",
             "Per size class, 1 for the tuner's state (exploring or locked), 0 for the other.",
             labels=[*names, "size_class", "state"],
         )
-        for cls, now in sorted(tuner.states.items()):
+        for cls, was in sorted(now.states.items()):
             for s in ("exploring", "locked"):
-                state.add_metric([*values, str(cls), s], 1 if now == s else 0)
+                state.add_metric([*values, str(cls), s], 1 if was == s else 0)
         yield state
         settled = GaugeMetricFamily(
             "autotune_tuner_settled",
             "1 once every size class (and the fusion size) is locked, else 0.",
             labels=names,
         )
-        settled.add_metric(values, 1 if tuner.settled else 0)
+        settled.add_metric(values, 1 if now.plan_locked else 0)
         yield settled
         phase = GaugeMetricFamily(
             "autotune_tuner_phase",
@@ -238,18 +236,18 @@ class HookMetrics(Collector):
             labels=[*names, "phase"],
         )
         for name in PHASES:
-            phase.add_metric([*values, name], 1 if tuner.phase == name else 0)
+            phase.add_metric([*values, name], 1 if now.phase == name else 0)
         yield phase
-        yield from self._speedup(names, values)
+        yield from self._speedup(now, names, values)
         aside = GaugeMetricFamily(
             "autotune_hook_stepped_aside",
             "1 once autotune has taken its hook out of DDP (no plan beat the baseline: DDP runs "
             "its own all-reduce, and the message series stop), else 0.",
             labels=names,
         )
-        aside.add_metric(values, 1 if self.aside is not None and self.aside.at is not None else 0)
+        aside.add_metric(values, 1 if now.unhooked_at is not None else 0)
         yield aside
-        progress = tuner.progress()  # rank 0's knowledge; empty elsewhere
+        progress = now.progress  # rank 0's knowledge; empty elsewhere
         if not progress:
             return
         trials = CounterMetricFamily(

@@ -41,7 +41,6 @@ from autotune.storage.store import (
     storage_url,
 )
 from autotune.tuning import wire
-from autotune.tuning.blocks import BLOCK
 from autotune.tuning.campaign import Campaign, nominate
 from autotune.tuning.duel import Outcome
 from autotune.tuning.search import NOT_MEASURED, ClassSearch, Progress
@@ -589,48 +588,6 @@ class Tuner:
         self.gain = buckets.gain
         if self.worker is not None and self.key:
             self._store_table()
-
-    def verdict(self) -> str:
-        """One line: the plan's training step against plain DDP's, as measured (rank 0)."""
-        campaign = self.campaign
-        if campaign is None:
-            return "autotune vs plain DDP: measured on rank 0"
-        if self.storage_error is not None:
-            return (
-                f"autotune vs plain DDP: not compared further (tuning stopped: the tuning "
-                f"storage failed, {self.storage_error}); the plan kept: "
-                f"{campaign.incumbent.describe()}"
-            )
-        blocks = f"{BLOCK}-iteration blocks"
-        if campaign.baseline_kept and campaign.history and campaign.history[-1][0] == "catch":
-            _, plan, outcome = campaign.history[-1]
-            return (
-                "autotune vs plain DDP: 1.00x step time (DDP's own all-reduce kept: "
-                f"{plan.describe()} beat it through the hook, but ran "
-                f"{outcome.gain.over(blocks)} against plain DDP)"
-            )
-        if campaign.baseline_kept:
-            pairs = sum(o.gain.pairs for kind, _, o in campaign.history if kind != "catch")
-            if not pairs:
-                why = (
-                    "as the stored plan says"
-                    if campaign.stored == campaign.baseline
-                    else "no plan was put forward against it"
-                )
-                return f"autotune vs plain DDP: 1.00x step time (DDP's own all-reduce kept, {why})"
-            lead = campaign.lead
-            again = "" if lead is None else f"; the next job gives {lead.describe()} one more duel"
-            return (
-                "autotune vs plain DDP: 1.00x step time (DDP's own all-reduce kept: no plan "
-                f"beat it over {pairs} pairs of iterations{again})"
-            )
-        gain = campaign.gain
-        if gain is None:
-            return f"autotune vs plain DDP: not compared yet (tuning: {campaign.phase})"
-        return gain.verdict(
-            blocks if campaign.against_plain else "iterations",
-            f"plan: {campaign.incumbent.describe()}",
-        )
 
     def progress(self) -> dict[int | str, Progress]:
         """Per size class (and "fusion"): state, trials, best latency, current choice."""

@@ -1,0 +1,434 @@
+"""`AutotuneState`: what the hook keeps for one DDP model. It builds the engine, the tuner, the
+unhooking and the exporter, hands each what it uses, and diagnoses the job's first failure; and the
+default state that `autotune.hook` uses when DDP passes None.
+
+Example::
+
+    >>> state = autotune.AutotuneState(config=autotune.Config(algorithm="ring"))
+    >>> ddp_model.register_comm_hook(state, autotune.hook)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import warnings
+import weakref
+from collections.abc import Callable
+from dataclasses import fields
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+from torch.nn.parallel import DistributedDataParallel
+
+from autotune.algorithms import (
+    AllReduceAlgorithm,
+    PeerError,
+    forget_p2p_group,
+    get_algorithm,
+    p2p_group,
+)
+from autotune.comm.faults import FailureBoard, release
+from autotune.config import Config
+from autotune.ddp.aside import StepAside
+from autotune.ddp.engine import Engine
+from autotune.ddp.guard import Guard, guarded_group
+from autotune.ddp.stats import Recorder, Summary, summarize
+from autotune.plan import BASELINE_CHOICE, Choice, Entry, Plan, Table, load_table
+from autotune.storage.store import elastic_attempt
+from autotune.tuning import Tuner
+from autotune.tuning.status import Status, status
+from autotune.tuning.unhooked import bucket_tuner, catch_hooks, plan_file_buckets
+from autotune.util.cores import oversubscription, usable_cores
+from autotune.util.redact import redact
+
+if TYPE_CHECKING:
+    from autotune.metrics import Exporter
+
+_log = logging.getLogger("autotune")
+
+__all__ = ["AutotuneState", "default_state", "is_default_state", "reset_default_state"]
+
+
+class AutotuneState:
+    """Everything the hook keeps for one DDP model: config, plan, engine, measurements.
+
+    Construct it on every rank at the same point (it sets up a dedicated process group for
+    autotune's traffic, collectively over ``process_group``'s members), then register it::
+
+        >>> state = autotune.AutotuneState(config=autotune.Config(algorithm="ring"))
+        >>> ddp_model.register_comm_hook(state, autotune.hook)
+
+    ``process_group`` must be the group DDP reduces over (None: the world); `register` takes it
+    from the model for you.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_algorithms",
+        "_cores_warning",
+        "aside",
+        "board",
+        "config",
+        "engine",
+        "exporter",
+        "failure",
+        "guard",
+        "process_group",
+        "recorder",
+        "tuner",
+        "world_size",
+    )
+
+    def __init__(
+        self, process_group: ProcessGroup | None = None, config: Config | None = None
+    ) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "autotune.AutotuneState needs torch.distributed: call "
+                "torch.distributed.init_process_group() first (torchrun sets up the environment)"
+            )
+        group = process_group if process_group is not None else dist.group.WORLD
+        assert group is not None
+        if dist.get_rank(group) < 0:
+            raise ValueError("this rank is not a member of the process group given to autotune")
+        self.process_group = group
+        self.world_size = dist.get_world_size(group)
+        _warn_restart_on_shared_store()
+        #: Where the ranks agree on setup and on who failed first.
+        self.board = FailureBoard(group, timeout_s=Config.timeout_s)
+        # Every rank says it is ready, or why not, before anyone waits on a collective: a rank
+        # with a bad environment fails the others at once, not after their timeout.
+        table = None
+        try:
+            self.config = config if config is not None else Config.from_env()
+            self.board.timeout_s = self.config.timeout_s
+            if self.config.plan_file is not None:
+                # Read and checked here, not at the first bucket: a bad file fails construction
+                # with the file's name, not backward() with a cast error.
+                table = load_table(self.config.plan_file)
+        except BaseException as exc:
+            self.board.agree("config", exc, {})
+            raise
+        self.board.agree("config", None, _shared(self.config, table))
+        self.recorder = Recorder()
+        self._algorithms: dict[str, AllReduceAlgorithm] = {}
+        #: The live tuner ("auto" without a plan file), else None.
+        self.tuner: Tuner | None = None
+        #: The Prometheus exporter (``Config.metrics_port``), else None.
+        self.exporter: Exporter | None = None
+        #: Takes the hook out of DDP once the tuner keeps the baseline (`autotune.ddp.aside`).
+        self.aside: StepAside | None = None
+        #: The fault contract where DDP runs without the hook (`autotune.ddp.guard`), wherever it
+        #: may.
+        self.guard: Guard | None = None
+        #: The job's failure, once diagnosed: every later error of this state is this one.
+        self.failure: PeerError | None = None
+        self.engine = Engine(
+            group=group,
+            world_size=self.world_size,
+            plan=Plan(self._initial_plan()),
+            algorithm_for=self._algorithm,
+            fusion_bytes=self.config.fusion_bytes or 0,
+            diagnose=self._diagnose,
+        )
+        # This state builds every part and hands each what it uses; they hear the engine's
+        # events (autotune.ddp.events) rather than reaching into the state.
+        self.engine.subscribe(self.recorder.record)
+        try:
+            # Made now, collectively, rather than inside the first backward on the autograd
+            # thread; every collective step comes before any step that may fail on one rank.
+            p2p_group(group, _timeout(self.config))
+            if table is not None:
+                for cls, entry in table.classes.items():
+                    self.engine.plan.set(cls, entry.choice)
+                if table.fusion_bytes is not None and self.config.fusion_bytes is None:
+                    self.engine.fusion_bytes = table.fusion_bytes
+            tuned = self.config.algorithm == "auto" and table is None
+            if self.config.step_aside and (
+                (table is not None and table.buckets is not None)
+                or (tuned and Tuner.would_step_aside(self.config))
+            ):
+                # Where autotune may unhook itself, DDP then runs on this group. Made now,
+                # collectively, before the tuner opens the storage (rank 0 alone may fail that).
+                self.guard = Guard(
+                    guarded_group(group, self.config.timeout_s),
+                    lambda: self.board.liveness,
+                    self._diagnose_ddp,
+                    _hooked(_owner(self)),
+                )
+            if tuned:
+                self.tuner = Tuner(self.engine, group, self.config)
+            if table is not None and table.buckets is not None:
+                self.aside = plan_file_buckets(table.buckets, self.config, _owner(self), self.guard)
+            live = self.tuner
+            if live is not None and live.steps_aside:
+                buckets = bucket_tuner(live, self.config) if live.tune_fusion else None
+                catch = catch_hooks(live, self.engine, self.config)
+                self.aside = StepAside(
+                    lambda: live.aside_from, _owner(self), buckets, catch=catch, guard=self.guard
+                )
+            if self.config.metrics_port is not None:
+                from autotune import metrics  # prometheus_client only where wanted
+
+                self.exporter = metrics.Exporter(
+                    self.config, group, self.engine, self.tuner, aside=self.aside
+                )
+        except BaseException as exc:
+            self.board.agree("ready", exc, {})
+            self.close()
+            raise
+        try:
+            self.board.agree("ready", None, {})
+        except BaseException:
+            self.close()
+            raise
+        self.board.start_watching()
+        #: On the lowest of the group's ranks on this host, where they oversubscribe its cores
+        #: (`autotune.util.cores`), what to say at the first bucket if it is on the CPU; else None.
+        self._cores_warning = _oversubscribed_here(self.board)
+
+    def _warn_cores(self, buffer: torch.Tensor) -> None:
+        why, self._cores_warning = self._cores_warning, None
+        if why is not None and buffer.device.type == "cpu":
+            _log.warning("autotune: %s", why)
+
+    def plan(self) -> dict[int, Choice]:
+        """Size class (bytes, a power of two) -> the choice for it, for every class seen so far."""
+        return self.engine.plan.table()
+
+    def table(self) -> Table:
+        """The plan with what tuning learned about each class (full on rank 0, which tunes)."""
+        if self.tuner is not None:
+            return self.tuner.table()
+        plan = self.plan()
+        return Table(
+            {cls: Entry(c, state="fixed") for cls, c in plan.items()}, self.engine.fusion_bytes
+        )
+
+    def status(self) -> Status:
+        """Where autotune stands (`autotune.tuning.status.Status`), as of the last iteration
+        whose backward() returned: the engine settled first, so every rank reads the same after
+        the same iteration."""
+        self.engine.settle(self.config.timeout_s)
+        return status(self.tuner, self.aside)
+
+    @property
+    def settled(self) -> bool:
+        """Whether autotune has decided what this job runs: the tuner's plan, locked, and where
+        it steps aside, DDP's bucket size (`autotune.tuning.buckets`). As of the last iteration
+        whose backward() returned, the same on every rank (see `locked`)."""
+        return self.status().settled
+
+    @property
+    def locked(self) -> bool:
+        """Whether the job runs a decided plan from here on: `settled`, or re-checking the
+        locked plan against the baseline (which keeps it unless it lost its gain; then tuning
+        starts over and this is False again). Where autotune steps aside, `settled`. The same
+        on every rank after the same iteration, so a collective that depends on it cannot
+        deadlock: it reads what rank 0 broadcast (not rank 0's own campaign, which knows a step
+        or two earlier), once the engine has taken in that iteration's end, where the orders
+        arrive (a bucket's future may complete before that)."""
+        return self.status().locked
+
+    def verdict(self) -> str:
+        """One line for a job's summary: its training step against plain DDP's, as the tuner
+        measured it (on rank 0, which decides), and whether the hook stepped aside."""
+        return status(self.tuner, self.aside).verdict
+
+    def stats(self) -> dict[tuple[int, str], Summary]:
+        """(size class, algorithm) -> count, bytes, median and p99 seconds, busbw.
+
+        Waits (up to 10 s) until the engine has recorded every iteration submitted so far: a
+        bucket's future can complete before the engine has written down its timing."""
+        self.engine.settle(timeout_s=10.0)
+        return summarize(self.recorder.records())
+
+    def close(self) -> None:
+        """Stop the engine's workers (after they run what is queued) and the tuner's."""
+        self.engine.close()
+        if self.tuner is not None:
+            self.tuner.close()
+        if self.exporter is not None:
+            self.exporter.close()
+        if self.guard is not None:
+            self.guard.close()
+        self.board.close()
+
+    def _diagnose(self, error: BaseException, algorithm: str | None) -> PeerError:
+        """The engine's first failure, as every rank will report it: who failed first (agreed
+        through the store), then this rank's groups aborted so peers waiting on it fail now.
+        Diagnosed once: a later failure of the state (DDP's without the hook) is the same."""
+        if self.failure is not None:
+            return self.failure
+        verdict = self.board.verdict(error)
+        # Forgotten, not looked up: looking up a group another state dropped would make one.
+        dedicated = forget_p2p_group(self.process_group)
+        groups = [] if dedicated is None else [dedicated]
+        if self.tuner is not None:
+            groups.append(self.tuner.group)
+        release(groups)
+        algorithm = algorithm or getattr(error, "algorithm", None) or "autotune"
+        diagnosed = PeerError(
+            redact(
+                f"{algorithm} all-reduce failed: {verdict.describe()}. "
+                f"On rank {dist.get_rank()}: {error}"
+            ),
+            rank=verdict.rank,
+            algorithm=algorithm,
+            peer=getattr(error, "peer", None),
+        )
+        diagnosed.__cause__ = error
+        self.failure = diagnosed
+        return diagnosed
+
+    def _diagnose_ddp(self, error: BaseException) -> PeerError:
+        """DDP's own collective failed, without the hook (`autotune.ddp.guard`)."""
+        ours = PeerError(f"DDP's all-reduce without autotune's hook: {error}")
+        ours.__cause__ = error
+        return self._diagnose(ours, "native")
+
+    def _initial_plan(self) -> Choice:
+        if self.config.algorithm == "auto":
+            return BASELINE_CHOICE  # the backend's own, until a plan beats it on the step
+        return Choice(self.config.algorithm, self.config.segment_bytes)
+
+    def _algorithm(self, name: str) -> AllReduceAlgorithm:
+        algo = self._algorithms.get(name)
+        if algo is None:
+            algo = self._algorithms[name] = get_algorithm(name, timeout_s=self.config.timeout_s)
+        return algo
+
+    def __repr__(self) -> str:
+        return (
+            f"AutotuneState(world_size={self.world_size}, config={self.config}, "
+            f"iteration={self.engine.iteration})"
+        )
+
+
+def _warn_restart_on_shared_store() -> None:
+    """torchrun restarted this worker group on its agent's store, shared across attempts, which
+    still holds the last attempt's keys: a group made now (autotune's too) may read a dead peer's
+    address and fail to connect. docs/FAULTS.md, "Elastic restarts"."""
+    attempt = elastic_attempt()
+    if attempt is None or attempt[1] == 0:
+        return
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        warnings.warn(
+            f"torchrun restarted this worker group (attempt {attempt[1]}) on its agent's shared "
+            "store, which keeps the last attempt's keys: process groups made now can connect to "
+            "dead peers ('Connection refused'). Run torchrun with "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in its environment",
+            stacklevel=3,
+        )
+
+
+def _owner(state: AutotuneState) -> Callable[[object, object], bool]:
+    """Whether a comm hook a DDP model holds, (function, state), is ``state``'s: registered with
+    it, or with None if it is the default state. (Weak: the state holds what this returns.)"""
+    ref = weakref.ref(state)
+
+    def ours(fn: object, registered: object) -> bool:
+        mine = ref()
+        if mine is None or not _is_hook(fn):
+            return False
+        return registered is mine or (registered is None and is_default_state(mine))
+
+    return ours
+
+
+def _is_hook(fn: object) -> bool:
+    """Whether ``fn`` is `autotune.hook` (known by name: that module imports this one)."""
+    return (
+        getattr(fn, "__module__", None) == "autotune.hook"
+        and getattr(fn, "__qualname__", None) == "hook"
+    )
+
+
+def _hooked(
+    ours: Callable[[object, object], bool],
+) -> Callable[[DistributedDataParallel], bool]:
+    """Whether autotune's hook (``ours``) is on a DDP model now."""
+
+    def hooked(ddp: DistributedDataParallel) -> bool:
+        return any(ours(*h) for h in getattr(ddp, "_comm_hooks", ()))
+
+    return hooked
+
+
+def _timeout(config: Config) -> timedelta:
+    return timedelta(seconds=config.timeout_s)
+
+
+#: Config fields a rank may set for itself; every other field must be the same on every rank.
+_PER_RANK = ("storage", "metrics_port", "metrics_host", "job", "plan_file")
+
+
+def _shared(config: Config, table: Table | None) -> dict[str, object]:
+    """What every rank must agree on: the config's shared fields and the plan file's content."""
+    shared: dict[str, object] = {
+        f.name: getattr(config, f.name) for f in fields(config) if f.name not in _PER_RANK
+    }
+    shared["plan"] = None if table is None else table.to_json()
+    read_back: dict[str, object] = json.loads(json.dumps(shared))  # as the others will read it
+    return read_back
+
+
+def _oversubscribed_here(board: FailureBoard) -> str | None:
+    """On the lowest of the board's ranks on this host, `oversubscription`'s word on them (the
+    intra-op threads as the user set them on this, the main thread); elsewhere None."""
+    here = [r for r, peer in board.peers.items() if peer.here] + [board.rank]
+    if board.rank != min(here):
+        return None
+    return oversubscription(len(here), torch.get_num_threads(), usable_cores())
+
+
+_default_lock = threading.Lock()
+
+
+_default: list[AutotuneState] = []
+
+
+def default_state() -> AutotuneState:
+    """Build (once) and return the state `hook` uses when DDP passes None, configured from
+    ``AUTOTUNE_*`` variables, over the world.
+
+    Call it on every rank after ``init_process_group`` and before the first backward, as a
+    state's constructor is called: it sets up process groups collectively and opens the storage.
+    """
+    with _default_lock:
+        if not _default:
+            _default.append(AutotuneState(config=Config.from_env()))
+        return _default[0]
+
+
+def is_default_state(state: AutotuneState) -> bool:
+    with _default_lock:
+        return bool(_default) and _default[0] is state
+
+
+def built_default_state() -> AutotuneState:
+    with _default_lock:
+        if _default:
+            return _default[0]
+    # Every rank gets here at its first bucket, so every rank raises at the same point.
+    raise RuntimeError(
+        "autotune.hook was registered with state=None and no default state was built: it is "
+        "not built inside backward, where it would set up process groups and open the tuning "
+        "storage in the middle of a step. Build it on every rank before training, after "
+        "init_process_group: autotune.default_state() (configured from AUTOTUNE_* variables); "
+        "or pass a state: autotune.register(ddp_model). Frameworks that pass no state have "
+        "integrations that build it: docs/INTEGRATIONS.md"
+    )
+
+
+def reset_default_state() -> None:
+    """Close and forget the default state (a new one is built at the next use)."""
+    with _default_lock:
+        while _default:
+            _default.pop().close()

@@ -1,0 +1,197 @@
+"""Where autotune stands for one job, as one snapshot: `status` builds it from the tuner and the
+unhooking, and `AutotuneState.locked`, `.verdict()`, the metrics and the framework loggers read it.
+
+Example::
+
+    >>> s = state.status()
+    >>> s.locked, s.phase, s.verdict
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from autotune.plan import Gain
+from autotune.tuning.blocks import BLOCK
+from autotune.tuning.search import Progress
+from autotune.util.units import format_bytes
+
+if TYPE_CHECKING:
+    from autotune.ddp.aside import StepAside
+    from autotune.tuning.tuner import Tuner
+
+__all__ = ["Status", "status"]
+
+
+@dataclass(frozen=True)
+class Status:
+    """A snapshot of where autotune stands, as this rank knows it.
+
+    ``tuning``: a live tuner runs (False: a fixed plan). ``phase``: the tuner's phase as rank 0's
+    orders said it (`autotune.tuning.wire.PHASES`; "fixed" without a tuner). ``plan_locked``:
+    every rank knows the tuner's plan is locked (its exchanges are down to watching).
+    ``settled``: the plan is locked and, where autotune unhooks, DDP's bucket size decided.
+    ``locked``: the job runs a decided plan from here on (`AutotuneState.locked`). ``gain``: the
+    plan's step over plain DDP's, once measured. ``states``: per size class, "exploring" or
+    "locked". ``unhooked_at``: the iteration after which DDP runs without the hook (None: hooked).
+    ``progress``: per size class (and "fusion"), the search's progress (rank 0; empty elsewhere).
+    ``verdict``: one line for a job's summary.
+    """
+
+    tuning: bool
+    phase: str
+    plan_locked: bool
+    settled: bool
+    locked: bool
+    gain: Gain | None
+    unhooked_at: int | None
+    verdict: str
+    states: Mapping[int, str] = field(default_factory=dict)
+    progress: Mapping[int | str, Progress] = field(default_factory=dict)
+
+    @property
+    def compared(self) -> bool:
+        """Whether the plan's step has been compared with the baseline's (a gain, or the
+        baseline locked: 1.00x)."""
+        return self.gain is not None or (self.plan_locked and self.phase == "locked")
+
+
+def status(tuner: Tuner | None, aside: StepAside | None) -> Status:
+    """The snapshot, from what this rank knows now (settle the engine first for a reading that
+    is the same on every rank after the same iteration)."""
+    settled = _settled(tuner, aside)
+    unhooked_at = None if aside is None else aside.at
+    if tuner is None:
+        return Status(
+            tuning=False,
+            phase="fixed",
+            plan_locked=True,
+            settled=settled,
+            locked=settled,
+            gain=None,
+            unhooked_at=unhooked_at,
+            verdict=_verdict(None, aside),
+        )
+    return Status(
+        tuning=True,
+        phase=tuner.phase,
+        plan_locked=tuner.settled,
+        settled=settled,
+        locked=_locked(tuner, aside, settled),
+        gain=tuner.gain,
+        unhooked_at=unhooked_at,
+        verdict=_verdict(tuner, aside),
+        states=dict(tuner.states),
+        progress=tuner.progress(),
+    )
+
+
+def _settled(tuner: Tuner | None, aside: StepAside | None) -> bool:
+    if tuner is None:
+        return aside is None or aside.at is not None or aside.refused is not None
+    if not tuner.settled or tuner.catch_from is not None:
+        return False
+    if aside is None or aside.refused is not None or tuner.aside_from is None:
+        return True
+    if aside.at is None:
+        return False  # unhooks before the next forward
+    return aside.buckets is None or aside.buckets.done
+
+
+def _locked(tuner: Tuner, aside: StepAside | None, settled: bool) -> bool:
+    """`settled`, or re-checking the locked plan against the baseline; where autotune unhooks,
+    `settled`. Reads what rank 0 broadcast, so the same on every rank after the same iteration."""
+    if tuner.aside_from is None:
+        return tuner.locked
+    if aside is not None and aside.at is None and aside.refused is None:
+        return True  # the baseline, locked: DDP takes over at the next forward
+    return settled
+
+
+def _verdict(tuner: Tuner | None, aside: StepAside | None) -> str:
+    """The job's training step against plain DDP's, as the tuner measured it (on rank 0, which
+    decides), and whether autotune unhooked."""
+    if tuner is None:
+        line = "autotune vs plain DDP: not compared (a fixed plan runs without the tuner)"
+        if aside is not None and aside.at is not None:
+            line += (
+                f"; autotune stepped aside after iteration {aside.at}: DDP runs its own "
+                "all-reduce in the plan file's buckets, without the hook"
+            )
+        return line
+    if aside is None or aside.at is None:
+        return tuner_verdict(tuner)
+    after = (
+        f"autotune stepped aside after iteration {aside.at}: DDP runs its own all-reduce, "
+        "without the hook"
+    )
+    if aside.buckets is None:
+        return f"{tuner_verdict(tuner)}; {after}"
+    search = aside.buckets.search
+    if search is None or not aside.buckets.done:
+        pairs = 0 if search is None else search.pairs
+        return (
+            f"{tuner_verdict(tuner)}; {after}, and compares bucket sizes on it ({pairs} "
+            "pairs of blocks so far)"
+        )
+    kept = search.result()
+    assert kept is not None
+    if kept.gain is None:
+        why = (
+            f"no bucket size beat them over {search.pairs} pairs of blocks"
+            if search.history
+            else "as the stored plan says"
+        )
+        if kept.lead is not None:
+            why += f"; the next job gives {kept.lead.describe()} one more duel"
+        return (
+            "autotune vs plain DDP: 1.00x step time (DDP's own all-reduce on the job's "
+            f"buckets: {why}); {after}"
+        )
+    buckets = f"DDP's own all-reduce in {format_bytes(kept.bucket_bytes)} buckets"
+    return f"{kept.gain.verdict(f'{BLOCK}-iteration blocks', buckets)}; {after}"
+
+
+def tuner_verdict(tuner: Tuner) -> str:
+    """One line: the tuner's plan's training step against plain DDP's, as measured (rank 0)."""
+    campaign = tuner.campaign
+    if campaign is None:
+        return "autotune vs plain DDP: measured on rank 0"
+    if tuner.storage_error is not None:
+        return (
+            f"autotune vs plain DDP: not compared further (tuning stopped: the tuning "
+            f"storage failed, {tuner.storage_error}); the plan kept: "
+            f"{campaign.incumbent.describe()}"
+        )
+    blocks = f"{BLOCK}-iteration blocks"
+    if campaign.baseline_kept and campaign.history and campaign.history[-1][0] == "catch":
+        _, plan, outcome = campaign.history[-1]
+        return (
+            "autotune vs plain DDP: 1.00x step time (DDP's own all-reduce kept: "
+            f"{plan.describe()} beat it through the hook, but ran "
+            f"{outcome.gain.over(blocks)} against plain DDP)"
+        )
+    if campaign.baseline_kept:
+        pairs = sum(o.gain.pairs for kind, _, o in campaign.history if kind != "catch")
+        if not pairs:
+            why = (
+                "as the stored plan says"
+                if campaign.stored == campaign.baseline
+                else "no plan was put forward against it"
+            )
+            return f"autotune vs plain DDP: 1.00x step time (DDP's own all-reduce kept, {why})"
+        lead = campaign.lead
+        again = "" if lead is None else f"; the next job gives {lead.describe()} one more duel"
+        return (
+            "autotune vs plain DDP: 1.00x step time (DDP's own all-reduce kept: no plan "
+            f"beat it over {pairs} pairs of iterations{again})"
+        )
+    gain = campaign.gain
+    if gain is None:
+        return f"autotune vs plain DDP: not compared yet (tuning: {campaign.phase})"
+    return gain.verdict(
+        blocks if campaign.against_plain else "iterations",
+        f"plan: {campaign.incumbent.describe()}",
+    )
