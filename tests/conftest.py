@@ -4,11 +4,18 @@ check that a test leaves nothing running."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from autotune.algorithms import _registry
+
+# The functions spawned ranks run (tests/jobs/) and the real servers' fixtures (tests/support/),
+# importable by name from every test folder and from the ranks, which inherit this path.
+for _helpers in ("jobs", "support"):
+    sys.path.insert(0, str(Path(__file__).parent / _helpers))
 
 # Every test must leave no thread, child process or process group behind (see the plugin).
 pytest_plugins = ["autotune.testing.leaks", "pytester"]

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from importlib.metadata import entry_points
 
+import pytest
+
 from autotune.algorithms import ENTRY_POINT_GROUP, PLUGIN_SOURCES, available
-from autotune.testing.conformance import failures, run_conformance
+from autotune.testing.pytest_algorithms import AlgorithmTests
 
 
 def test_registered_through_entry_points() -> None:
@@ -20,8 +22,15 @@ def test_registered_through_entry_points() -> None:
     assert PLUGIN_SOURCES["star"].startswith("autotune-baselines")
 
 
-def test_conformance_at_a_prime_world_size() -> None:
-    outcomes = run_conformance(5, ["direct", "star"])
-    assert len(outcomes) > 0
-    problems = failures(outcomes)
-    assert not problems, "\n".join(problems[:20])
+@pytest.mark.distributed
+class TestDirect(AlgorithmTests):
+    """The shared conformance suite at a prime world size, one test id per case."""
+
+    algorithm = "direct"
+    world_sizes = (5,)
+
+
+@pytest.mark.distributed
+class TestStar(AlgorithmTests):
+    algorithm = "star"
+    world_sizes = (5,)

@@ -73,7 +73,7 @@ def _ddp_matches(world_size: int, backend: str) -> None:
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).parents[1] / "jobs"))
     from ddp_jobs import digest, train_all
 
     names = available() if backend == "nccl" else algorithms_under_test()

@@ -238,7 +238,7 @@ def test_a_bad_stored_plan_names_the_storage_and_the_job(tmp_path: Path) -> None
         store.load_table("key")
 
 
-OWNER = str(Path(__file__).parent / "trial_owner.py")
+OWNER = str(Path(__file__).parents[1] / "jobs" / "trial_owner.py")
 
 
 def _states(url: str, study_name: str) -> dict[int, tuple[str, str | None]]:

@@ -23,8 +23,8 @@ from needs import unmet
 from autotune.testing.cluster import NETNS_TAG_ENV, Cluster, namespaces, unavailable
 from autotune.testing.conformance import algorithms_under_test, failures
 
-JOBS = str(Path(__file__).with_name("cluster_jobs.py"))
-EXAMPLE = str(Path(__file__).parents[1] / "examples" / "train_ddp.py")
+JOBS = str(Path(__file__).parents[1] / "jobs" / "cluster_jobs.py")
+EXAMPLE = str(Path(__file__).parents[2] / "examples" / "train_ddp.py")
 
 
 @pytest.fixture(autouse=True)

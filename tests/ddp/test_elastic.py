@@ -15,7 +15,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-JOB = str(Path(__file__).with_name("elastic_job.py"))
+JOB = str(Path(__file__).parents[1] / "jobs" / "elastic_job.py")
 QUICK = {  # a budget that locks in tens of steps
     "AUTOTUNE_ALGORITHMS": "native,ring",
     "AUTOTUNE_TUNE_SAMPLES": "1",

@@ -22,7 +22,7 @@ from autotune.storage.store import Store
 from autotune.sweep import Measured, SweepOptions, SweepResult, Variant, dtype_name, exact_limit
 from autotune.sweep._measure import round_order
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COLUMNS = ["size", "count", "type", "algorithm", "segment", "time", "algbw", "busbw", "#wrong"]
 
 
@@ -302,7 +302,7 @@ def test_torchrun_ranks_are_used(tmp_path: Path) -> None:
 def test_report_draws_the_models_fit_and_prints_its_error(tmp_path: Path) -> None:
     from autotune.model import fit, samples_from_sweep
 
-    sweep = Path(__file__).resolve().parents[1] / "docs" / "sweeps" / "sweep-4.json"
+    sweep = Path(__file__).resolve().parents[2] / "docs" / "sweeps" / "sweep-4.json"
     out = run_cli("report", str(sweep), "--model", "-o", "fit.png", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "fit.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

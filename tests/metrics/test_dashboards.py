@@ -33,7 +33,7 @@ from autotune.dashboards import VARIABLES, differences, load, panel_queries, sub
 from autotune.metrics import run_daemon
 from autotune.report import PrometheusClient, Series, render_dashboard
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = ROOT / "dashboards"
 
 

@@ -80,7 +80,7 @@ def test_known_shape_for_eight_ranks() -> None:
 
 def test_docs_show_the_trees_the_code_builds() -> None:
     # docs/ALGORITHMS.md draws the two-tree for N=7 and N=8; keep the drawings honest.
-    doc = (Path(__file__).parents[1] / "docs" / "ALGORITHMS.md").read_text()
+    doc = (Path(__file__).parents[2] / "docs" / "ALGORITHMS.md").read_text()
     for size in (7, 8):
         for tree in double_binary_tree(size):
             assert render(tree) in doc, f"docs/ALGORITHMS.md is missing the N={size} drawing"
