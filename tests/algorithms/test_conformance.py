@@ -38,6 +38,7 @@ def test_plugins_are_among_the_algorithms_under_test() -> None:
     assert "nccl.ring.simple" in ALGORITHMS  # NCCL's combinations, on gloo: one for all
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_conformance(algorithm: str, world_size: int) -> None:
@@ -54,6 +55,7 @@ LAYOUTS = [(0, 0, 1, 1, 2, 2), (0, 0, 0, 1, 1, 1), (0, 0, 1, 1, 1), (0, 1, 1, 1)
 TOPOLOGY_AWARE = ["hierarchical_ring", "hierarchical_two_tree"]
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("node_of", LAYOUTS, ids=lambda n: "".join(map(str, n)))
 def test_topology_aware_conformance_across_node_layouts(node_of: tuple[int, ...]) -> None:
     got = run_conformance(len(node_of), TOPOLOGY_AWARE, node_of=node_of)
@@ -85,6 +87,7 @@ def test_bound_is_tight_enough_to_catch_one_lost_rounding() -> None:
     assert 3 * u <= bound < 3.01 * u
 
 
+@pytest.mark.distributed
 def test_suite_catches_broken_algorithms() -> None:
     # Both are registered in the ranks from tests/broken_algorithms.py, like a plugin would be.
     extra = {

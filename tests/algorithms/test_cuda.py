@@ -13,7 +13,7 @@ from autotune.comm.launch import run_local
 from autotune.testing.conformance import Case, algorithms_under_test, failures, run_conformance
 from autotune_nccl import library_path
 
-pytestmark = pytest.mark.cuda
+pytestmark = [pytest.mark.cuda, pytest.mark.distributed]
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 

@@ -21,6 +21,8 @@ from autotune.comm.groups import Comm
 from autotune.comm.launch import launch, run_local
 from autotune.comm.topology import NODE_ID_ENV
 
+pytestmark = pytest.mark.distributed
+
 
 def _many_turns(rank: int, world_size: int, dtype: torch.dtype) -> tuple[list[float], int, bool]:
     shm.MAX_WINDOW_BYTES = shm.MIN_WINDOW_BYTES  # a slot of 256 KiB

@@ -71,6 +71,7 @@ def _ring(rank: int, world_size: int, numel: int) -> tuple[int, bool]:
     return torch.get_num_threads(), torch.equal(tensor, expected)
 
 
+@pytest.mark.distributed
 def test_the_ring_is_exact_on_ranks_with_two_intra_op_threads() -> None:
     results = run_local(_ring, 2, 1 << 20, threads=2, timeout_s=120)
     assert results == [(2, True), (2, True)]

@@ -10,6 +10,8 @@ from autotune.algorithms import get_algorithm
 from autotune.comm.launch import run_local
 from autotune.model import bytes_sent
 
+pytestmark = pytest.mark.distributed
+
 NAMES = ["ring", "tree", "two_tree", "direct", "star"]
 
 

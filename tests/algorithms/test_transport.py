@@ -20,6 +20,8 @@ from autotune.algorithms import (
 from autotune.comm.groups import Comm
 from autotune.comm.launch import launch, run_local
 
+pytestmark = pytest.mark.distributed
+
 
 def _comm() -> Comm:
     group = p2p_group()

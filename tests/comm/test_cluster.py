@@ -48,6 +48,8 @@ def ranks_wrote(out: Path) -> list[dict[str, Any]]:
     return rows
 
 
+@pytest.mark.distributed
+@pytest.mark.needs_root
 def test_cluster_is_limited_and_removed_even_when_the_body_fails() -> None:
     made: tuple[str, ...] = ()
     with pytest.raises(ValueError, match="the body failed"), Cluster(2, 1, rate_mbit=800) as c:
@@ -65,6 +67,8 @@ def test_cluster_is_limited_and_removed_even_when_the_body_fails() -> None:
     assert sleeper.poll() is not None  # killed, not orphaned
 
 
+@pytest.mark.distributed
+@pytest.mark.needs_root
 def test_a_sigterm_still_removes_the_cluster() -> None:
     # A CI runner's timeout or a `kill` sends SIGTERM, which skips atexit and `with` exits.
     code = (
@@ -89,6 +93,8 @@ def test_a_sigterm_still_removes_the_cluster() -> None:
     assert not set(made) & set(namespaces())
 
 
+@pytest.mark.distributed
+@pytest.mark.needs_root
 def test_a_hung_node_is_ended_with_what_it_printed() -> None:
     # A child in a session of its own (as torchrun starts ranks) keeps the output pipe open
     # after its agent is killed: the wait must end the whole node, not wait for that pipe.
@@ -114,6 +120,8 @@ def test_bad_shapes_are_refused() -> None:
         Cluster(2, 1, rate_mbit=0)
 
 
+@pytest.mark.distributed
+@pytest.mark.needs_root
 @pytest.mark.parametrize(
     ("per_node", "node_of", "fp_per_node"),
     [([2, 2], (0, 0, 1, 1), "2"), ([1, 2], (0, 1, 1), "1+2")],
@@ -135,6 +143,8 @@ def test_ranks_find_their_nodes_across_namespaces(
     assert [int(r["host"]) for r in rows] == list(node_of)
 
 
+@pytest.mark.distributed
+@pytest.mark.needs_root
 @pytest.mark.parametrize("per_node", [[2, 2], [1, 2]], ids=["2x2", "1+2"])
 def test_every_algorithm_conforms_across_namespaces(tmp_path: Path, per_node: list[int]) -> None:
     names = algorithms_under_test()
@@ -147,6 +157,8 @@ def test_every_algorithm_conforms_across_namespaces(tmp_path: Path, per_node: li
     assert not problems, "\n".join(problems[:20])
 
 
+@pytest.mark.distributed
+@pytest.mark.needs_root
 def test_the_example_trains_across_nodes_with_the_tuner(
     two_by_two: Cluster, tmp_path: Path
 ) -> None:
@@ -157,6 +169,8 @@ def test_the_example_trains_across_nodes_with_the_tuner(
     assert "autotune vs plain DDP:" in out
 
 
+@pytest.mark.distributed
+@pytest.mark.needs_root
 @pytest.mark.parametrize("how", ["killed", "cut"])
 def test_a_lost_node_gives_every_survivor_the_clear_error(two_by_two: Cluster, how: str) -> None:
     # Killed: its sockets close and the survivors hear at once. Cut (link down): nothing

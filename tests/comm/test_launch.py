@@ -19,6 +19,7 @@ def _identity(rank: int, world_size: int, tag: str) -> tuple[int, int, str, str,
     return (rank, world_size, tag, os.environ["LOCAL_RANK"], os.environ["GLOO_SOCKET_IFNAME"])
 
 
+@pytest.mark.distributed
 def test_values_come_back_in_rank_order() -> None:
     got = run_local(_identity, 3, "x")
     assert got == [(r, 3, "x", str(r), "lo") for r in range(3)]
@@ -30,6 +31,7 @@ def _one_fails(rank: int, world_size: int) -> None:
     dist.barrier()  # the others are left waiting for rank 1
 
 
+@pytest.mark.distributed
 def test_the_first_failure_is_reported_and_the_rest_do_not_hang() -> None:
     start = time.monotonic()
     with pytest.raises(RankFailure, match="rank 1 failed") as info:
@@ -43,6 +45,7 @@ def _hang(rank: int, world_size: int) -> None:
     time.sleep(600)
 
 
+@pytest.mark.distributed
 def test_deadline_kills_hung_ranks() -> None:
     start = time.monotonic()
     results = launch(_hang, 2, timeout_s=3)
@@ -59,6 +62,7 @@ class _Interrupted(Exception):
     pass
 
 
+@pytest.mark.distributed
 def test_an_interrupted_launcher_leaves_no_rank_behind(tmp_path: Path) -> None:
     # As Ctrl-C or a test's timeout interrupts it: a signal handler raises in the waiting
     # launcher, sent once every rank has said it runs (each rank's pid in a file).

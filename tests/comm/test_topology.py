@@ -29,6 +29,7 @@ def test_topology_refuses_nodes_numbered_out_of_order() -> None:
         Topology((0, 2, 1))
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize(
     ("node_ids", "node_of", "per_node"),
     [
@@ -52,6 +53,7 @@ def test_ranks_learn_their_nodes_from_each_others_ids(
         assert fp["world_size"] == n
 
 
+@pytest.mark.distributed
 def test_hosts_win_over_a_launcher_that_disagrees_and_say_so() -> None:
     # Two torchrun agents on one host: GROUP_RANK says two nodes, the ids say one.
     got = run_local(detect_as, 4, ["h", "h", "h", "h"], [0, 0, 1, 1])
@@ -63,6 +65,7 @@ def test_hosts_win_over_a_launcher_that_disagrees_and_say_so() -> None:
         assert "hosts say 1 node x 4 ranks" in warned[0]
 
 
+@pytest.mark.distributed
 def test_agreeing_launcher_is_quiet() -> None:
     got = run_local(detect_as, 4, ["h0", "h0", "h1", "h1"], [0, 0, 1, 1])
     assert all(seen == (0, 0, 1, 1) and not warned for seen, warned, _, _ in got)

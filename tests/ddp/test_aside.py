@@ -20,6 +20,8 @@ from autotune.plan import Buckets, Gain, Table
 from autotune.storage.store import Store
 from autotune.util.units import format_bytes
 
+pytestmark = pytest.mark.distributed
+
 STEPS = 40
 #: Jobs that should step aside train until every rank has, and this many synced steps after,
 #: up to `CAP` steps.

@@ -13,6 +13,8 @@ from ddp_jobs import compiled_training
 
 from autotune.comm.launch import run_local
 
+pytestmark = pytest.mark.distributed
+
 STEPS = 30
 
 

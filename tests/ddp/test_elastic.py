@@ -26,6 +26,7 @@ QUICK = {  # a budget that locks in tens of steps
 }
 
 
+@pytest.mark.distributed
 def test_a_restarted_worker_group_fails_the_dead_attempts_trials_and_starts_locked(
     tmp_path: Path,
 ) -> None:

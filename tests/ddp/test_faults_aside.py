@@ -16,6 +16,8 @@ from fault_jobs import Seen, plan_that_steps_aside, storage_with_a_ring_plan, tr
 
 from autotune.comm.launch import launch
 
+pytestmark = pytest.mark.distributed
+
 TIMEOUT_S = 4.0
 #: What the contract allows past timeout_s (docs/FAULTS.md): the diagnosis's store calls are
 #: bounded by min(5 s, timeout_s), the heartbeats read 2.5 periods apart. Generous: a hang bound.

@@ -59,18 +59,21 @@ def check(per_rank: tuple[list[Trained], ...], algorithm: str, variant: str) -> 
     assert mine.messages > 0 and mine.algorithms_used == {algorithm}
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_matches_ddp(algorithm: str, world_size: int) -> None:
     check(trained(world_size, ("base",)), algorithm, "base")
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("variant", [v for v in FP32_VARIANTS if v != "base"])
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_matches_ddp_under_ddp_options(algorithm: str, variant: str) -> None:
     check(trained(3, tuple(v for v in FP32_VARIANTS if v != "base")), algorithm, variant)
 
 
+@pytest.mark.distributed
 def test_fusion_and_splitting_change_the_messages() -> None:
     per_rank = trained(3, tuple(v for v in FP32_VARIANTS if v != "base"))
     base = trained(3, ("base",))[0][0]
@@ -86,6 +89,7 @@ def test_fusion_and_splitting_change_the_messages() -> None:
     assert runs["split_large_buckets"].message_bytes == base.message_bytes
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_bf16_model(world_size: int) -> None:
     """A bf16 model: every step's averaged gradient within the proven bf16 bound.
@@ -103,6 +107,7 @@ def test_bf16_model(world_size: int) -> None:
         assert len({r[algorithm][1] for r in per_rank}) == 1, f"{algorithm}: ranks disagree"
 
 
+@pytest.mark.distributed
 def test_bf16_native_is_ddp() -> None:
     per_rank = run_local(train_all, 3, ["native"], ["bf16"])
     mine = per_rank[0][0]
@@ -110,18 +115,21 @@ def test_bf16_native_is_ddp() -> None:
     assert len({digest(ts[0].hooked) for ts in per_rank}) == 1
 
 
+@pytest.mark.distributed
 def test_state_from_environment() -> None:
     env = {"AUTOTUNE_ALGORITHM": "two_tree", "AUTOTUNE_FUSION_BYTES": "8K"}
     results = run_local(env_default_state, 2, env=env)
     assert results == [({"two_tree"}, 8192, "two_tree")] * 2
 
 
+@pytest.mark.distributed
 def test_second_registration_is_refused() -> None:
     messages = run_local(register_twice, 2)
     for msg in messages:
         assert "has a comm hook already (hook) and DDP allows one" in msg, msg
 
 
+@pytest.mark.distributed
 def test_no_state_is_built_inside_backward() -> None:
     # Every rank raises at its first bucket, with what to do instead.
     for msg in run_local(hook_without_state, 2):
@@ -129,6 +137,7 @@ def test_no_state_is_built_inside_backward() -> None:
         assert "autotune.default_state()" in msg
 
 
+@pytest.mark.distributed
 def test_frameworks_attach_to_a_hook_registered_without_state() -> None:
     for out in run_local(frameworks_attach, 2, env={"AUTOTUNE_ALGORITHM": "ring"}):
         assert out["found"] and out["default"] and not out["default_after"]
@@ -138,11 +147,13 @@ def test_frameworks_attach_to_a_hook_registered_without_state() -> None:
         assert "found none in Sequential" in out["not_ddp"]
 
 
+@pytest.mark.distributed
 def test_ddps_python_reducer_is_refused() -> None:
     for msg in run_local(python_reducer, 2):
         assert "autotune needs DDP's C++ reducer" in msg, msg
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("algorithm", ["ring", "tree", "native"])
 def test_a_dead_rank_is_named_to_every_survivor_as_a_peer_error(algorithm: str) -> None:
     # 4 ranks: some survivors are not the dead rank's neighbours (they used to blame a live one).
@@ -158,6 +169,7 @@ def test_a_dead_rank_is_named_to_every_survivor_as_a_peer_error(algorithm: str) 
         assert fault.seconds < 30, fault
 
 
+@pytest.mark.distributed
 def test_a_rank_that_raises_is_named_and_its_peers_fail_at_once() -> None:
     results = launch(faulty_training, 3, "ring", "raise", 1, 60.0, timeout_s=120, grace_s=60)
     faults = [r.value for r in results]
@@ -169,6 +181,7 @@ def test_a_rank_that_raises_is_named_and_its_peers_fail_at_once() -> None:
         assert f.seconds < 30, f
 
 
+@pytest.mark.distributed
 def test_a_stalled_rank_fails_the_others_at_the_timeout_with_one_verdict() -> None:
     timeout_s = 4.0
     results = launch(faulty_training, 3, "ring", "stall", 2, timeout_s, timeout_s=120, grace_s=30)
@@ -182,6 +195,7 @@ def test_a_stalled_rank_fails_the_others_at_the_timeout_with_one_verdict() -> No
     assert survivors[0].rank == survivors[1].rank is not None
 
 
+@pytest.mark.distributed
 def test_a_rank_failing_setup_fails_the_others_at_once() -> None:
     # Only rank 1 has the bad variable: it raises; the others no longer wait out 600 s.
     ring = {"AUTOTUNE_ALGORITHM": "ring"}
@@ -193,6 +207,7 @@ def test_a_rank_failing_setup_fails_the_others_at_once() -> None:
         assert seconds < 30
 
 
+@pytest.mark.distributed
 def test_ranks_with_different_settings_refuse_to_start() -> None:
     ring = {"AUTOTUNE_ALGORITHM": "ring"}
     results = run_local(
@@ -204,6 +219,7 @@ def test_ranks_with_different_settings_refuse_to_start() -> None:
         assert "segment_bytes: rank" in message and "65536" in message
 
 
+@pytest.mark.distributed
 def test_backward_overlaps_communication() -> None:
     """Shown with events, not timed: backward runs on while a message is pending, and messages
     complete while backward still runs (benchmarks/overlap.py measures how much is hidden)."""
@@ -216,6 +232,7 @@ def test_backward_overlaps_communication() -> None:
         assert completed_during_backward
 
 
+@pytest.mark.distributed
 def test_every_message_is_recorded_and_summarized() -> None:
     per_rank = run_local(records, 3, ["native", "ring"])
     for algorithm in ("native", "ring"):

@@ -14,6 +14,8 @@ from fault_jobs import sparse_beside_plain
 
 from autotune.comm.launch import run_local
 
+pytestmark = pytest.mark.distributed
+
 
 @pytest.mark.parametrize(
     "config",

@@ -13,6 +13,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.distributed
 def test_the_demo_trains_tunes_and_serves_metrics(tmp_path: Path) -> None:
     out = subprocess.run(
         [

@@ -92,6 +92,8 @@ def test_panel_queries_carry_each_panels_unit() -> None:
     assert units["Bus bandwidth by algorithm"] == "Bps"
 
 
+@pytest.mark.distributed
+@pytest.mark.needs_server
 def test_promtool_checks_the_config_and_rules_and_their_unit_tests() -> None:
     promtool = require("promtool")
     for args in (
@@ -177,6 +179,8 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusClie
     assert len(results) == 2 and all(r.ok for r in results), results
 
 
+@pytest.mark.distributed
+@pytest.mark.needs_server
 @pytest.mark.parametrize("uid", ["autotune-communication", "autotune-gpus-host"])
 def test_every_panel_query_returns_series_from_a_real_run(
     scraped: PrometheusClient, uid: str
@@ -204,6 +208,8 @@ def test_every_panel_query_returns_series_from_a_real_run(
         assert scraped.label_values(label.strip(), substitute(match, values)), v["name"]
 
 
+@pytest.mark.distributed
+@pytest.mark.needs_server
 def test_host_panels_show_one_line_per_machine_however_many_exporters_report_it(
     scraped: PrometheusClient,
 ) -> None:
@@ -224,6 +230,8 @@ def test_host_panels_show_one_line_per_machine_however_many_exporters_report_it(
     assert len(interfaces) == 2 * len(set(interfaces))  # RX and TX, once per interface
 
 
+@pytest.mark.distributed
+@pytest.mark.needs_server
 def test_report_draws_each_dashboard_from_prometheus(
     scraped: PrometheusClient, tmp_path: Path
 ) -> None:
@@ -371,6 +379,7 @@ def push(url: str, token: str | None, *extra: str) -> subprocess.CompletedProces
     )
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize(
     ("url", "words"),
     [
@@ -386,6 +395,7 @@ def test_push_refuses_a_malformed_url(url: str, words: str) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.distributed
 def test_push_creates_then_leaves_alone_then_updates(grafana: FakeGrafana, tmp_path: Path) -> None:
     first = push(grafana.url, TOKEN)
     assert first.returncode == 0, first.stderr
@@ -420,6 +430,7 @@ def test_push_creates_then_leaves_alone_then_updates(grafana: FakeGrafana, tmp_p
         assert TOKEN not in out.stdout + out.stderr
 
 
+@pytest.mark.distributed
 def test_push_never_shows_the_token_or_password(grafana: FakeGrafana) -> None:
     wrong = "glsa_wrong-token-0000"
     out = push(grafana.url, wrong)

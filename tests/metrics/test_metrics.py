@@ -175,6 +175,8 @@ def storage(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'tuning.db'}"
 
 
+@pytest.mark.distributed
+@pytest.mark.needs_server
 def test_a_real_runs_exposition_passes_promtool(storage: str) -> None:
     bodies = run_local(exposition, 2, storage)
     for rank, body in enumerate(bodies):
@@ -198,6 +200,7 @@ def test_a_real_runs_exposition_passes_promtool(storage: str) -> None:
     assert "autotune_tuner_trials_total" in bodies[0]  # rank 0 owns the studies
 
 
+@pytest.mark.distributed
 def test_a_taken_port_is_named_with_the_setting_to_change() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -208,6 +211,7 @@ def test_a_taken_port_is_named_with_the_setting_to_change() -> None:
     assert "AUTOTUNE_METRICS_PORT" in message
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize(
     ("settings", "rank", "words"),
     [
@@ -228,6 +232,8 @@ def test_exporter_settings_that_cannot_work_are_named(
     assert re.search(r"ValueError: autotune metrics: " + words, error), error
 
 
+@pytest.mark.distributed
+@pytest.mark.needs_server
 def test_prometheus_scrapes_a_real_two_rank_run(tmp_path: Path, storage: str) -> None:
     base = free_port(consecutive=2)
     prometheus = Prometheus(tmp_path, [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"])
@@ -280,6 +286,7 @@ def daemon() -> Iterator[tuple[subprocess.Popen[str], int]]:
         process.wait()
 
 
+@pytest.mark.distributed
 def test_daemon_serves_and_stops_cleanly_on_sigterm(
     daemon: tuple[subprocess.Popen[str], int],
 ) -> None:

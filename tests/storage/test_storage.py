@@ -63,11 +63,14 @@ def open_at_once(urls: list[str], processes: int) -> list[list[str]]:
     return got
 
 
+@pytest.mark.distributed
 def test_jobs_opening_a_new_sqlite_file_at_once(tmp_path: Path) -> None:
     urls = [f"sqlite:///{tmp_path / f'tuning{attempt}.db'}" for attempt in range(8)]
     assert open_at_once(urls, 3) == [["ok"] * 3] * 8
 
 
+@pytest.mark.distributed
+@pytest.mark.needs_server
 def test_jobs_opening_a_new_postgresql_database_at_once(postgres: Postgres) -> None:
     urls = [postgres.database() for _ in range(4)]
     assert open_at_once(urls, 3) == [["ok"] * 3] * 4
@@ -119,12 +122,15 @@ def check_shared(url: str, results: list[Any]) -> None:
             assert any(p.trials_total < p.trials for p in progress.values()), progress
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("attempt", [1, 2])
 def test_two_jobs_tune_one_fingerprint_at_once_on_sqlite(tmp_path: Path, attempt: int) -> None:
     url = f"sqlite:///{tmp_path / 'tuning.db'}"
     check_shared(url, tune_two_jobs_at_once(url))
 
 
+@pytest.mark.distributed
+@pytest.mark.needs_server
 def test_two_jobs_tune_one_fingerprint_at_once_on_postgresql(postgres: Postgres) -> None:
     url = postgres.database()
     check_shared(url, tune_two_jobs_at_once(url))
@@ -248,6 +254,7 @@ def _states(url: str, study_name: str) -> dict[int, tuple[str, str | None]]:
     return {t.number: (t.state.name, t.user_attrs.get("failure")) for t in study.get_trials()}
 
 
+@pytest.mark.distributed
 def test_a_restarted_torchrun_job_fails_its_own_trials_and_no_other_jobs(tmp_path: Path) -> None:
     # Plain `torchrun --master-port` gives every job the run id "none": a restart of one job
     # used to fail every other job's running trials as "an earlier attempt".
@@ -307,6 +314,7 @@ def test_an_earlier_attempt_of_this_torchrun_job_is_dead_even_on_another_host(
     assert store._dead({**ours, "elastic_attempt": 1}) is None  # this attempt's own
 
 
+@pytest.mark.distributed
 def test_a_killed_jobs_trial_is_failed_by_the_next_job_that_reads_its_fingerprint(
     tmp_path: Path,
 ) -> None:

@@ -33,6 +33,7 @@ def _sqlite_error(path: Path, *, read_only: bool = False) -> BaseException:
     raise AssertionError("the write succeeded")
 
 
+@pytest.mark.distributed
 def test_each_cause_is_named_in_the_databases_words(tmp_path: Path) -> None:
     db = tmp_path / "t.db"
     sqlite3.connect(db).execute("create table t(x)").connection.commit()
@@ -83,12 +84,14 @@ def _check(runs: list[StorageRun], cause: str) -> None:
     assert f"tuning stopped: the tuning storage failed, {cause}" in first.verdict, first.verdict
 
 
+@pytest.mark.distributed
 def test_a_read_only_storage(tmp_path: Path) -> None:
     Store(f"sqlite:///{tmp_path / 't.db'}")  # the schema, written once
     url = f"sqlite:///file:{tmp_path / 't.db'}?mode=ro&uri=true"
     _check(run_local(storage_fails, 2, url, "read-only", -1, 400, timeout_s=300), "read-only")
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("at", [0, 10])
 def test_a_storage_corrupted_mid_job(tmp_path: Path, at: int) -> None:
     # At 0: before the tuner loaded the stored plan (the ranks disagreed on `locked` for the
@@ -97,6 +100,8 @@ def test_a_storage_corrupted_mid_job(tmp_path: Path, at: int) -> None:
     _check(run_local(storage_fails, 2, url, "corrupt", at, 400, timeout_s=300), "corrupt")
 
 
+@pytest.mark.distributed
+@pytest.mark.needs_server
 def test_a_storage_whose_server_goes_away_mid_job() -> None:
     server = Postgres()
     try:

@@ -42,6 +42,7 @@ def table_rows(stdout: str) -> list[list[str]]:
     return [line.split() for line in stdout.splitlines() if line and not line.startswith("#")]
 
 
+@pytest.mark.distributed
 def test_the_table_reads_like_nccl_tests(tmp_path: Path) -> None:
     out = run_cli(
         "sweep",
@@ -101,6 +102,7 @@ def test_the_table_reads_like_nccl_tests(tmp_path: Path) -> None:
     assert {line["wrong"] for line in lines} == {"0"}
 
 
+@pytest.mark.distributed
 def test_the_check_catches_a_broken_algorithm(tmp_path: Path) -> None:
     options = {
         "min_bytes": 8,
@@ -119,6 +121,7 @@ def test_the_check_catches_a_broken_algorithm(tmp_path: Path) -> None:
     assert sum(w or 0 for w in broken) > 0 and result.wrong == sum(w or 0 for w in broken)
 
 
+@pytest.mark.distributed
 def test_a_dead_rank_is_a_peer_error_on_the_others_not_a_hang(tmp_path: Path) -> None:
     options = {
         "min_bytes": 8,
@@ -138,6 +141,7 @@ def test_a_dead_rank_is_a_peer_error_on_the_others_not_a_hang(tmp_path: Path) ->
     assert time.monotonic() - start < 60
 
 
+@pytest.mark.distributed
 def test_the_json_round_trips(tmp_path: Path) -> None:
     path = tmp_path / "r.json"
     options = {"min_bytes": 4, "max_bytes": 256, "iters": 2, "warmup": 0, "p2p": True}
@@ -151,6 +155,7 @@ def test_the_json_round_trips(tmp_path: Path) -> None:
         SweepResult.load(str(tmp_path / "bad.json"))
 
 
+@pytest.mark.distributed
 def test_tune_writes_a_plan_the_hook_starts_from(tmp_path: Path) -> None:
     from tuner_jobs import tune as train
 
@@ -240,6 +245,7 @@ def test_options_follow_nccl_tests() -> None:
     assert exact_limit(SweepOptions(dtype="bf16").torch_dtype) == 256
 
 
+@pytest.mark.distributed
 def test_bad_flags_get_a_clear_error(tmp_path: Path) -> None:
     out = run_cli("sweep", "-f", "2", "-i", "1M", cwd=tmp_path)
     assert out.returncode == 2 and "not both" in out.stderr
@@ -249,6 +255,7 @@ def test_bad_flags_get_a_clear_error(tmp_path: Path) -> None:
     assert out.returncode == 2 and "not a byte count" in out.stderr
 
 
+@pytest.mark.distributed
 def test_report_plots_sweeps_and_prints_the_plan(tmp_path: Path) -> None:
     path = tmp_path / "r.json"
     options: dict[str, Any] = {"min_bytes": 4, "max_bytes": 4096, "iters": 2, "warmup": 0}
@@ -263,6 +270,7 @@ def test_report_plots_sweeps_and_prints_the_plan(tmp_path: Path) -> None:
     assert out.stdout.count("| 1 KiB |") == 2  # one plan per file: classes 4 B, 64 B, 1 KiB
 
 
+@pytest.mark.distributed
 def test_torchrun_ranks_are_used(tmp_path: Path) -> None:
     torchrun = Path(sys.executable).parent / "torchrun"
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
@@ -299,6 +307,7 @@ def test_torchrun_ranks_are_used(tmp_path: Path) -> None:
     assert io.StringIO(out.stdout).read().count("# autotune sweep") == 1  # rank 0 prints alone
 
 
+@pytest.mark.distributed
 def test_report_draws_the_models_fit_and_prints_its_error(tmp_path: Path) -> None:
     from autotune.model import fit, samples_from_sweep
 
@@ -374,6 +383,7 @@ def test_tuning_times_close_choices_again_and_decides_on_all_their_samples() -> 
     assert finalists([1.0]) == [] and finalists([]) == []
 
 
+@pytest.mark.distributed
 def test_each_round_runs_the_variants_in_an_order_of_its_own_the_same_on_every_rank() -> None:
     # In a fixed order a variant always inherits what the one before it leaves behind.
     rounds = 24

@@ -15,6 +15,8 @@ from prometheus_server import free_port
 
 from autotune.testing.cluster import NETNS_PREFIX, namespaces, unavailable
 
+pytestmark = pytest.mark.distributed
+
 LEAKY = """
 import threading
 
@@ -79,6 +81,7 @@ def test_leaves_another_runs_namespace():
 """
 
 
+@pytest.mark.needs_root
 def test_a_leaked_namespace_fails_the_test_and_another_runs_does_not(
     pytester: pytest.Pytester,
 ) -> None:

@@ -19,6 +19,8 @@ from autotune.plan import Choice, Entry, Gain, Table
 from autotune.storage.store import Store
 from autotune.tuning.blocks import BLOCK
 
+pytestmark = pytest.mark.distributed
+
 #: Synced steps each job trains after the catch is over (up to `CAP` steps in all).
 AFTER = 10
 CAP = 800

@@ -22,6 +22,8 @@ from autotune.comm.launch import run_local
 from autotune.plan import Arm, Buckets, Choice, Entry, Gain, Lead, Table, size_class
 from autotune.storage.store import Store
 
+pytestmark = pytest.mark.distributed
+
 QUICK = {"tune_warmup": 1, "tune_samples": 2, "fusion_bytes": 0, "duel_pairs": 10}
 #: Jobs that only need the tuner to settle train until it has (``until_settled``), up to this
 #: cap: the step count tuning takes grows when a loaded machine slows the Optuna worker.

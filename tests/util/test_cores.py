@@ -24,6 +24,7 @@ def test_ranks_fit_their_cores_or_are_told_the_thread_count_that_does() -> None:
     assert "torch.set_num_threads(8)" in (oversubscription(2, 16, 16) or "")
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("oversubscribed", [True, False])
 def test_the_lowest_rank_on_a_host_warns_once_at_its_first_cpu_bucket(oversubscribed: bool) -> None:
     cores = usable_cores()

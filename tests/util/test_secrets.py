@@ -77,6 +77,7 @@ def test_show_says_why_in_one_line_without_the_password(capsys: pytest.CaptureFi
     assert err.startswith("autotune show: cannot open tuning storage") and SECRET not in err
 
 
+@pytest.mark.distributed
 def test_register_never_sends_the_password_between_ranks() -> None:
     results = run_local(register_with_storage, 2, PG_URL, timeout_s=120)
     (kind0, message0, stored), (kind1, message1, _) = results

@@ -6,11 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from hf_jobs import STEPS, accelerate_job, trainer_job
 
 import autotune
 from autotune.comm.launch import run_local
+
+pytestmark = pytest.mark.distributed
 
 
 def same_training(tuned: list[dict[str, Any]], plain: list[dict[str, Any]]) -> None:

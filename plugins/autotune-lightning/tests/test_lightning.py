@@ -5,11 +5,14 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import pytest
 import torch
 from lightning_jobs import STEPS, fit
 
 import autotune
 from autotune.comm.launch import run_local
+
+pytestmark = pytest.mark.distributed
 
 
 def test_the_callback_trains_through_autotune_like_plain_ddp(tmp_path: Path) -> None:

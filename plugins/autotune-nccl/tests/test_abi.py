@@ -237,6 +237,7 @@ def test_autotune_shows_a_plan_as_a_table_the_plugin_reads(tuner: Tuner, tmp_pat
     comm.close()
 
 
+@pytest.mark.distributed
 def test_the_table_in_the_environment_is_read_at_the_first_init(tmp_path: Path) -> None:
     # A fresh process: the environment's table is read once, at NCCL's first init.
     import subprocess

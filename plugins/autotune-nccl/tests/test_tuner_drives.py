@@ -6,6 +6,7 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 from pathlib import Path
 
+import pytest
 from nccl_jobs import FAST, offered_on_fake_nccl, offered_on_gloo, tune_on_fake_nccl
 
 from autotune.algorithms import BUILTINS, ENTRY_POINT_GROUP, available, get_algorithm_class
@@ -27,6 +28,7 @@ def test_every_cell_of_nccls_table_is_an_algorithm_autotune_finds() -> None:
     assert "nccl.ring.ll128" in COMBINATIONS and "nccl.nvls_tree.simple" in COMBINATIONS
 
 
+@pytest.mark.distributed
 def test_on_gloo_nothing_asks_the_plugin_so_no_nccl_choice_is_offered() -> None:
     for rank, got in enumerate(run_local(offered_on_gloo, 2, timeout_s=120)):
         assert got["candidates"] == BUILTIN_NAMES, rank
@@ -34,6 +36,7 @@ def test_on_gloo_nothing_asks_the_plugin_so_no_nccl_choice_is_offered() -> None:
         assert got["asked"] == 0 and not got["armed"]
 
 
+@pytest.mark.distributed
 def test_nccls_usable_combinations_join_auto_agreed_by_every_rank() -> None:
     # Every rank's NCCL marks NVLS and PAT unusable; rank 1's also ring/LL and tree/Simple.
     got = run_local(offered_on_fake_nccl, 2, ["ring/LL", "tree/Simple"], timeout_s=120)
@@ -51,6 +54,7 @@ def test_nccls_usable_combinations_join_auto_agreed_by_every_rank() -> None:
     assert got[0] == got[1]
 
 
+@pytest.mark.distributed
 def test_the_tuner_finds_the_combination_that_makes_the_step_faster(tmp_path: Path) -> None:
     # NCCL's own choice (the baseline) and every other cell cost a delay; ring/LL128 does not.
     storage = f"sqlite:///{tmp_path / 'tuning.db'}"
