@@ -40,7 +40,7 @@ from autotune.ddp.engine import Engine
 from autotune.ddp.guard import Guard, guarded_group
 from autotune.ddp.stats import Recorder, Summary, summarize
 from autotune.plan import BASELINE_CHOICE, Choice, Entry, Plan, Table, load_table
-from autotune.storage.store import elastic_attempt
+from autotune.storage import elastic_attempt
 from autotune.tuning import Tuner
 from autotune.tuning.status import Status, status
 from autotune.tuning.unhooked import bucket_tuner, catch_hooks, plan_file_buckets

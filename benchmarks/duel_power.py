@@ -16,8 +16,8 @@ each kept the challenger and how many pairs it took:
   on to twice `MAX_PAIRS` where the stored size is not ahead on the median at `MAX_PAIRS`.
 
 The spread: the log ratios of the 12 block pairs measured in a re-check of the example mlp's
-4 MiB buckets at 2 ranks on 2 shared cores (tests/test_duel.py) have a standard deviation of
-0.099; 0.13 stands for a louder machine. Nothing here is timed; the figures are counts.
+4 MiB buckets at 2 ranks on 2 shared cores (tests/tuning/test_campaign.py) have a standard
+deviation of 0.099; 0.13 stands for a louder machine. Nothing here is timed; the figures are counts.
 """
 
 from __future__ import annotations

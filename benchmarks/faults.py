@@ -3,7 +3,7 @@
     python benchmarks/faults.py
     python benchmarks/faults.py --nccl      # on a GPU machine: the contract on NCCL, 2 ranks
 
-Runs each fault for real on local gloo ranks (the jobs of tests/ddp_jobs.py) and prints one
+Runs each fault for real on local gloo ranks (the jobs of tests/jobs/ddp_jobs.py) and prints one
 markdown row per fault: the ranks' errors and the seconds from the step (or register) that
 failed to the error. Timings depend on the machine; the errors do not.
 """
@@ -116,7 +116,7 @@ def nccl_rows() -> None:
 
 def contract_rows() -> None:
     """Where DDP runs without the hook (stepped aside, the catch's plain blocks), a hang on
-    native, and rank 0 serving the store (tests/test_faults_aside.py runs the same)."""
+    native, and rank 0 serving the store (tests/ddp/test_faults_aside.py runs the same)."""
     seen = lambda s: (s.kind, s.message, s.seconds)  # noqa: E731
     with tempfile.TemporaryDirectory() as tmp:
         aside = {"plan_file": plan_that_steps_aside(Path(tmp) / "plan.json"), "timeout_s": 4.0}

@@ -6,7 +6,7 @@
 #   OUT=DIR bash benchmarks/gpu_checks.sh [PHASE ...]    # on the GPU machine (default: all)
 #
 # Phases: env (the machine, torch, CUDA, NCCL, and the GPU series as a scrape of real NVML
-# shows them), tests (tests/test_cuda.py), example (the example at world size 1 on NCCL and at 2
+# shows them), tests (tests/algorithms/test_cuda.py), example (the example at world size 1 on NCCL and at 2
 # on gloo with CUDA tensors), gain-gloo (benchmarks/step_gain.py on CUDA tensors over gloo, 2
 # ranks), gain-nccl (the same on NCCL; 2 ranks on one GPU need NCCL 2.30 or newer, which it
 # checks first), faults-nccl (the fault contract on NCCL at 2 ranks, benchmarks/faults.py
@@ -25,7 +25,7 @@
 # For a machine with no package index: `wheels` downloads optuna and what it needs that a CUDA
 # image with torch lacks into .whl/ (ignored by git); the phases install .whl/ into a scratch
 # directory first, when it is there. The NCCL tuner plugin (plugins/autotune-nccl, which
-# tests/test_cuda.py loads) is built there too; it needs a C compiler.
+# tests/algorithms/test_cuda.py loads) is built there too; it needs a C compiler.
 #
 # Run once, on an H200 (2026-11-26, docs/BENCHMARKS.md "On a GPU"): the hook hung at the first
 # step there (fixed since); run it again, and record what it measures there.
@@ -52,7 +52,7 @@ setup() {
             .whl/*.whl || return 1
     fi
     "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --target "$site" \
-        plugins/autotune-nccl || echo "plugins/autotune-nccl did not build: tests/test_cuda.py cannot load it"
+        plugins/autotune-nccl || echo "plugins/autotune-nccl did not build: tests/algorithms/test_cuda.py cannot load it"
     export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 }
 
@@ -94,7 +94,7 @@ EOF
 
 tests_phase() {  # three at a time: the GPU is shared, the ranks are many
     capped 240 "$PY" -m pytest -p no:cacheprovider -n 3 --timeout 75 -rfEs --durations=10 \
-        tests/test_cuda.py \
+        tests/algorithms/test_cuda.py \
         2>&1 | tee "$OUT/test_cuda.log"
 }
 

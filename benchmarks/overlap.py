@@ -6,7 +6,7 @@ Each rank trains a 6-layer MLP of width 512 (batch 1024) with a ring slowed by 1
 so communication is long enough to see, and times: backward of the bare model (compute alone),
 the hook's messages end to end (communication alone), and a step with DDP and the hook. Without
 overlap a step would take compute + communication; the hidden share is what the step saves.
-The test suite checks that overlap exists with events (tests/test_hook.py); this measures it.
+The test suite checks that overlap exists with events (tests/ddp/test_hook.py); this measures it.
 """
 
 from __future__ import annotations

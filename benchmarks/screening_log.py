@@ -33,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import autotune
 from autotune.comm.launch import run_local
 from autotune.plan import Choice, Entry, Table, size_class
-from autotune.storage.store import Store, device_model, fingerprint, fingerprint_key
+from autotune.storage import Store, device_model, fingerprint, fingerprint_key
 
 #: The tuner's lines worth reading here (rank 0 logs them at INFO).
 TOLD = ("screening", "nominated", "duel", "locked", "steps aside", "catch", "kept")

@@ -41,7 +41,7 @@ def _trees(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     import json
 
-    from autotune.storage.store import Store, storage_url
+    from autotune.storage import Store, storage_url
     from autotune.util.redact import redact_url
     from autotune.util.units import format_bytes
 

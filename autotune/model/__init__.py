@@ -4,8 +4,8 @@
 busiest rank sends and sums in one), `Params` prices a message and a byte inside a node and
 between nodes, and `predict` puts them together (Hockney's alpha-beta, with a per-byte reduction
 cost). `bytes_sent` is what each rank sends in all, which the algorithms' own traffic counters
-check (tests/test_traffic.py). `nccl_params` prices with NCCL's own latency constants (and
-`nccl_native` is NCCL's own pick of its ring and tree), `fit` with a machine's own sweeps;
+check (tests/algorithms/test_traffic.py). `nccl_params` prices with NCCL's own latency constants
+(and `nccl_native` is NCCL's own pick of its ring and tree), `fit` with a machine's own sweeps;
 ``autotune model`` prints predictions nccl-tests style.
 """
 

@@ -104,7 +104,7 @@ class Prior:
 def store_prior(storage: str, results: Sequence[SweepResult], key: str | None = None) -> Fit:
     """Fit the model to ``results`` and store it as the tuner's prior under ``key`` (None: the
     first sweep's own fingerprint), as ``autotune sweep --tune`` does. Returns the fit."""
-    from autotune.storage.store import Store, fingerprint_key
+    from autotune.storage import Store, fingerprint_key
 
     fitted = fit([s for r in results for s in samples_from_sweep(r)])
     key = key or fingerprint_key(results[0].fingerprint())

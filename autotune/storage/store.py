@@ -1,4 +1,5 @@
-"""Where tuning results live: an Optuna storage, keyed by a fingerprint of the job's setting.
+"""Where tuning results live: an Optuna storage, keyed by a fingerprint of the job's setting,
+with the plans jobs locked stored beside their studies.
 
 Only rank 0 of a job opens a store. Studies are named ``autotune/<key>/<what>``; the plan a job
 locked in is kept as a user attribute of ``autotune/<key>/plan``, so the next job with the same
@@ -8,10 +9,7 @@ fingerprint starts from it.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
-import platform
 import random
 import time
 import uuid
@@ -21,28 +19,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.plan import Entry, Table
+from autotune.storage.failures import cannot_open, racing
+from autotune.storage.fingerprint import elastic_attempt, elastic_run
 from autotune.util.processes import ProcessId, state
-from autotune.util.redact import redact, redact_url
+from autotune.util.redact import redact_url
 
 if TYPE_CHECKING:
     import optuna
-    import torch
-    from torch.distributed import ProcessGroup
 
-    from autotune.comm.topology import Topology
 
-__all__ = [
-    "Store",
-    "device_model",
-    "elastic_attempt",
-    "fingerprint",
-    "fingerprint_key",
-    "job_fingerprint",
-    "merge_tables",
-    "storage_failure",
-    "storage_url",
-    "tell",
-]
+__all__ = ["HEARTBEAT_S", "STALE_AFTER_S", "Store", "merge_tables", "storage_url", "tell"]
 
 
 def storage_url(url: str | None = None) -> str:
@@ -59,98 +45,10 @@ def storage_url(url: str | None = None) -> str:
     return f"sqlite:///{path}"
 
 
-def device_model(device_type: str, index: int | None = None) -> str:
-    """The model of the device gradients live on: the GPU's name, or the CPU's."""
-    if device_type == "cuda":
-        import torch
-
-        return torch.cuda.get_device_name(index)
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
-
-
-def fingerprint(
-    *,
-    backend: str,
-    world_size: int,
-    nodes: int,
-    device: str,
-    dtype: str,
-    ranks_per_node: str | None = None,
-) -> dict[str, str | int]:
-    """What a tuned plan depends on; a job with the same fingerprint can reuse it.
-
-    ``ranks_per_node``: "4" where every node runs 4 ranks, "2+2+1" where they differ; None: an
-    even split of ``world_size`` over ``nodes``.
-    """
-    if ranks_per_node is None:
-        if world_size % nodes:
-            raise ValueError(f"{world_size} ranks do not split evenly over {nodes} nodes")
-        ranks_per_node = str(world_size // nodes)
-    return {
-        "backend": backend,
-        "world_size": world_size,
-        "nodes": nodes,
-        "ranks_per_node": ranks_per_node,
-        "device": device,
-        "dtype": dtype,
-    }
-
-
-def job_fingerprint(
-    group: ProcessGroup, device: torch.device, dtype: torch.dtype, topology: Topology
-) -> dict[str, str | int]:
-    """The fingerprint of all-reduces of ``dtype`` tensors on ``device`` over ``group``, whose
-    ranks sit on nodes as ``topology`` (of `autotune.comm.topology.detect`) says."""
-    import torch.distributed as dist
-
-    from autotune.algorithms import backend_for
-
-    return fingerprint(
-        backend=backend_for(group, device),
-        world_size=dist.get_world_size(group),
-        nodes=topology.nodes,
-        ranks_per_node=topology.layout,
-        device=device_model(device.type, device.index),
-        dtype=str(dtype).removeprefix("torch."),
-    )
-
-
-def fingerprint_key(fp: dict[str, str | int]) -> str:
-    """A short, stable name for a fingerprint."""
-    return hashlib.sha1(json.dumps(fp, sort_keys=True).encode(), usedforsecurity=False).hexdigest()[
-        :12
-    ]
-
-
 # The tuner asks and tells trials itself (no Study.optimize) and records their heartbeats itself:
 # Optuna's warnings for exactly that are expected here, on every ask.
 warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used with Study.optimize")
 warnings.filterwarnings("ignore", ".*fail_stale_trials is experimental")
-
-
-def elastic_attempt() -> tuple[str, int] | None:
-    """(run id, restart count) of this torchrun worker group, or None outside torchrun."""
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if not run_id or restart is None or not restart.isdigit():
-        return None
-    return run_id, int(restart)
-
-
-def elastic_run() -> str | None:
-    """This torchrun job, told apart from every other: its run id and its agent, the torchrun
-    process that starts (and restarts) this worker, which outlives its attempts. The run id
-    alone does not tell jobs apart: plain ``torchrun --master-port`` gives every job ``none``.
-    None outside torchrun."""
-    attempt = elastic_attempt()
-    if attempt is None:
-        return None
-    agent = ProcessId.of(os.getppid())
-    return f"{attempt[0]}@{agent.host}:{agent.pid}:{agent.started:.3f}"
 
 
 #: Seconds between heartbeats of a job's running trials; a trial whose job has not beaten for
@@ -422,84 +320,13 @@ def _open(url: str) -> optuna.storages.RDBStorage:
         except sqlalchemy.exc.DBAPIError as exc:
             # Two jobs creating the schema at once: one wins (IntegrityError, "table ... already
             # exists"); the other finds it complete on the next try.
-            if attempt < OPEN_ATTEMPTS - 1 and _racing(exc):
+            if attempt < OPEN_ATTEMPTS - 1 and racing(exc):
                 time.sleep(random.uniform(0.05, 0.2) * (attempt + 1))
                 continue
-            raise _cannot_open(url, exc) from None
+            raise cannot_open(url, exc) from None
         except Exception as exc:  # SQLAlchemy's errors name the URL's problem; keep them
-            raise _cannot_open(url, exc) from None
+            raise cannot_open(url, exc) from None
     raise AssertionError("unreachable")
-
-
-#: What a storage error means, from the words of the database's own error (SQLite, PostgreSQL,
-#: MySQL), innermost first: Optuna reports every failed commit alike ("exception is raised
-#: during the commit ... exceeding max length"), which names none of these.
-_CAUSES = (
-    ("read-only", ("readonly database", "read-only", "read only", "permission denied")),
-    ("disk full", ("disk is full", "no space left", "disk full", "could not extend file")),
-    ("corrupt", ("malformed", "not a database", "corrupt", "no such table")),
-    ("I/O error (a full disk or file-size limit, a removed file, a failing device)", ("disk i/o",)),
-    (
-        "gone",
-        (
-            "unable to open database",
-            "could not connect",
-            "connection refused",
-            "server closed the connection",
-            "connection reset",
-            "lost connection",
-            "terminating connection",
-        ),
-    ),
-)
-
-
-def storage_failure(error: BaseException) -> str:
-    """One line for a storage that failed mid-job: what is wrong (read-only, disk full, corrupt,
-    gone) and the database's own words, its password masked. Optuna and SQLAlchemy wrap the
-    database's error; the innermost one says what happened."""
-    chain = []
-    seen: set[int] = set()
-    e: BaseException | None = error
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        chain.append(e)
-        orig = getattr(e, "orig", None)  # SQLAlchemy's DBAPIError keeps the driver's error here
-        e = orig if isinstance(orig, BaseException) else (e.__cause__ or e.__context__)
-    for e in reversed(chain):
-        text = " ".join(str(e).split()).lower()
-        for cause, words in _CAUSES:
-            if any(w in text for w in words):
-                return redact(f"{cause}: {type(e).__name__}: {_first_line(e)}")
-    innermost = chain[-1]
-    return redact(f"{type(innermost).__name__}: {_first_line(innermost)}")
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else repr(error)
-
-
-def _one_line(error: BaseException) -> str:
-    """An error's lines joined, without SQLAlchemy's link to its error catalogue."""
-    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
-    return "; ".join(ln for ln in lines if not ln.startswith("(Background on this error"))
-
-
-def _cannot_open(url: str, exc: BaseException) -> ValueError:
-    """Why ``url`` did not open, in one line, its password masked. The cause is left off the
-    chain (``from None``): SQLAlchemy's errors repeat the URL, and a traceback prints them."""
-    return ValueError(redact(f"cannot open tuning storage {url!r}: {_one_line(exc)}"))
-
-
-def _racing(exc: Exception) -> bool:
-    import sqlalchemy.exc
-
-    text = str(exc).lower()
-    return isinstance(exc, sqlalchemy.exc.IntegrityError) or any(
-        words in text
-        for words in ("already exists", "duplicate", "database is locked", "unique constraint")
-    )
 
 
 def tell(

@@ -76,9 +76,9 @@ class SweepResult:
 
     def fingerprint(self) -> dict[str, str | int]:
         """The fingerprint of the job this sweep stands for
-        (`autotune.storage.store.fingerprint`)."""
+        (`autotune.storage.fingerprint.fingerprint`)."""
         from autotune.comm.topology import Topology
-        from autotune.storage.store import fingerprint
+        from autotune.storage import fingerprint
         from autotune.sweep._options import DTYPES
 
         topo = Topology(tuple(self.node_of or [0] * self.world_size))

@@ -19,7 +19,7 @@ from autotune.algorithms import ALGORITHMS, agreed, backend_for
 from autotune.comm import topology
 from autotune.comm.topology import Topology, local_rank
 from autotune.plan import Entry, size_class
-from autotune.storage.store import device_model, storage_url
+from autotune.storage import device_model, storage_url
 from autotune.sweep._format import columns, footer, header, row_line
 from autotune.sweep._measure import P2P, Bench, Measured, Variant, exact_limit
 from autotune.sweep._options import SweepOptions

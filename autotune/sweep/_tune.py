@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from autotune.comm.topology import Topology
 from autotune.plan import Choice, Entry, Table
-from autotune.storage.store import Store, fingerprint_key, job_fingerprint, tell
+from autotune.storage import Store, fingerprint_key, job_fingerprint, tell
 from autotune.sweep._measure import Bench, Measured, Variant
 from autotune.tuning.sampler import ask, open_study
 from autotune.tuning.space import params_of, search_space, suggest_choice

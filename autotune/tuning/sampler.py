@@ -19,7 +19,7 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial
 
 if TYPE_CHECKING:
-    from autotune.storage.store import Store
+    from autotune.storage import Store
 
 __all__ = ["GivenSampler", "ask", "open_study"]
 

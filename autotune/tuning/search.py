@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from autotune.plan import Choice
-from autotune.storage.store import Store, tell
+from autotune.storage import Store, tell
 from autotune.tuning.space import choice_of, params_of, suggest_choice
 from autotune.tuning.worker import Worker
 

@@ -9,11 +9,12 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from autotune.plan import Gain
+from autotune.plan import Entry, Gain, Table
 from autotune.tuning.blocks import BLOCK
 from autotune.tuning.search import Progress
 from autotune.util.units import format_bytes
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from autotune.ddp.aside import StepAside
     from autotune.tuning.tuner import Tuner
 
-__all__ = ["Status", "status"]
+__all__ = ["Status", "status", "tuner_progress", "tuner_table", "tuner_verdict"]
 
 
 @dataclass(frozen=True)
@@ -195,3 +196,39 @@ def tuner_verdict(tuner: Tuner) -> str:
         blocks if campaign.against_plain else "iterations",
         f"plan: {campaign.incumbent.describe()}",
     )
+
+
+def tuner_table(tuner: Tuner) -> Table:
+    """The plan as rank 0 knows it, with each class's screening and the measured gain."""
+    campaign = tuner.campaign
+    if campaign is None:  # not rank 0: what every rank hears
+        classes = {
+            cls: Entry(c, state=tuner.states.get(cls, "exploring"))
+            for cls, c in tuner.engine.plan.table().items()
+        }
+        return Table(classes, tuner.arm.fusion_bytes, None, tuner.gain)
+    plan = campaign.incumbent
+    state = "locked" if campaign.phase == "locked" else "exploring"
+    classes = {}
+    for cls, search in sorted(tuner.classes.items()):
+        choice = plan.choice(cls)
+        classes[cls] = Entry(choice, search.values.get(choice), search.finished, state)
+    fusion = None
+    if campaign.phase == "locked" or not tuner.tune_fusion:
+        fusion = plan.fusion_bytes
+    fingerprint = getattr(tuner, "fingerprint", None)
+    table = Table(classes, fusion, fingerprint, campaign.gain, campaign.lead)
+    # A stored bucket size holds while the baseline does: not once a plan (a stored lead's
+    # retry, say) has won the job back for the hook.
+    return dataclasses.replace(table, buckets=tuner.buckets) if table.runs_native else table
+
+
+def tuner_progress(tuner: Tuner) -> dict[int | str, Progress]:
+    """Per size class (and "fusion"): state, trials, best latency, current choice."""
+    out: dict[int | str, Progress] = {cls: s.progress() for cls, s in tuner.classes.items()}
+    campaign = tuner.campaign
+    if campaign is not None and tuner.tune_fusion:
+        fusion_state = "locked" if campaign.phase not in ("loading", "fusion") else "exploring"
+        duels = campaign.duels("fusion")
+        out["fusion"] = Progress(fusion_state, duels, None, campaign.incumbent.fusion_bytes, duels)
+    return out

@@ -14,7 +14,6 @@ ask, tell and storage writes run on a worker thread on rank 0, off the training'
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import statistics
 import threading
@@ -32,8 +31,8 @@ from autotune.comm import topology
 from autotune.ddp.events import Event, Failure, IterationDone, IterationEnd
 from autotune.ddp.stats import MessageRecord
 from autotune.model import Prior
-from autotune.plan import Arm, Buckets, Choice, Entry, Gain, Table
-from autotune.storage.store import (
+from autotune.plan import Arm, Buckets, Choice, Gain, Table
+from autotune.storage import (
     Store,
     fingerprint_key,
     job_fingerprint,
@@ -45,6 +44,7 @@ from autotune.tuning.campaign import Campaign, nominate
 from autotune.tuning.duel import Outcome
 from autotune.tuning.search import NOT_MEASURED, ClassSearch, Progress
 from autotune.tuning.space import search_space
+from autotune.tuning.status import tuner_progress, tuner_table
 from autotune.tuning.worker import Worker
 from autotune.util.units import format_bytes
 
@@ -123,7 +123,7 @@ class Tuner:
         #: Tuning stopped for good: rank 0's storage failed mid-job (set on rank 0 at once, on
         #: every rank where the orders that say so arrive).
         self.frozen = False
-        #: Why the storage failed, on rank 0 (`autotune.storage.store.storage_failure`), once it
+        #: Why the storage failed, on rank 0 (`autotune.storage.failures.storage_failure`), once it
         #: has.
         self.storage_error: str | None = None
         # The exchange's own group: it runs alongside the next iteration's messages, and
@@ -557,28 +557,9 @@ class Tuner:
         self.worker.submit(lambda: self.store().save_table(self.key, table))
 
     def table(self) -> Table:
-        """The plan as rank 0 knows it, with each class's screening and the measured gain."""
-        campaign = self.campaign
-        if campaign is None:  # not rank 0: what every rank hears
-            classes = {
-                cls: Entry(c, state=self.states.get(cls, "exploring"))
-                for cls, c in self.engine.plan.table().items()
-            }
-            return Table(classes, self.arm.fusion_bytes, None, self.gain)
-        plan = campaign.incumbent
-        state = "locked" if campaign.phase == "locked" else "exploring"
-        classes = {}
-        for cls, search in sorted(self.classes.items()):
-            choice = plan.choice(cls)
-            classes[cls] = Entry(choice, search.values.get(choice), search.finished, state)
-        fusion = None
-        if campaign.phase == "locked" or not self.tune_fusion:
-            fusion = plan.fusion_bytes
-        fingerprint = getattr(self, "fingerprint", None)
-        table = Table(classes, fusion, fingerprint, campaign.gain, campaign.lead)
-        # A stored bucket size holds while the baseline does: not once a plan (a stored lead's
-        # retry, say) has won the job back for the hook.
-        return dataclasses.replace(table, buckets=self.buckets) if table.runs_native else table
+        """The plan as rank 0 knows it, with each class's screening and the measured gain
+        (`autotune.tuning.status.tuner_table`)."""
+        return tuner_table(self)
 
     def buckets_kept(self, buckets: Buckets) -> None:
         """Every rank, once `autotune.tuning.buckets` has decided (the hook no longer runs): the
@@ -590,16 +571,9 @@ class Tuner:
             self._store_table()
 
     def progress(self) -> dict[int | str, Progress]:
-        """Per size class (and "fusion"): state, trials, best latency, current choice."""
-        out: dict[int | str, Progress] = {cls: s.progress() for cls, s in self.classes.items()}
-        campaign = self.campaign
-        if campaign is not None and self.tune_fusion:
-            fusion_state = "locked" if campaign.phase not in ("loading", "fusion") else "exploring"
-            duels = campaign.duels("fusion")
-            out["fusion"] = Progress(
-                fusion_state, duels, None, campaign.incumbent.fusion_bytes, duels
-            )
-        return out
+        """Per size class (and "fusion"): state, trials, best latency, current choice
+        (`autotune.tuning.status.tuner_progress`)."""
+        return tuner_progress(self)
 
 
 def _outcome_word(kind: str, won: bool, ratio: float) -> str:

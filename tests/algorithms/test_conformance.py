@@ -89,7 +89,7 @@ def test_bound_is_tight_enough_to_catch_one_lost_rounding() -> None:
 
 @pytest.mark.distributed
 def test_suite_catches_broken_algorithms() -> None:
-    # Both are registered in the ranks from tests/broken_algorithms.py, like a plugin would be.
+    # Both are registered in the ranks from tests/jobs/broken_algorithms.py, like a plugin would be.
     extra = {
         "loses_last_element": "broken_algorithms:LosesLastElement",
         "own_input_first": "broken_algorithms:OwnInputFirst",

@@ -102,7 +102,7 @@ def sweep_on(world_size: int, backend: str, device: str) -> None:
     (its own choice): each sums right.
 
     Without the broken algorithm the sweep job registers for the sweep's own check
-    (tests/test_sweep.py): the sweep would run it too and count its wrong sums, as this helper
+    (tests/sweep/test_sweep.py): the sweep would run it too and count its wrong sums, as this helper
     did until it first ran on CPU (likely one of the two failures on an H200, whose reports
     were lost)."""
     from sweep_jobs import sweep

@@ -1,7 +1,7 @@
 """The shared-memory all-reduce beyond the conformance suite: messages larger than its window,
 where it is offered and where not, a full /dev/shm, its barrier through pipes, a peer that
 never comes or is gone, nothing left behind.
-(tests/test_conformance.py checks its sums at N = 1..8, every dtype and size.)"""
+(tests/algorithms/test_conformance.py checks its sums at N = 1..8, every dtype and size.)"""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from topology_jobs import detect_as
 
 from autotune.comm.launch import run_local
 from autotune.comm.topology import Topology
-from autotune.storage.store import fingerprint
+from autotune.storage import fingerprint
 
 
 def test_topology_lists_nodes_in_order_of_their_lowest_rank() -> None:

@@ -1,7 +1,7 @@
 """Stepping aside: once the tuner keeps the baseline, DDP runs its own all-reduce without the hook.
 
-Each job trains autotune's model beside plain DDP on the same batches (tests/aside_jobs.py), with
-a tuner that can only keep the baseline; from the iteration it steps aside on, the hook is no
+Each job trains autotune's model beside plain DDP on the same batches (tests/jobs/aside_jobs.py),
+with a tuner that can only keep the baseline; from the iteration it steps aside on, the hook is no
 longer called, and the parameters stay DDP's: bitwise at 2 ranks (the baseline's lane is bitwise
 DDP's too), to rounding beyond.
 """
@@ -17,7 +17,7 @@ from aside_jobs import KEEPS_BASELINE, Aside, beside_plain
 
 from autotune.comm.launch import run_local
 from autotune.plan import Buckets, Gain, Table
-from autotune.storage.store import Store
+from autotune.storage import Store
 from autotune.util.units import format_bytes
 
 pytestmark = pytest.mark.distributed

@@ -1,6 +1,6 @@
 """Elastic restarts under torchrun for real (2 ranks, gloo on 127.0.0.1, ``--max-restarts 2``):
 a restarted worker group fails the dead attempt's trials at once and picks the tuned plan back
-up from storage. The job and its three attempts: tests/elastic_job.py."""
+up from storage. The job and its three attempts: tests/jobs/elastic_job.py."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from ddp_jobs import VARIANTS, Net, digest
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
-from autotune.storage.store import Store
+from autotune.storage import Store
 from autotune.testing.settled import everywhere
 
 #: A tuner that can only keep the baseline: one candidate (native), DDP's buckets, quick trials.

@@ -1,8 +1,8 @@
 """What the emulated-cluster tests run under torchrun on every node: each rank writes what it saw
 to ``<out>/rank<N>.pkl`` for the test to read.
 
-    python tests/cluster_jobs.py topology OUT
-    python tests/cluster_jobs.py conformance OUT ALGORITHM[,ALGORITHM...]
+    python tests/jobs/cluster_jobs.py topology OUT
+    python tests/jobs/cluster_jobs.py conformance OUT ALGORITHM[,ALGORITHM...]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 def topology() -> dict[str, Any]:
     from autotune.comm.topology import detect
-    from autotune.storage.store import job_fingerprint
+    from autotune.storage import job_fingerprint
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -1,4 +1,5 @@
-"""Rank-side jobs of the reliability tests (tests/test_secrets.py, tests/test_faults_aside.py)."""
+"""Rank-side jobs of the reliability tests (tests/util/test_secrets.py,
+tests/ddp/test_faults_aside.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
 from autotune.plan import Buckets, Choice, Entry, Gain, Table, size_class
-from autotune.storage.store import Store, device_model, fingerprint, fingerprint_key
+from autotune.storage import Store, device_model, fingerprint, fingerprint_key
 
 
 def register_with_storage(rank: int, world_size: int, url: str) -> tuple[str, str, list[str]]:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from autotune.comm.topology import NODE_ID_ENV, detect
-from autotune.storage.store import job_fingerprint
+from autotune.storage import job_fingerprint
 
 
 def detect_as(

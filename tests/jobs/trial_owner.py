@@ -1,4 +1,4 @@
-"""A job's rank 0 that runs a tuning trial, as a process of its own (tests/test_storage.py).
+"""A job's rank 0 that runs a tuning trial, as a process of its own (tests/storage/test_storage.py).
 
     python trial_owner.py URL STUDY hold      start a trial, print its number, hold it until
                                               a line arrives on stdin (a live job)
@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 
-from autotune.storage.store import Store
+from autotune.storage import Store
 
 
 def main(url: str, study_name: str, mode: str, *modes: str) -> None:

@@ -174,7 +174,8 @@ def tune(
     register("native", SlowNative if slow_native else NativeAllReduce, replace=True)
     if slow_native:
         # The baseline is slowed through the hook only: a job that steps aside would take its
-        # plan to plain DDP itself, which is not (`autotune.tuning.catch`, tests/test_catch.py).
+        # plan to plain DDP itself, which is not (`autotune.tuning.catch`,
+        # tests/tuning/test_catch.py).
         config = {"step_aside": False, **config}
     CONDITIONS.update(native_slow=slow_native, quick_ring_slow=False)
     base = model()

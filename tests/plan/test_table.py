@@ -9,7 +9,7 @@ import pytest
 
 from autotune.cli import main
 from autotune.plan import Arm, Buckets, Choice, Entry, Gain, Lead, Table, load_table
-from autotune.storage.store import Store, fingerprint, fingerprint_key
+from autotune.storage import Store, fingerprint, fingerprint_key
 
 FP = fingerprint(backend="nccl", world_size=16, nodes=2, device="NVIDIA H100", dtype="bfloat16")
 TABLE = Table(

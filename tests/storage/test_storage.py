@@ -23,7 +23,7 @@ from tuner_jobs import tune
 
 from autotune.comm.launch import launch, run_local
 from autotune.plan import Arm, Buckets, Choice, Entry, Gain, Lead, Table
-from autotune.storage.store import Store, merge_tables
+from autotune.storage import Store, merge_tables
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from fault_jobs import StorageRun, storage_fails
 from postgres_server import Postgres
 
 from autotune.comm.launch import run_local
-from autotune.storage.store import Store, storage_failure
+from autotune.storage import Store, storage_failure
 
 
 def _sqlite_error(path: Path, *, read_only: bool = False) -> BaseException:

@@ -18,7 +18,7 @@ from sweep_jobs import measured_order, sweep, sweep_with_a_dying_rank
 from autotune.algorithms import available
 from autotune.comm.launch import launch, run_local
 from autotune.plan import size_class
-from autotune.storage.store import Store
+from autotune.storage import Store
 from autotune.sweep import Measured, SweepOptions, SweepResult, Variant, dtype_name, exact_limit
 from autotune.sweep._measure import round_order
 
@@ -183,7 +183,7 @@ def test_tune_writes_a_plan_the_hook_starts_from(tmp_path: Path) -> None:
     store = Store(url)
     assert store.tables()[result.plan_key].classes == result.plan.classes
     # The result knows the fingerprint it was stored under (a job's, and the prior's key).
-    from autotune.storage.store import fingerprint_key
+    from autotune.storage import fingerprint_key
 
     assert fingerprint_key(result.fingerprint()) == result.plan_key
     # The cost model's fit to the sweep is stored too, as the live tuner's prior.
@@ -215,7 +215,7 @@ def test_tune_writes_a_plan_the_hook_starts_from(tmp_path: Path) -> None:
     # slowed down here, through the hook, so that any plan that differs from it wins; if the
     # sweep chose native everywhere, the plan is the baseline and is locked without a duel.
     # step_aside is off: a job that steps aside would take a plan that needs the hook to plain
-    # DDP itself instead, which is not slowed: tests/test_catch.py.)
+    # DDP itself instead, which is not slowed: tests/tuning/test_catch.py.)
     config = {"tune_warmup": 0, "tune_samples": 2, "fusion_bytes": 0, "storage": url}
     config["step_aside"] = False
     config.update(algorithms=("native", "tree"), duel_pairs=6)

@@ -1,6 +1,6 @@
 """DDP's bucket size, searched once autotune has stepped aside: which sizes are tried, and the
 search's verdicts from given block steps (the same numbers give the same verdict on every rank).
-The search on real ranks, rebuilding DDP's reducer, is in tests/test_aside.py."""
+The search on real ranks, rebuilding DDP's reducer, is in tests/ddp/test_aside.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The catch on real ranks: a plan that needs the hook meets plain DDP before it is locked.
 
-Each job trains autotune's model beside plain DDP on the same batches (tests/aside_jobs.py),
+Each job trains autotune's model beside plain DDP on the same batches (tests/jobs/aside_jobs.py),
 from a storage that holds a plan with `ring` for every size class. Where the job steps aside
 for the baseline, such a plan goes straight to the catch (autotune/tuning/catch.py): blocks of
 iterations on DDP's reducer without the hook (plain DDP) and with it (the plan), rebuilt at each
@@ -16,7 +16,7 @@ from aside_jobs import KEEPS_BASELINE, Aside, beside_plain
 
 from autotune.comm.launch import run_local
 from autotune.plan import Choice, Entry, Gain, Table
-from autotune.storage.store import Store
+from autotune.storage import Store
 from autotune.tuning.blocks import BLOCK
 
 pytestmark = pytest.mark.distributed

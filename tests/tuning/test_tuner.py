@@ -1,6 +1,6 @@
 """The live tuner on spawned ranks: choices follow measurements, ranks never disagree, plans last.
 
-Algorithms with injected delays (tests/tuner_jobs.py) make the right answers known in advance.
+Algorithms with injected delays (tests/jobs/tuner_jobs.py) make the right answers known in advance.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tuner_jobs import (
 
 from autotune.comm.launch import run_local
 from autotune.plan import Arm, Buckets, Choice, Entry, Gain, Lead, Table, size_class
-from autotune.storage.store import Store
+from autotune.storage import Store
 
 pytestmark = pytest.mark.distributed
 
@@ -254,7 +254,7 @@ def test_a_stored_prior_orders_screening_and_leaves_out_what_cannot_win(
     from autotune.algorithms import BUILTINS
     from autotune.config import Config
     from autotune.model import Link, Params, Prior
-    from autotune.storage.store import device_model, fingerprint, fingerprint_key
+    from autotune.storage import device_model, fingerprint, fingerprint_key
     from autotune.tuning.space import search_space
 
     url = storage(tmp_path)

@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 
 from autotune import Config
 from autotune.plan import Choice
-from autotune.storage.store import Store
+from autotune.storage import Store
 from autotune.tuning.sampler import GivenSampler
 from autotune.tuning.search import SLOW_FACTOR, Search
 from autotune.tuning.space import choice_of, search_space, suggest_choice

@@ -17,7 +17,7 @@ from autotune.config import Config
 from autotune.dashboards._push import PushError, push
 from autotune.plan import Choice, Entry, Table
 from autotune.report._prometheus import PrometheusClient
-from autotune.storage.store import Store, storage_failure
+from autotune.storage import Store, storage_failure
 from autotune.sweep._format import plan_lines
 from autotune.sweep._result import SweepResult
 from autotune.util.redact import redact
@@ -105,7 +105,7 @@ def test_prometheus_and_grafana_errors_never_show_the_password() -> None:
 
 
 def test_a_storage_failure_mid_job_is_described_without_the_password() -> None:
-    # What the tuner logs and broadcasts when its storage fails mid-job (tests/test_tuner.py
+    # What the tuner logs and broadcasts when its storage fails mid-job (tests/tuning/test_tuner.py
     # fails one for real); here the description of a failure whose text holds the URL.
     error = RuntimeError(f"lost {PG_URL}")
     assert SECRET not in storage_failure(error) and "autotune:***@" in storage_failure(error)

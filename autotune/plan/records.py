@@ -1,205 +1,21 @@
-"""Message-size classes, the choice made for each, and the plan that maps one to the other."""
+"""What a job stores and shows: a tuned `Table` (per size class the choice, its screening, its
+state; the fusion size; the measured `Gain`; a near miss, `Lead`; DDP's `Buckets`), to and from
+JSON, and the plan file that runs one fixed.
+"""
 
 from __future__ import annotations
 
 import math
-import threading
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-__all__ = [
-    "BASELINE_CHOICE",
-    "MIN_FUSION_BYTES",
-    "PLAN_COLUMNS",
-    "STATES",
-    "Arm",
-    "Buckets",
-    "Choice",
-    "Entry",
-    "Gain",
-    "Lead",
-    "Plan",
-    "Table",
-    "check_fusion_bytes",
-    "load_table",
-    "plan_rows",
-    "segment_text",
-    "size_class",
-]
+from autotune.plan.nccl_csv import nccl_csv
+from autotune.plan.runtime import BASELINE_CHOICE, Arm, Choice, check_fusion_bytes, size_class
 
-#: The smallest fusion size (bytes) that is not 0 (off). Below a page, every bucket becomes
-#: thousands of latency-bound messages: a 3-byte fusion size once made a step take 78 s.
-MIN_FUSION_BYTES = 4096
+__all__ = ["STATES", "Buckets", "Entry", "Gain", "Lead", "Table", "load_table"]
+
 
 #: What a size class's entry in a tuned table can say about it.
 STATES = ("default", "exploring", "locked", "fixed")
-
-
-def segment_text(choice: Choice) -> str:
-    """A choice's segment as every table shows it: "-" where the algorithm has none (or is not
-    registered here), "default" for the algorithm's own, else the size ("256 KiB")."""
-    from autotune.algorithms import ALGORITHMS
-    from autotune.util.units import format_bytes
-
-    algo = ALGORITHMS.get(choice.algorithm)
-    if algo is None or not algo.segmented:
-        return "-"
-    return "default" if choice.segment_bytes is None else format_bytes(choice.segment_bytes)
-
-
-#: The columns of `plan_rows`.
-PLAN_COLUMNS = ("size class", "algorithm", "segment", "median (us)", "trials")
-
-
-def plan_rows(table: Table) -> list[tuple[int, tuple[str, str, str, str, str]]]:
-    """A tuned table's cells, one row per size class (smallest first), as every plan table shows
-    them (`PLAN_COLUMNS`); each renderer lays them out (text, markdown, a figure)."""
-    from autotune.util.units import format_bytes
-
-    return [
-        (
-            cls,
-            (
-                format_bytes(cls),
-                e.choice.algorithm,
-                segment_text(e.choice),
-                "-" if e.best_s is None else f"{e.best_s * 1e6:.1f}",
-                str(e.trials),
-            ),
-        )
-        for cls, e in sorted(table.classes.items())
-    ]
-
-
-def check_fusion_bytes(value: object, where: str) -> None:
-    """Raise if ``value`` is no fusion size: None, 0 (off), or at least `MIN_FUSION_BYTES`.
-
-    ``where`` names the source for the message (``Config.fusion_bytes``, a plan file, ...).
-    """
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{where}: expected an int (bytes), got {value!r}")
-    if value < 0 or 0 < value < MIN_FUSION_BYTES:
-        raise ValueError(
-            f"{where}: must be 0 (DDP's buckets as they are) or at least {MIN_FUSION_BYTES} "
-            f"bytes, got {value}"
-        )
-
-
-def size_class(nbytes: int) -> int:
-    """The power of two a message of ``nbytes`` belongs to: class c holds sizes in (c/2, c]."""
-    if nbytes < 0:
-        raise ValueError(f"message size must be >= 0, got {nbytes}")
-    return 1 << max(nbytes - 1, 0).bit_length()
-
-
-@dataclass(frozen=True)
-class Choice:
-    """What runs a message: an algorithm, and its pipeline segment (None: the algorithm's own)."""
-
-    algorithm: str
-    segment_bytes: int | None = None
-
-    def __str__(self) -> str:
-        """``ring`` or, with a segment, ``ring/256 KiB``: how logs and verdicts name it."""
-        from autotune.util.units import format_bytes
-
-        if self.segment_bytes is None:
-            return self.algorithm
-        return f"{self.algorithm}/{format_bytes(self.segment_bytes)}"
-
-
-#: What every size class runs in the baseline (the job without autotune), and wherever a plan
-#: says nothing.
-BASELINE_CHOICE = Choice("native")
-
-
-@dataclass(frozen=True)
-class Arm:
-    """A whole plan: the choices that differ from `BASELINE_CHOICE`, and the fusion size."""
-
-    choices: tuple[tuple[int, Choice], ...] = ()
-    fusion_bytes: int = 0
-
-    @staticmethod
-    def of(choices: Mapping[int, Choice], fusion_bytes: int) -> Arm:
-        kept = sorted((cls, c) for cls, c in choices.items() if c != BASELINE_CHOICE)
-        return Arm(tuple(kept), fusion_bytes)
-
-    def as_dict(self) -> dict[int, Choice]:
-        return dict(self.choices)
-
-    def choice(self, cls: int) -> Choice:
-        return self.as_dict().get(cls, BASELINE_CHOICE)
-
-    def with_class(self, cls: int, choice: Choice) -> Arm:
-        return Arm.of({**self.as_dict(), cls: choice}, self.fusion_bytes)
-
-    def with_fusion(self, fusion_bytes: int) -> Arm:
-        return Arm(self.choices, fusion_bytes)
-
-    def describe(self) -> str:
-        from autotune.util.units import format_bytes
-
-        parts = [f"{format_bytes(cls)}: {c}" for cls, c in self.choices]
-        fusion = f"fusion {format_bytes(self.fusion_bytes)}" if self.fusion_bytes else ""
-        return ", ".join([*parts, *([fusion] if fusion else [])]) or "native"
-
-
-#: Picks the choice for a size class.
-Rule = Callable[[int], Choice]
-
-
-class Plan:
-    """Per size class, what to run: explicit choices over a default rule. Safe across threads."""
-
-    def __init__(self, default: Rule | Choice | None = None) -> None:
-        self._default: Rule | None = None
-        self._chosen: dict[int, Choice] = {}
-        self._seen: set[int] = set()
-        self._lock = threading.Lock()
-        if default is not None:
-            self.set_default(default)
-
-    def set_default(self, default: Rule | Choice) -> None:
-        """The choice for size classes without an explicit one: a fixed choice, or a rule."""
-        if isinstance(default, Choice):
-            fixed = default
-            self._default = lambda nbytes: fixed
-        else:
-            self._default = default
-
-    def _fallback(self, cls: int) -> Choice:
-        assert self._default is not None, "the plan has no default rule yet"
-        return self._default(cls)
-
-    def choice(self, nbytes: int) -> Choice:
-        """What runs a message of ``nbytes`` (and note that its class occurs in this job)."""
-        cls = size_class(nbytes)
-        with self._lock:
-            self._seen.add(cls)
-            chosen = self._chosen.get(cls)
-        return chosen if chosen is not None else self._fallback(cls)
-
-    def set(self, cls: int, choice: Choice) -> None:
-        """Run ``choice`` for every message of size class ``cls`` from now on."""
-        if cls != size_class(cls):
-            raise ValueError(f"size classes are powers of two, got {cls}")
-        with self._lock:
-            self._chosen[cls] = choice
-
-    def replace(self, chosen: dict[int, Choice]) -> None:
-        """Run exactly ``chosen`` (size class -> choice) from now on, the default elsewhere."""
-        with self._lock:
-            self._chosen = dict(chosen)
-
-    def table(self) -> dict[int, Choice]:
-        """The choice for every size class seen so far, smallest first."""
-        with self._lock:
-            seen = sorted(self._seen)
-            chosen = dict(self._chosen)
-        return {cls: chosen.get(cls) or self._fallback(cls) for cls in seen}
 
 
 @dataclass(frozen=True)
@@ -476,40 +292,8 @@ class Table:
         )
 
     def nccl_csv(self, n_nodes: int = -1, n_ranks: int = -1) -> str:
-        """The table as the NCCL example tuner plugin's CSV (``NCCL_TUNER_CONFIG_FILE``), which
-        autotune's plugin reads too (``AUTOTUNE_NCCL_TABLE``).
-
-        A tuned NCCL cell, ``nccl.<algorithm>.<protocol>`` (autotune-nccl), is written as it is.
-        Otherwise: ring -> NCCL ring; tree and two_tree -> NCCL tree (NCCL's tree is the double
-        binary tree), with a protocol autotune did not tune: ``ll`` up to 64 KiB, ``simple``
-        above (NCCL's usual split for latency- and bandwidth-bound sizes). Classes whose choice
-        has no NCCL counterpart (native, direct, star, plugins) are left to NCCL and listed in a
-        comment. Channels are left to NCCL (-1).
-        """
-        nccl_names = {"ring": "ring", "tree": "tree", "two_tree": "tree"}
-        lines = [
-            "# NCCL tuner configuration exported by autotune (autotune show --nccl-csv)",
-            "# collective_type,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks,"
-            "numPipeOps,regBuff",
-            "# protocol where autotune did not tune it (not nccl.*): ll to 64 KiB, simple above",
-        ]
-        skipped: list[str] = []
-        for size, entry in sorted(self.classes.items()):
-            low = 0 if size == 1 else size // 2 + 1
-            kind, _, cell = entry.choice.algorithm.partition(".")
-            algo: str | None
-            if kind == "nccl" and cell.count(".") == 1:
-                algo, proto = cell.split(".")
-            else:
-                algo = nccl_names.get(entry.choice.algorithm)
-                proto = "ll" if size <= 64 << 10 else "simple"
-            if algo is None:
-                skipped.append(f"{low}-{size}: {entry.choice.algorithm}")
-                continue
-            lines.append(f"allreduce,{low},{size},{algo},{proto},-1,{n_nodes},{n_ranks},-1,-1")
-        if skipped:
-            lines.append("# left to NCCL (no NCCL counterpart): " + "; ".join(skipped))
-        return "\n".join(lines) + "\n"
+        """The table as the NCCL example tuner plugin's CSV (`autotune.plan.nccl_csv`)."""
+        return nccl_csv(self, n_nodes, n_ranks)
 
 
 def _optional_int(value: object) -> int | None:

@@ -1,0 +1,45 @@
+"""What runs and what is stored: size classes and the choice for each (`runtime`), the tuned
+table a job stores and shows (`records`), its rows as every table renders them (`render`) and its
+NCCL tuner CSV (`nccl_csv`).
+
+Example::
+
+    >>> plan = Plan(Choice("native"))
+    >>> plan.set(size_class(3 << 20), Choice("ring", 1 << 20))
+    >>> plan.choice(3 << 20)
+    Choice(algorithm='ring', segment_bytes=1048576)
+"""
+
+from autotune.plan.records import STATES, Buckets, Entry, Gain, Lead, Table, load_table
+from autotune.plan.render import PLAN_COLUMNS, plan_rows, segment_text
+from autotune.plan.runtime import (
+    BASELINE_CHOICE,
+    MIN_FUSION_BYTES,
+    Arm,
+    Choice,
+    Plan,
+    Rule,
+    check_fusion_bytes,
+    size_class,
+)
+
+__all__ = [
+    "BASELINE_CHOICE",
+    "MIN_FUSION_BYTES",
+    "PLAN_COLUMNS",
+    "STATES",
+    "Arm",
+    "Buckets",
+    "Choice",
+    "Entry",
+    "Gain",
+    "Lead",
+    "Plan",
+    "Rule",
+    "Table",
+    "check_fusion_bytes",
+    "load_table",
+    "plan_rows",
+    "segment_text",
+    "size_class",
+]
