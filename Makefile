@@ -45,10 +45,10 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/allreduce_busbw.py --world-sizes 2,4 --sizes 64K,1M,16M --iters 50 --markdown
 	$(PY) benchmarks/hook_overhead.py --world-size 4 --steps 200
-	$(PY) benchmarks/aside_cost.py --world-size 4 --steps 300
+	$(PY) benchmarks/unhook_cost.py --world-size 4 --steps 300
 	$(PY) benchmarks/tuner_cost.py --world-size 4 --steps 300
 	$(PY) benchmarks/step_gain.py --world-sizes 2,4 --paired-steps 80 --paired-seconds 20
-	$(PY) benchmarks/duel_power.py
+	$(PY) benchmarks/paired_test_power.py
 	$(PY) benchmarks/metrics_cost.py --world-size 4 --steps 100
 	$(PY) benchmarks/model_fit.py docs/sweeps/sweep-2.json docs/sweeps/sweep-4.json docs/sweeps/sweep-8.json
 	@# Emulated nodes need root (network namespaces): docs/CLUSTER.md.

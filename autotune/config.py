@@ -6,6 +6,7 @@ import dataclasses
 import difflib
 import math
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -16,7 +17,7 @@ from autotune.plan import check_fusion_bytes
 from autotune.util.redact import redact
 from autotune.util.units import parse_bytes
 
-__all__ = ["ENV_PREFIX", "NETNS_TAG_ENV", "OTHER_VARIABLES", "Config"]
+__all__ = ["DEPRECATED_FIELDS", "ENV_PREFIX", "NETNS_TAG_ENV", "OTHER_VARIABLES", "Config"]
 
 ENV_PREFIX = "AUTOTUNE_"
 
@@ -83,21 +84,23 @@ class Config:
     """Occurrences the tuner measures per screening trial; the trial's value is their median."""
 
     tune_trials: int = 20
-    """Screening trials per size class before its fastest choice is nominated."""
+    """Screening trials per size class before its fastest choice is shortlisted."""
 
-    duel_pairs: int = 24
-    """Most paired iterations a duel between two plans runs before the challenger, not proven
-    faster on the step, loses (docs/TUNER.md); at least 6."""
+    max_pairs: int = 24
+    """Most pairs of iterations a paired test of two plans runs before the challenger, not proven
+    faster on the step, loses (docs/TUNER.md); at least 6. Was ``duel_pairs`` (still accepted, for
+    one release, with a DeprecationWarning)."""
 
     recheck_every: int = 200
     """Iterations between re-checks of a locked plan against the baseline; 0: never."""
 
-    step_aside: bool = True
+    unhook: bool = True
     """Once the tuner keeps the baseline (no plan beat the backend's own all-reduce on DDP's
     buckets), give DDP its reducer back without the hook, so the job runs as plain DDP
-    (`autotune.ddp.aside`); and before a plan that needs the hook is locked, make it beat plain DDP
-    itself, in blocks of iterations on DDP's reducers (`autotune.tuning.catch`). False keeps the
-    hook, and its per-bucket measurements, to the end, whatever is kept."""
+    (`autotune.ddp.unhook`); and before a plan that needs the hook is locked, make it beat plain
+    DDP itself, in blocks of iterations on DDP's reducers (`autotune.tuning.plain_check`). False
+    keeps the hook, and its per-bucket measurements, to the end, whatever is kept. Was
+    ``step_aside`` (still accepted, for one release, with a DeprecationWarning)."""
 
     plan_file: str | None = None
     """A tuned table (``autotune show --json``) to run as a fixed plan, without tuning."""
@@ -133,10 +136,10 @@ class Config:
         _check_int("tune_warmup", self.tune_warmup, minimum=0)
         _check_int("tune_samples", self.tune_samples, minimum=1)
         _check_int("tune_trials", self.tune_trials, minimum=1)
-        _check_int("duel_pairs", self.duel_pairs, minimum=6)
+        _check_int("max_pairs", self.max_pairs, minimum=6)
         _check_int("recheck_every", self.recheck_every, minimum=0)
-        if not isinstance(self.step_aside, bool):
-            raise TypeError(f"Config.step_aside: expected True or False, got {self.step_aside!r}")
+        if not isinstance(self.unhook, bool):
+            raise TypeError(f"Config.unhook: expected True or False, got {self.unhook!r}")
         if self.plan_file is not None and self.algorithm != "auto":
             raise ValueError(
                 "Config.plan_file: a tuned table chooses per size class; it needs "
@@ -188,7 +191,17 @@ class Config:
         (``AUTOTUNE_ALGORITHMS=ring,tree``), and ``none`` clears an optional field.
         """
         env = os.environ if environ is None else environ
-        known = {ENV_PREFIX + f.name.upper(): f for f in fields(cls)}
+        by_name = {f.name: f for f in fields(cls)}
+        known = {ENV_PREFIX + name.upper(): f for name, f in by_name.items()}
+        for old, new in DEPRECATED_FIELDS.items():
+            key = ENV_PREFIX + old.upper()
+            if key in env:
+                if ENV_PREFIX + new.upper() in env:
+                    raise ValueError(
+                        f"{key} and {ENV_PREFIX + new.upper()} are both set: keep the second"
+                    )
+                _deprecated(key, ENV_PREFIX + new.upper(), stacklevel=3)
+                known[key] = by_name[new]
         for key in env:
             if key.startswith(ENV_PREFIX) and key not in known and key not in OTHER_VARIABLES:
                 # A misspelt setting silently ignored is a setting the user believes is on.
@@ -217,7 +230,56 @@ class Config:
 
     def replace(self, **changes: Any) -> Config:
         """A copy with ``changes`` applied (and checked)."""
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **_renamed(changes))
+
+    @property
+    def step_aside(self) -> bool:
+        """Deprecated: `unhook`."""
+        _deprecated("Config.step_aside", "Config.unhook")
+        return self.unhook
+
+    @property
+    def duel_pairs(self) -> int:
+        """Deprecated: `max_pairs`."""
+        _deprecated("Config.duel_pairs", "Config.max_pairs")
+        return self.max_pairs
+
+
+#: Old spellings kept for one release, as keyword arguments, attributes and ``AUTOTUNE_<OLD>``
+#: variables: old field name -> new one.
+DEPRECATED_FIELDS = {"step_aside": "unhook", "duel_pairs": "max_pairs"}
+
+
+def _deprecated(old: str, new: str, stacklevel: int = 3) -> None:
+    warnings.warn(
+        f"{old} is deprecated and goes in the next release: use {new}",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+
+
+def _renamed(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with the deprecated field names turned into the current ones (warned)."""
+    out = dict(kwargs)
+    for old, new in DEPRECATED_FIELDS.items():
+        if old in out:
+            value = out.pop(old)
+            if new in out and out[new] != value:
+                raise ValueError(f"Config: {old}={value!r} and {new}={out[new]!r} disagree")
+            _deprecated(f"Config({old}=...)", f"Config({new}=...)", stacklevel=4)
+            out[new] = value
+    return out
+
+
+_dataclass_init = Config.__init__
+
+
+def _init(self: Config, *args: Any, **kwargs: Any) -> None:
+    _dataclass_init(self, *args, **_renamed(kwargs))
+
+
+# Config(step_aside=...) and Config(duel_pairs=...) still work for a release.
+setattr(Config, "__init__", _init)  # noqa: B010 (mypy would refuse the assignment)
 
 
 def _check_int(
@@ -245,13 +307,13 @@ def _parse(f: dataclasses.Field[Any], raw: str, key: str) -> Any:
             "tune_warmup",
             "tune_samples",
             "tune_trials",
-            "duel_pairs",
+            "max_pairs",
             "recheck_every",
         ):
             return int(text)
         if f.name == "timeout_s":
             return float(text)
-        if f.name == "step_aside":
+        if f.name == "unhook":
             return _parse_bool(text)
         if f.name == "algorithms":
             return tuple(a.strip() for a in text.split(",") if a.strip())

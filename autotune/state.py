@@ -35,10 +35,10 @@ from autotune.algorithms import (
 )
 from autotune.comm.faults import FailureBoard, release
 from autotune.config import Config
-from autotune.ddp.aside import StepAside
 from autotune.ddp.engine import Engine
 from autotune.ddp.guard import Guard, guarded_group
 from autotune.ddp.stats import Recorder, Summary, summarize
+from autotune.ddp.unhook import Unhooking
 from autotune.plan import BASELINE_CHOICE, Choice, Entry, Plan, Table, load_table
 from autotune.storage import elastic_attempt
 from autotune.tuning import Tuner
@@ -122,8 +122,8 @@ class AutotuneState:
         self.tuner: Tuner | None = None
         #: The Prometheus exporter (``Config.metrics_port``), else None.
         self.exporter: Exporter | None = None
-        #: Takes the hook out of DDP once the tuner keeps the baseline (`autotune.ddp.aside`).
-        self.aside: StepAside | None = None
+        #: Takes the hook out of DDP once the tuner keeps the baseline (`autotune.ddp.unhook`).
+        self.aside: Unhooking | None = None
         #: The fault contract where DDP runs without the hook (`autotune.ddp.guard`), wherever it
         #: may.
         self.guard: Guard | None = None
@@ -150,9 +150,9 @@ class AutotuneState:
                 if table.fusion_bytes is not None and self.config.fusion_bytes is None:
                     self.engine.fusion_bytes = table.fusion_bytes
             tuned = self.config.algorithm == "auto" and table is None
-            if self.config.step_aside and (
+            if self.config.unhook and (
                 (table is not None and table.buckets is not None)
-                or (tuned and Tuner.would_step_aside(self.config))
+                or (tuned and Tuner.would_unhook(self.config))
             ):
                 # Where autotune may unhook itself, DDP then runs on this group. Made now,
                 # collectively, before the tuner opens the storage (rank 0 alone may fail that).
@@ -167,11 +167,11 @@ class AutotuneState:
             if table is not None and table.buckets is not None:
                 self.aside = plan_file_buckets(table.buckets, self.config, _owner(self), self.guard)
             live = self.tuner
-            if live is not None and live.steps_aside:
+            if live is not None and live.unhooks:
                 buckets = bucket_tuner(live, self.config) if live.tune_fusion else None
                 catch = catch_hooks(live, self.engine, self.config)
-                self.aside = StepAside(
-                    lambda: live.aside_from, _owner(self), buckets, catch=catch, guard=self.guard
+                self.aside = Unhooking(
+                    lambda: live.unhook_from, _owner(self), buckets, catch=catch, guard=self.guard
                 )
             if self.config.metrics_port is not None:
                 from autotune import metrics  # prometheus_client only where wanted
@@ -221,7 +221,7 @@ class AutotuneState:
     @property
     def settled(self) -> bool:
         """Whether autotune has decided what this job runs: the tuner's plan, locked, and where
-        it steps aside, DDP's bucket size (`autotune.tuning.buckets`). As of the last iteration
+        it unhooks, DDP's bucket size (`autotune.tuning.buckets`). As of the last iteration
         whose backward() returned, the same on every rank (see `locked`)."""
         return self.status().settled
 
@@ -229,16 +229,16 @@ class AutotuneState:
     def locked(self) -> bool:
         """Whether the job runs a decided plan from here on: `settled`, or re-checking the
         locked plan against the baseline (which keeps it unless it lost its gain; then tuning
-        starts over and this is False again). Where autotune steps aside, `settled`. The same
+        starts over and this is False again). Where autotune unhooks, `settled`. The same
         on every rank after the same iteration, so a collective that depends on it cannot
-        deadlock: it reads what rank 0 broadcast (not rank 0's own campaign, which knows a step
+        deadlock: it reads what rank 0 broadcast (not rank 0's own plan search, which knows a step
         or two earlier), once the engine has taken in that iteration's end, where the orders
         arrive (a bucket's future may complete before that)."""
         return self.status().locked
 
     def verdict(self) -> str:
         """One line for a job's summary: its training step against plain DDP's, as the tuner
-        measured it (on rank 0, which decides), and whether the hook stepped aside."""
+        measured it (on rank 0, which decides), and whether the hook unhooked."""
         return status(self.tuner, self.aside).verdict
 
     def stats(self) -> dict[tuple[int, str], Summary]:

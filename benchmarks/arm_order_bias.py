@@ -25,7 +25,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hoo
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from autotune.comm.launch import run_local
-from autotune.tuning.duel import median_interval
+from autotune.tuning.paired_test import median_interval
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from step_gain import MODELS, _step, model_and_batch

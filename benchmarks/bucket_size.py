@@ -9,7 +9,7 @@ model's usual buckets (the mlp's 1 MiB, DDP's default otherwise) with autotune's
 the backend's all-reduce at each ``--fusions`` size (MiB, 0: DDP's buckets as they are).
 Reported: each arm's median step over the reference's, per step, slowest rank, with the sign
 test's 95% interval. Why `autotune.tuning.buckets` tunes DDP's bucket size rather than fusing
-through the hook once it steps aside.
+through the hook once it unhooks.
 
 With ``--block N`` the arms take turns in blocks of N steps instead, with no barrier, as a job
 runs (and as `autotune.tuning.buckets` compares sizes): the first `BLOCK_WARMUP` steps of each block
@@ -36,7 +36,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import autotune
 from autotune.comm.launch import run_local
 from autotune.tuning.blocks import BLOCK_WARMUP
-from autotune.tuning.duel import median_interval
+from autotune.tuning.paired_test import median_interval
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from step_gain import MODELS, _slowest, _step, model_and_batch

@@ -11,8 +11,8 @@ times with the tuner on from a fresh SQLite storage each, and with ``--prior`` a
 again from a storage holding only the cost model's fit to those sweeps (the first of the
 cluster's own layout), stored as ``autotune sweep --tune`` stores it. Printed per run: steps/s,
 and for the tuning runs the step from which everything stayed locked, the step time spent until
-then, the verdict line, what screening measured and nominated, and every duel (rank 0's log).
-Needs root.
+then, the verdict line, what screening measured and shortlisted, and every paired test (rank 0's
+log). Needs root.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def _sweeps(paths: str, nodes: int, ranks: int) -> list[SweepResult]:
 
 
 def job() -> None:
-    """Under torchrun: the example, with rank 0 logging the tuner's screening and duels."""
+    """Under torchrun: the example, with rank 0 logging the tuner's screening and paired tests."""
     import os
 
     if os.environ.get("RANK") == "0":

@@ -98,14 +98,14 @@ def main() -> None:
 
 
 def nccl_rows() -> None:
-    """The contract on NCCL at 2 ranks: hooked (native) and stepped aside, a rank killed and a
-    rank stopped. Where autotune stepped aside on NCCL, DDP runs on the job's group (autotune
+    """The contract on NCCL at 2 ranks: hooked (native) and unhooked, a rank killed and a
+    rank stopped. Where autotune unhooked on NCCL, DDP runs on the job's group (autotune
     makes no NCCL group of its own), whose timeout here is launch's 60 s."""
     seen = lambda s: (s.kind, s.message, s.seconds)  # noqa: E731
     with tempfile.TemporaryDirectory() as tmp:
         aside = {"plan_file": plan_that_steps_aside(Path(tmp) / "plan.json"), "timeout_s": 4.0}
         native = {"algorithm": "native", "timeout_s": 4.0}
-        for name, config in (("native (hooked)", native), ("stepped aside", aside)):
+        for name, config in (("native (hooked)", native), ("unhooked", aside)):
             for fault, wake in (("exit", False), ("stop", True)):
                 results = launch(
                     train_until_it_fails, 2, {1: fault}, config, "8", wake, False, "cuda",
@@ -115,8 +115,8 @@ def nccl_rows() -> None:
 
 
 def contract_rows() -> None:
-    """Where DDP runs without the hook (stepped aside, the catch's plain blocks), a hang on
-    native, and rank 0 serving the store (tests/ddp/test_faults_aside.py runs the same)."""
+    """Where DDP runs without the hook (unhooked, the check's plain blocks), a hang on
+    native, and rank 0 serving the store (tests/ddp/test_faults_unhooked.py runs the same)."""
     seen = lambda s: (s.kind, s.message, s.seconds)  # noqa: E731
     with tempfile.TemporaryDirectory() as tmp:
         aside = {"plan_file": plan_that_steps_aside(Path(tmp) / "plan.json"), "timeout_s": 4.0}
@@ -126,7 +126,7 @@ def contract_rows() -> None:
                 train_until_it_fails, 3, {culprit: fault}, aside, "8", wake, timeout_s=120
             )
             row(
-                f"stepped aside: rank {culprit} of 3 {what[fault]} (timeout_s=4)",
+                f"unhooked: rank {culprit} of 3 {what[fault]} (timeout_s=4)",
                 results,
                 culprit,
                 seen,
@@ -140,9 +140,9 @@ def contract_rows() -> None:
         )  # fmt: skip
         row("native: rank 0, which serves the store, is stopped (timeout_s=4)", results, 0, seen)
         url = storage_with_a_ring_plan(Path(tmp) / "t.db", 2)
-        catch = {"algorithms": ("ring",), "storage": url, "duel_pairs": 6, "timeout_s": 4.0}
+        catch = {"algorithms": ("ring",), "storage": url, "max_pairs": 6, "timeout_s": 4.0}
         results = launch(train_until_it_fails, 2, {1: "stop"}, catch, "catch", True, timeout_s=120)
-        row("the catch's plain-DDP block: rank 1 of 2 is stopped (timeout_s=4)", results, 1, seen)
+        row("the check's plain-DDP block: rank 1 of 2 is stopped (timeout_s=4)", results, 1, seen)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""What the tuner screened, nominated and dueled, in one first job: its INFO log, rank 0's lines.
+"""What the tuner screened, shortlisted and tested, in one first job: its INFO log, rank 0's lines.
 
     python benchmarks/screening_log.py --world-size 4 --model transformer --steps 450
     python benchmarks/screening_log.py --world-size 4 --sync-every-step
@@ -6,14 +6,14 @@
 
 One of step_gain.py's models trains with autotune on an empty storage (one intra-op thread a
 rank, as torchrun sets), and rank 0 prints the tuner's lines about screening (every measured
-choice of each class, fastest first), nominations and duels. ``--sync-every-step`` adds what
+choice of each class, fastest first), nominations and paired tests. ``--sync-every-step`` adds what
 many training loops do after each step (a loss logged, a stop checked; step_gain.py's run 1
 does it): a one-element all-reduce on the job's group. Ends with the verdict. Why: to see why a
 job did or did not try a choice on the step (docs/BENCHMARKS.md, "What tuning pays").
 ``--plan`` seeds the storage with a locked plan (size class in bytes = algorithm, comma
 separated; the other classes native) as a job before it would have stored it: the job starts
-from it, as a restart does, and where the plan needs the hook, the catch (autotune/tuning/catch.py)
-compares it with plain DDP.
+from it, as a restart does, and where the plan needs the hook, the check against plain DDP
+(autotune/tuning/plain_check.py) compares it with plain DDP.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from autotune.plan import Choice, Entry, Table, size_class
 from autotune.storage import Store, device_model, fingerprint, fingerprint_key
 
 #: The tuner's lines worth reading here (rank 0 logs them at INFO).
-TOLD = ("screening", "nominated", "duel", "locked", "steps aside", "catch", "kept")
+TOLD = ("screening", "nominated", "duel", "locked", "unhooks", "catch", "kept")
 
 
 class _Told(logging.Filter):

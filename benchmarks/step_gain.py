@@ -10,16 +10,16 @@ rank as torchrun sets (``--threads`` to change it):
 
 1. tune: autotune alone from an empty storage (the live tuner, every phase, and where it steps
    aside, DDP's bucket size: `autotune.tuning.buckets`); records the step from which everything was
-   decided, and every step's time; it ends 20 steps after that where it stepped aside (nothing
+   decided, and every step's time; it ends 20 steps after that where it unhooked (nothing
    changes from there), else at ``--tune-steps``;
 2. restart: autotune alone again on run 1's storage: the stored plan is confirmed against the
    baseline (or dropped) before it is locked, where run 1 kept the baseline with a lead, the
-   lead gets its retry, and a stored bucket size its duel; records the same;
+   lead gets its retry, and a stored bucket size its paired test; records the same;
 3. paired: plain DDP, DDP with PyTorch's ``noop_hook`` (no communication: the headroom) and DDP
    with autotune as the job after the restart runs it: where the restart kept a plan, or
-   stepped aside onto a bucket size, that table as a plan file (a plan runs fixed; a bucket
-   size is stepped aside onto after the first iteration); else autotune on (a copy of) its
-   storage, which locks the stored baseline at once and steps aside. They take turns step by
+   unhooked onto a bucket size, that table as a plan file (a plan runs fixed; a bucket
+   size is unhooked onto after the first iteration); else autotune on (a copy of) its
+   storage, which locks the stored baseline at once and unhooks. They take turns step by
    step on the same batches, in a rotating order, every rank aligned before each step; once
    autotune has settled, each one's step time over plain DDP's (slowest rank), for
    ``--paired-steps`` steps or until plain DDP's timed steps add up to ``--paired-seconds``,
@@ -27,7 +27,7 @@ rank as torchrun sets (``--threads`` to change it):
 
 ``--hook-only`` runs run 3 alone, with the autotune arm fixed on native (the baseline's lane,
 DDP's buckets): what the hook itself costs each model's step, which a plan must win back in the
-duels before it beats a job that stepped aside. ``--plan-file FILE`` runs run 3 alone with the
+paired tests before it beats a job that unhooked. ``--plan-file FILE`` runs run 3 alone with the
 autotune arm on that plan (a stored table's JSON, as `autotune.Config.plan_file` reads it): what
 one plan makes of the step, to compare two versions of an algorithm on the same plan.
 
@@ -40,7 +40,7 @@ the first step, in the hook (fixed since: docs/BENCHMARKS.md, "On a GPU").
 
 Exploring cost: run 1's total step time until it locked, minus run 3's median plain step times as
 many steps (the restart's cost likewise). Ratios below 1 are faster than plain DDP; intervals
-are the sign test's 95% interval for the median (autotune.tuning.duel.median_interval).
+are the sign test's 95% interval for the median (autotune.tuning.paired_test.median_interval).
 """
 
 from __future__ import annotations
@@ -64,13 +64,13 @@ import autotune
 from autotune.comm.launch import RankFailure, run_local
 from autotune.plan import Arm, Table
 from autotune.testing.settled import all_settled, control_device, everywhere
-from autotune.tuning.duel import median_interval
+from autotune.tuning.paired_test import median_interval
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from train_ddp import build_model, rank_device
 
 MODELS = ("mlp", "transformer", "convnet")
-#: Runs 1 and 2 end this many steps after autotune stepped aside and decided DDP's bucket size
+#: Runs 1 and 2 end this many steps after autotune unhooked and decided DDP's bucket size
 #: (or at ``--tune-steps``): nothing changes after that.
 AFTER_DECIDED = 20
 
@@ -164,10 +164,10 @@ def alone(rank: int, world_size: int, args: argparse.Namespace, storage: str) ->
         x, y = batch(g)
         times.append(_step(ddp, opt, x, y))
         # Locked from the first locked step on (a re-check of the locked plan leaves it locked
-        # unless it falls back; where it steps aside, once DDP's bucket size is decided): the
+        # unless it falls back; where it unhooks, once DDP's bucket size is decided): the
         # same step on every rank (`AutotuneState.locked`); rank 0's is reported.
         locked_at = (locked_at if locked_at is not None else step) if state.locked else None
-        # Stepped aside and decided: nothing is measured or changed from here (no re-checks).
+        # Unhooked and decided: nothing is measured or changed from here (no re-checks).
         aside = state.aside
         final = aside is not None and aside.at is not None and state.settled
         if everywhere(final and step >= (locked_at or 0) + AFTER_DECIDED):
@@ -192,7 +192,7 @@ def alone(rank: int, world_size: int, args: argparse.Namespace, storage: str) ->
         out["verdict"] = state.verdict()
         out["duels"] = [
             (kind, arm.describe(), o.challenger_won, o.gain.ratio, o.gain.pairs)
-            for kind, arm, o in (state.tuner.campaign.history if state.tuner.campaign else [])
+            for kind, arm, o in (state.tuner.plan_search.history if state.tuner.plan_search else [])
         ]
     state.close()
     return out
@@ -203,8 +203,8 @@ def paired(
 ) -> dict[str, Any]:
     """Run 3: plain, noop_hook and autotune as a job after run 2 runs it, step by step, in a
     rotating order: with the baseline kept, autotune restarted on run 2's storage (it locks the
-    stored baseline and steps aside); with a plan kept, that plan fixed (``plan_file``). Every arm
-    trains until autotune has settled, then the steps are timed. (A duel inside this rotation
+    stored baseline and unhooks); with a plan kept, that plan fixed (``plan_file``). Every arm
+    trains until autotune has settled, then the steps are timed. (A paired test inside this rotation
     would time the other arms' steps too: the engine's step runs from one of its iterations'
     ends to the next. So the restart's confirmation is run 2's, alone.)"""
     torch.set_num_threads(args.threads)
@@ -239,7 +239,7 @@ def paired(
             dist.barrier()
             t = _step(arms[name], opts[name], x, y)
             # Timed from 5 steps after every rank settled (buffers, DDP's bucket rebuild, and
-            # the reducer rebuilt where autotune stepped aside, are behind).
+            # the reducer rebuilt where autotune unhooked, are behind).
             if settled_at is not None and step >= settled_at + 5:
                 times[name].append(t)
         done = state.tuner is None or all_settled(state)
@@ -355,7 +355,7 @@ def cell(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any
 
 def kept(table_json: dict[str, Any]) -> str:
     """What a run's stored table keeps: its plan, or the baseline (and its lead, if any), and
-    DDP's bucket size where it stepped aside."""
+    DDP's bucket size where it unhooked."""
     table = Table.from_json(table_json)
     arm = _arm(table)
     plan = arm.describe() if arm != Arm() else "the baseline"
@@ -371,7 +371,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         "| model | ranks | plain step | noop_hook / plain | autotune / plain (95% interval) "
         "| locked at step | exploring cost | run 1 kept | restart: locked at (its cost) "
         "| restart kept "
-        "| paired run: stepped aside after |",
+        "| paired run: unhooked after |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -476,8 +476,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    {duel}", flush=True)
             if row["bucket_duels"] is not None:
                 print(
-                    f"  aside after {row['aside_at']}; bucket duels (cap, won, ratio, pairs, why) "
-                    f"over {row['bucket_iterations']} iterations: {row['bucket_duels']}",
+                    f"  unhooked after {row['aside_at']}; bucket paired tests (cap, won, ratio, "
+                    f"pairs, why) over {row['bucket_iterations']} iterations: "
+                    f"{row['bucket_duels']}",
                     flush=True,
                 )
             print(
@@ -487,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
             for duel in row["restart_duels"]:
                 print(f"    {duel}", flush=True)
             if row["restart_bucket_duels"] is not None:
-                print(f"  restart's bucket duels: {row['restart_bucket_duels']}", flush=True)
+                print(f"  restart's bucket paired tests: {row['restart_bucket_duels']}", flush=True)
             print(f"  paired run: {row['paired_verdict']}", flush=True)
             if args.json:  # after every cell: a run cut short keeps what it measured
                 Path(args.json).write_text(json.dumps(rows, indent=1))

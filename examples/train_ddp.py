@@ -185,7 +185,7 @@ def summary(result: Result, world_size: int, args: argparse.Namespace) -> str:
         lines.append(f"hook call to Future return: {result.hook_us_median:.0f} us (median)")
     if result.table is not None:
         fusion = format_bytes(result.fusion_bytes) if result.fusion_bytes else "DDP's buckets"
-        if result.table.buckets is not None:  # stepped aside: DDP's own buckets, tuned
+        if result.table.buckets is not None:  # unhooked: DDP's own buckets, tuned
             fusion = result.table.buckets.describe()
         when = (
             f"everything locked from step {result.settled_at} (step time until locked: "

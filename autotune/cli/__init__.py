@@ -87,11 +87,11 @@ def _show(args: argparse.Namespace) -> int:
             )
         if table.lead is not None:
             print(
-                "  ahead but not beyond noise; the next job duels it again: "
+                "  ahead but not beyond noise; the next job tests it again: "
                 f"{table.lead.describe()}"
             )
         if table.buckets is not None:
-            print(f"  stepped aside onto {table.buckets.describe()}")
+            print(f"  unhooked onto {table.buckets.describe()}")
     if not (args.json or args.nccl_csv):
         return 0
     table = next(iter(tables.values()))  # exactly one, checked above

@@ -231,7 +231,8 @@ class Engine:
 
     def forget_step(self) -> None:
         """The next iteration's step is not timed: the model ran iterations without the hook
-        since the last one ended (`autotune.tuning.catch`). Call it between iterations, settled."""
+        since the last one ended (`autotune.tuning.plain_check`). Call it between iterations,
+        settled."""
         self._last_end = None
 
     def settle(self, timeout_s: float | None = None) -> bool:

@@ -1,5 +1,5 @@
-"""The fault contract where DDP runs without the hook: once autotune stepped aside, and in the
-catch's blocks of plain DDP, a peer that dies or hangs fails ``backward()`` with the same
+"""The fault contract where DDP runs without the hook: once autotune unhooked, and in the
+check's blocks of plain DDP, a peer that dies or hangs fails ``backward()`` with the same
 `PeerError` the hook raises, naming the rank that failed first, within ``Config.timeout_s``.
 
 Three parts. DDP's reducers are rebuilt on a group of autotune's with the job's ranks and

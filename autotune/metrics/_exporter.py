@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
     from autotune.config import Config
-    from autotune.ddp.aside import StepAside
     from autotune.ddp.engine import Engine
+    from autotune.ddp.unhook import Unhooking
     from autotune.tuning import Tuner
 
 __all__ = ["Exporter"]
@@ -40,7 +40,7 @@ class Exporter:
         engine: Engine,
         tuner: Tuner | None = None,
         nvml: NvmlQuery | None = None,
-        aside: StepAside | None = None,
+        aside: Unhooking | None = None,
     ) -> None:
         assert config.metrics_port is not None
         rank = dist.get_rank(group)

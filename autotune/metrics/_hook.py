@@ -28,8 +28,8 @@ from autotune.tuning.status import Status, status
 from autotune.tuning.wire import PHASES
 
 if TYPE_CHECKING:
-    from autotune.ddp.aside import StepAside
     from autotune.ddp.engine import Engine
+    from autotune.ddp.unhook import Unhooking
     from autotune.tuning import Tuner
 
 __all__ = ["LATENCY_BUCKETS_S", "HookMetrics"]
@@ -41,6 +41,18 @@ LATENCY_BUCKETS_S = (
 )  # fmt: skip
 #: Recent messages a bus-bandwidth gauge takes the median of.
 BUSBW_WINDOW = 16
+
+
+_UNHOOKED_HELP = (
+    "1 once autotune has taken its hook out of DDP (no plan beat the baseline: DDP runs its own "
+    "all-reduce, and the message series stop), else 0."
+)
+#: The unhooked gauge, under its name and, for one release, its old one (docs/METRICS.md).
+UNHOOKED_SERIES = {
+    "autotune_hook_unhooked": _UNHOOKED_HELP,
+    "autotune_hook_stepped_aside": "Deprecated, goes in the next release: autotune_hook_unhooked. "
+    + _UNHOOKED_HELP,
+}
 
 
 @dataclass
@@ -77,7 +89,7 @@ class HookMetrics(Collector):
         engine: Engine,
         tuner: Tuner | None,
         labels: Mapping[str, str],
-        aside: StepAside | None = None,
+        aside: Unhooking | None = None,
     ) -> None:
         self.engine = engine
         self.tuner = tuner
@@ -188,9 +200,9 @@ class HookMetrics(Collector):
             "autotune_step_speedup_ratio",
             "The baseline's training step (the backend's own all-reduce on DDP's buckets) over "
             "the plan's, from paired iterations (plain DDP's over the plan's, from paired "
-            "blocks, once a plan that needs the hook passed the catch): 'estimate' (median) and "
-            "the 95% interval's 'low' and 'high' ends. Above 1 the plan is faster; 1 while the "
-            "baseline runs.",
+            "blocks, once a plan that needs the hook passed the check against plain DDP): "
+            "'estimate' (median) and the 95% interval's 'low' and 'high' ends. Above 1 the plan "
+            "is faster; 1 while the baseline runs.",
             labels=[*names, "bound"],
         )
         pairs = GaugeMetricFamily(
@@ -239,14 +251,11 @@ class HookMetrics(Collector):
             phase.add_metric([*values, name], 1 if now.phase == name else 0)
         yield phase
         yield from self._speedup(now, names, values)
-        aside = GaugeMetricFamily(
-            "autotune_hook_stepped_aside",
-            "1 once autotune has taken its hook out of DDP (no plan beat the baseline: DDP runs "
-            "its own all-reduce, and the message series stop), else 0.",
-            labels=names,
-        )
-        aside.add_metric(values, 1 if now.unhooked_at is not None else 0)
-        yield aside
+        unhooked = 1 if now.unhooked_at is not None else 0
+        for name, help_text in UNHOOKED_SERIES.items():
+            gauge = GaugeMetricFamily(name, help_text, labels=names)
+            gauge.add_metric(values, unhooked)
+            yield gauge
         progress = now.progress  # rank 0's knowledge; empty elsewhere
         if not progress:
             return

@@ -10,7 +10,7 @@ Example::
     Choice(algorithm='ring', segment_bytes=1048576)
 """
 
-from autotune.plan.records import STATES, Buckets, Entry, Gain, Lead, Table, load_table
+from autotune.plan.records import STATES, Buckets, Entry, Gain, NearMiss, Table, load_table
 from autotune.plan.render import PLAN_COLUMNS, plan_rows, segment_text
 from autotune.plan.runtime import (
     BASELINE_CHOICE,
@@ -33,7 +33,7 @@ __all__ = [
     "Choice",
     "Entry",
     "Gain",
-    "Lead",
+    "NearMiss",
     "Plan",
     "Rule",
     "Table",

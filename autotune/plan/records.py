@@ -1,5 +1,5 @@
 """What a job stores and shows: a tuned `Table` (per size class the choice, its screening, its
-state; the fusion size; the measured `Gain`; a near miss, `Lead`; DDP's `Buckets`), to and from
+state; the fusion size; the measured `Gain`; a near miss, `NearMiss`; DDP's `Buckets`), to and from
 JSON, and the plan file that runs one fixed.
 """
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from autotune.plan.nccl_csv import nccl_csv
 from autotune.plan.runtime import BASELINE_CHOICE, Arm, Choice, check_fusion_bytes, size_class
 
-__all__ = ["STATES", "Buckets", "Entry", "Gain", "Lead", "Table", "load_table"]
+__all__ = ["STATES", "Buckets", "Entry", "Gain", "NearMiss", "Table", "load_table"]
 
 
 #: What a size class's entry in a tuned table can say about it.
@@ -80,10 +80,10 @@ class Gain:
 
 
 @dataclass(frozen=True)
-class Lead:
+class NearMiss:
     """A plan that was ahead of the baseline on the step but not beyond noise, when a job kept
-    the baseline: the next job with the same fingerprint duels it against the baseline once more
-    before it steps aside (`autotune.tuning.campaign`). ``gain`` is what the first job measured."""
+    the baseline: the next job with the same fingerprint tests it against the baseline once more
+    before it unhooks (`autotune.tuning.plan_search`). ``gain`` is what the first job measured."""
 
     arm: Arm
     gain: Gain
@@ -100,7 +100,7 @@ class Lead:
         }
 
     @classmethod
-    def from_json(cls, data: object) -> Lead:
+    def from_json(cls, data: object) -> NearMiss:
         from autotune.algorithms import available
 
         if not isinstance(data, dict) or not isinstance(data.get("choices"), dict):
@@ -120,11 +120,11 @@ class Lead:
 
 @dataclass(frozen=True)
 class Buckets:
-    """DDP's own bucket size that a job kept once autotune stepped aside
+    """DDP's own bucket size that a job kept once autotune unhooked
     (`autotune.tuning.buckets`), and its step over DDP's buckets as the job built them, plain DDP
     as the user set it up (None: that size is the job's own; no other beat it). Where the job's own
     was kept, ``lead`` is the size that came closest (ahead on the step, not beyond noise) with
-    what it measured: the next job duels it once more."""
+    what it measured: the next job tests it once more."""
 
     bucket_bytes: int
     gain: Gain | None
@@ -205,20 +205,20 @@ def _read_choice(raw: object, names: list[str], where: str) -> Choice:
 class Table:
     """A tuned plan as stored and exported: per size class an entry, the job's fusion size, the
     plan's measured step over the baseline's (None: not compared), where the baseline was kept,
-    the plan that came closest to beating it (`Lead`; None: none came close), and where autotune
-    stepped aside, the bucket size DDP kept (`Buckets`; None: DDP's as the job built them)."""
+    the plan that came closest to beating it (`NearMiss`; None: none came close), and where autotune
+    unhooked, the bucket size DDP kept (`Buckets`; None: DDP's as the job built them)."""
 
     classes: dict[int, Entry]
     fusion_bytes: int | None = None
     fingerprint: dict[str, str | int] | None = None
     gain: Gain | None = None
-    lead: Lead | None = None
+    lead: NearMiss | None = None
     buckets: Buckets | None = None
 
     @property
     def runs_native(self) -> bool:
         """Whether every class runs the baseline: only then does a bucket size (`buckets`)
-        apply, by stepping aside; a plan with a Python-driven class keeps the hook."""
+        apply, by unhooking; a plan with a Python-driven class keeps the hook."""
         return all(e.choice == BASELINE_CHOICE for e in self.classes.values())
 
     def to_json(self) -> dict[str, object]:
@@ -280,14 +280,14 @@ class Table:
         if buckets is not None and not cls(classes).runs_native:
             raise ValueError(
                 "buckets: DDP's own bucket size is kept only where every class runs native "
-                "(autotune applies it by stepping aside, without the hook)"
+                "(autotune applies it by unhooking, without the hook)"
             )
         return cls(
             classes,
             fusion,
             fingerprint if isinstance(fingerprint, dict) else None,
             None if gain is None else Gain.from_json(gain),
-            None if lead is None else Lead.from_json(lead),
+            None if lead is None else NearMiss.from_json(lead),
             None if buckets is None else Buckets.from_json(buckets),
         )
 

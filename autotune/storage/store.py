@@ -271,7 +271,7 @@ def merge_tables(saved: Sequence[tuple[float, Table]]) -> Table:
     """The plan for a fingerprint when several jobs stored one (``saved``: (time, table)).
 
     Per size class the newest locked entry wins (an entry that is not locked only where no entry
-    is); the fusion size is the newest locked one, the lead (`Lead`) and DDP's bucket size
+    is); the fusion size is the newest locked one, the lead (`NearMiss`) and DDP's bucket size
     (`Buckets`) the newest table's. A job judges its plan as a whole, on the step against the
     baseline, so the latest verdict stands: a plan that a later job dropped for the baseline
     does not come back. (The rule before this

@@ -13,14 +13,14 @@ __all__ = ["all_settled", "control_device", "everywhere"]
 
 def all_settled(state: AutotuneState, on_baseline: bool = False) -> bool:
     """Whether every rank has settled (`AutotuneState.settled`: the tuner's plan, and DDP's
-    bucket size where autotune stepped aside; ranks learn it at different steps, and this
+    bucket size where autotune unhooked; ranks learn it at different steps, and this
     agrees, collectively over the state's group), and with ``on_baseline``, on the baseline
     (which rank 0, the one deciding, knows)."""
     tuner = state.tuner
     assert tuner is not None, "the state has no tuner (algorithm='auto' without a plan file)"
     done = state.settled
-    if on_baseline and tuner.campaign is not None:
-        done = done and tuner.campaign.baseline_kept
+    if on_baseline and tuner.plan_search is not None:
+        done = done and tuner.plan_search.baseline_kept
     return everywhere(done, state.process_group)
 
 

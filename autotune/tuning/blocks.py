@@ -1,13 +1,13 @@
 """Steps timed in blocks of iterations from a DDP model's forward pre-hook.
 
 Where autotune compares DDP reducers (`autotune.tuning.buckets`: bucket sizes;
-`autotune.tuning.catch`: the hook against none), each arm runs a block of `BLOCK` iterations on a
-reducer of its own. A step is the time from one forward to the next; a block's figure is the median
-of its steps after the first `BLOCK_WARMUP` (a rebuilt reducer runs its first iteration in one
-bucket and rebuilds its buckets at the second), each the slowest rank's: the steps are MAX-reduced
-over DDP's group at the block's end, in the forward pre-hook, where every rank is at the same
-iteration. Every rank then holds the same figures and decides alike, so the ranks switch reducers
-before the same forward without any orders.
+`autotune.tuning.plain_check`: the hook against none), each arm runs a block of `BLOCK` iterations
+on a reducer of its own. A step is the time from one forward to the next; a block's figure is the
+median of its steps after the first `BLOCK_WARMUP` (a rebuilt reducer runs its first iteration in
+one bucket and rebuilds its buckets at the second), each the slowest rank's: the steps are
+MAX-reduced over DDP's group at the block's end, in the forward pre-hook, where every rank is at
+the same iteration. Every rank then holds the same figures and decides alike, so the ranks switch
+reducers before the same forward without any orders.
 """
 
 from __future__ import annotations

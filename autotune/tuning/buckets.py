@@ -1,4 +1,4 @@
-"""DDP's own bucket size, tuned once autotune has stepped aside.
+"""DDP's own bucket size, tuned once autotune has unhooked.
 
 Fusing buckets through the hook costs what the hook costs; DDP fuses gradients into its buckets
 for free, as it copies them in. On the example's mlp (3.4 MB of gradients in DDP buckets of
@@ -6,7 +6,7 @@ for free, as it copies them in. On the example's mlp (3.4 MB of gradients in DDP
 0.78-0.81x at 4, while the hook's fusion of the same buckets ran 1.07-1.16x and 0.94-0.99x
 (docs/BENCHMARKS.md, "DDP's bucket size"). So where the tuner keeps a plan DDP can run itself
 (the backend's all-reduce for every size class, with or without fusion) and the fusion size is
-the tuner's to choose (``Config.fusion_bytes`` None), autotune steps aside (`autotune.ddp.aside`)
+the tuner's to choose (``Config.fusion_bytes`` None), autotune unhooks (`autotune.ddp.unhook`)
 and then compares bucket sizes on DDP's own reducer, without the hook:
 
 - the reference is DDP's reducer as the job built it (its ``bucket_cap_mb``): plain DDP as the
@@ -14,24 +14,24 @@ and then compares bucket sizes on DDP's own reducer, without the hook:
 - the challengers: the fusion size the tuner kept, first, then the reference's neighbours in
   `LADDER` (the next size up, the next down), those that give a layout other than the
   reference's: caps at or above the model's gradient bytes all make one bucket;
-- each challenger duels the reference in blocks of `BLOCK` iterations, A B B A (`Duel`, with
+- each challenger tests the reference in blocks of `BLOCK` iterations, A B B A (`PairedTest`, with
   Wilcoxon's signed-rank interval on the log ratios of each pair of blocks' median steps; a
   challenger ahead on the median at `MAX_PAIRS` pairs goes on to twice that, `EXTEND_BELOW`): a
-  switch rebuilds the reducer (as stepping aside does); the blocks are timed as
+  switch rebuilds the reducer (as unhooking does); the blocks are timed as
   `autotune.tuning.blocks` says;
 - among the challengers that beat the reference beyond noise, the fastest on the median is
   kept; none: the reference. The kept size is stored with the plan, and the next job's first
-  duel is that size against the reference, a re-check (``Duel(hold=True)``): still ahead on the
-  median after `MAX_PAIRS` pairs, or faster beyond noise sooner, it is kept at once; not ahead
-  there, it goes on to twice `MAX_PAIRS` and is judged on the median of them all; not ahead
-  then (or slower beyond noise at any look), the other sizes are tried as in a first job. A
+  paired test is that size against the reference, a re-check (``PairedTest(hold=True)``): still
+  ahead on the median after `MAX_PAIRS` pairs, or faster beyond noise sooner, it is kept at once;
+  not ahead there, it goes on to twice `MAX_PAIRS` and is judged on the median of them all; not
+  ahead then (or slower beyond noise at any look), the other sizes are tried as in a first job. A
   stored size is not made to prove its gain again: both arms are DDP's own reducer, with no
   Python algorithm whose cost depends on the job's conditions, and a second proof of a 5-10%
   gain under a shared machine's noise fails about half the time (the mlp at 2 ranks,
   docs/BENCHMARKS.md). Where the job's own is kept, the size that came closest, ahead on the
-  median by `LEAD_BELOW` or more, is stored as its lead (`Buckets.lead`, as the campaign's
-  leads): the next job duels that size alone, once more, as a first duel, and forgets it if it
-  loses.
+  median by `NEAR_MISS_BELOW` or more, is stored as its lead (`Buckets.lead`, as the plan search's
+  leads): the next job tests that size alone, once more, as a first paired test, and forgets it if
+  it loses.
 
 Every rank runs the same schedule and decides alike on the same numbers (`autotune.tuning.blocks`),
 so the ranks rebuild their reducers before the same iteration without any orders. Once
@@ -48,7 +48,7 @@ from collections.abc import Callable, Sequence
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from autotune.ddp.aside import (
+from autotune.ddp.unhook import (
     rebuild_reducer,
     restore_bucket_config,
     saved_bucket_config,
@@ -56,15 +56,15 @@ from autotune.ddp.aside import (
 )
 from autotune.plan import Buckets
 from autotune.tuning.blocks import BLOCK, BlockTimer
-from autotune.tuning.campaign import LEAD_BELOW
-from autotune.tuning.duel import MIN_PAIRS, Duel, Outcome
+from autotune.tuning.paired_test import MIN_PAIRS, Outcome, PairedTest
+from autotune.tuning.plan_search import NEAR_MISS_BELOW
 from autotune.util.units import format_bytes
 
 __all__ = [
     "LADDER",
     "BucketSearch",
     "BucketTuner",
-    "bucket_duel",
+    "bucket_test",
     "challengers",
     "layout",
 ]
@@ -73,13 +73,13 @@ _log = logging.getLogger("autotune")
 
 #: Bucket caps tried against the job's own (bytes).
 LADDER = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
-#: Most pairs of blocks a bucket duel runs (fewer where ``Config.duel_pairs`` says so): a pair
+#: Most pairs of blocks a bucket paired test runs (fewer where ``Config.max_pairs`` says so): a pair
 #: of blocks is 2 x 6 timed iterations, each block's median steadier than one iteration's step.
 MAX_PAIRS = 12
-#: A first bucket duel goes on to twice `MAX_PAIRS` for a challenger ahead on the median at all,
-#: not only at the hooked duels' `PROMISING` (0.95): both arms are DDP's own reducer, so pairs
-#: spent on a challenger that is ahead cost the job little more than the rebuilds, while on 2
-#: shared cores the mlp's real 10% gain at 2 ranks measured 0.955-0.977x over 12 pairs of
+#: A first bucket paired test goes on to twice `MAX_PAIRS` for a challenger ahead on the median at
+#: all, not only at the hooked paired tests' `PROMISING` (0.95): both arms are DDP's own reducer,
+#: so pairs spent on a challenger that is ahead cost the job little more than the rebuilds, while
+#: on 2 shared cores the mlp's real 10% gain at 2 ranks measured 0.955-0.977x over 12 pairs of
 #: blocks in three first jobs of nine, and was lost (docs/BENCHMARKS.md).
 EXTEND_BELOW = 1.0
 
@@ -92,7 +92,7 @@ def challengers(
     the next down, without those that repeat a layout. A layout is the first bucket and the size
     of the rest: at or above ``total`` every cap makes one bucket, and DDP's default (25 MiB)
     starts with a 1 MiB bucket (``first_bucket``; None: as large as the others), so 1 MiB
-    buckets on a 1.5 MB model are the default's own layout. Neighbours only: each duel costs
+    buckets on a 1.5 MB model are the default's own layout. Neighbours only: each paired test costs
     100-400 iterations, and a size two steps away rarely wins where the next one loses."""
 
     now = min(reference, total)
@@ -115,12 +115,12 @@ def layout(cap: int, total: int, first_bucket: int | None = None) -> tuple[int, 
     return head, min(cap, total - head)
 
 
-def bucket_duel(max_pairs: int = MAX_PAIRS, recheck: bool = False) -> Duel:
-    """The duel of one challenger against the reference, in pairs of blocks: a first duel goes
-    on to twice ``max_pairs`` while ahead on the median at all (`EXTEND_BELOW`); a re-check of
-    a stored size (``recheck``) is judged on the median at ``max_pairs``, and again at twice
-    that where it was not ahead (``Duel(hold=True)``)."""
-    return Duel(
+def bucket_test(max_pairs: int = MAX_PAIRS, recheck: bool = False) -> PairedTest:
+    """The paired test of one challenger against the reference, in pairs of blocks: a first paired
+    test goes on to twice ``max_pairs`` while ahead on the median at all (`EXTEND_BELOW`); a
+    re-check of a stored size (``recheck``) is judged on the median at ``max_pairs``, and again at
+    twice that where it was not ahead (``PairedTest(hold=True)``)."""
+    return PairedTest(
         max_pairs,
         warmup=0,
         extend_to=2 * max_pairs,
@@ -134,9 +134,9 @@ class BucketSearch:
     """Which cap each block runs, and the verdict; the same on every rank given the same steps.
 
     ``reference``: the job's own cap. ``stored``: the cap a previous job kept over it (first, a
-    re-check; if it holds, kept at once); ``candidates``: the rest, each dueled against the
+    re-check; if it holds, kept at once); ``candidates``: the rest, each tested against the
     reference in turn. ``lead``: where nothing is stored, the cap that came close in the job
-    before (`result`'s lead): dueled once more, alone (won: kept; lost: forgotten)."""
+    before (`result`'s lead): tested once more, alone (won: kept; lost: forgotten)."""
 
     def __init__(
         self,
@@ -156,20 +156,21 @@ class BucketSearch:
             if self.stored is not None:
                 self._queue.insert(0, self.stored)
         self.max_pairs = max(MIN_PAIRS, max_pairs)
-        #: Each challenger's cap and how its duel ended.
+        #: Each challenger's cap and how its paired test ended.
         self.history: list[tuple[int, Outcome]] = []
         self.kept: int | None = None  # decided: the cap kept (the reference if none won)
-        self._duel: Duel | None = None
+        self._duel: PairedTest | None = None
         self._next = self._start_next()
 
     def _start_next(self) -> int | None:
-        """The cap the next block runs, opening the next duel where one is due; None: done."""
+        """The cap the next block runs, opening the next paired test where one is due; None:
+        done."""
         if self._duel is None:
             if not self._queue:
                 self._decide()
                 return None
             # Proven in a job before: a re-check.
-            self._duel = bucket_duel(self.max_pairs, recheck=self._queue[0] == self.stored)
+            self._duel = bucket_test(self.max_pairs, recheck=self._queue[0] == self.stored)
         return self._queue[0] if self._duel.schedule() else self.reference
 
     @property
@@ -200,14 +201,14 @@ class BucketSearch:
     def result(self) -> Buckets | None:
         """The kept cap, with its gain over the reference where it is not the reference's own
         (gain None: the reference stays, with its lead: the cap that lost closest, ahead by
-        `LEAD_BELOW` or more, unless this search was a lead's retry); None until decided."""
+        `NEAR_MISS_BELOW` or more, unless this search was a lead's retry); None until decided."""
         if self.kept is None:
             return None
         if self.kept == self.reference:
             near = [
                 (o.gain.ratio, Buckets(cap, o.gain))
                 for cap, o in self.history
-                if not o.challenger_won and o.gain.ratio < LEAD_BELOW
+                if not o.challenger_won and o.gain.ratio < NEAR_MISS_BELOW
             ]
             if self.retry is not None or not near:
                 return Buckets(self.reference, None)
@@ -217,7 +218,7 @@ class BucketSearch:
 
     @property
     def pairs(self) -> int:
-        """Pairs of blocks run so far, over every duel."""
+        """Pairs of blocks run so far, over every paired test."""
         return sum(o.gain.pairs for _, o in self.history) + (
             len(self._duel.ratios) if self._duel is not None else 0
         )
@@ -234,9 +235,9 @@ def why_not_tuned(ddp: DistributedDataParallel) -> str | None:
 
 
 class BucketTuner:
-    """Runs a `BucketSearch` on a DDP model that has stepped aside, from its forward pre-hook.
+    """Runs a `BucketSearch` on a DDP model that has unhooked, from its forward pre-hook.
 
-    `StepAside` calls `pre_forward` before each forward once the reducer is DDP's own; it
+    `Unhooking` calls `pre_forward` before each forward once the reducer is DDP's own; it
     returns False once the search is over. ``first``: the fusion size the tuner kept (None:
     none); ``stored``: the size a previous job kept (rank 0 knows it; every rank gets it at the
     first forward aside); ``on_done(kept)`` is called on every rank once it has decided, the
@@ -290,7 +291,7 @@ class BucketTuner:
     def _begin(self) -> BucketSearch:
         """At the first forward aside, on every rank: what a previous job stored (rank 0 knows
         it), and the search. A stored size that makes the job's own layout is the job's: kept
-        as it is, or its lead dueled once more. A stored size without a gain that is not the
+        as it is, or its lead tested once more. A stored size without a gain that is not the
         job's own (the job's cap has changed since) proves nothing here: a search as in a
         first job."""
         stored = self._stored()
@@ -324,8 +325,8 @@ class BucketTuner:
         for cap, outcome in search.history[told:]:
             g = outcome.gain
             _log.info(
-                "autotune bucket duel: DDP's buckets at %s %s, %.3fx the step with the job's "
-                "own %s (%d pairs of blocks, 95%% interval %.3f-%.3f): %s",
+                "autotune bucket paired test: DDP's buckets at %s %s, %.3fx the step with the "
+                "job's own %s (%d pairs of blocks, 95%% interval %.3f-%.3f): %s",
                 format_bytes(cap),
                 "won" if outcome.challenger_won else "lost",
                 g.ratio,
@@ -380,7 +381,7 @@ class BucketTuner:
                 BLOCK,
                 ""
                 if result.lead is None
-                else f"; the next job gives {result.lead.describe()} one more duel",
+                else f"; the next job gives {result.lead.describe()} one more paired test",
             )
         self._on_done(result)
         return False

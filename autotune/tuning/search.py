@@ -1,5 +1,5 @@
 """One Optuna study searched live on rank 0: a size class's algorithm x segment, screened on the
-latency of its messages. What it finds only nominates a challenger (`autotune.tuning.campaign`).
+latency of its messages. What it finds only shortlists a challenger (`autotune.tuning.plan_search`).
 """
 
 from __future__ import annotations
@@ -69,15 +69,15 @@ class Host(Protocol):
     def store(self) -> Store: ...
 
     def screened(self) -> None:
-        """A search has locked its best: its class may now be nominated."""
+        """A search has locked its best: its class may now be shortlisted."""
 
 
 class Search(Generic[T]):
     """Rank 0's side of one study: ask an option, measure it for warmup + samples windows, tell
     the median; lock to the best after the budget or when the space is exhausted.
 
-    Locked means screened: the best option is what this search nominates. Whether it runs is
-    decided on the training step (`autotune.tuning.campaign`), never on latency alone."""
+    Locked means screened: the best option is what this search shortlists. Whether it runs is
+    decided on the training step (`autotune.tuning.plan_search`), never on latency alone."""
 
     def __init__(self, tuner: Host, what: str, space: list[T], default: T) -> None:
         assert tuner.worker is not None, "only rank 0 searches"
@@ -88,7 +88,7 @@ class Search(Generic[T]):
         self.desired: T = default
         self.default = default
         self.state = "exploring"
-        self.round = 0  # the campaign's: a study per round
+        self.round = 0  # the plan search's: a study per round
         self.trial: _Trial[T] | None = None
         self.asking = False
         self.finished = 0  # trials told, this round

@@ -20,7 +20,7 @@ from autotune.tuning.search import Progress
 from autotune.util.units import format_bytes
 
 if TYPE_CHECKING:
-    from autotune.ddp.aside import StepAside
+    from autotune.ddp.unhook import Unhooking
     from autotune.tuning.tuner import Tuner
 
 __all__ = ["Status", "status", "tuner_progress", "tuner_table", "tuner_verdict"]
@@ -59,7 +59,7 @@ class Status:
         return self.gain is not None or (self.plan_locked and self.phase == "locked")
 
 
-def status(tuner: Tuner | None, aside: StepAside | None) -> Status:
+def status(tuner: Tuner | None, aside: Unhooking | None) -> Status:
     """The snapshot, from what this rank knows now (settle the engine first for a reading that
     is the same on every rank after the same iteration)."""
     settled = _settled(tuner, aside)
@@ -89,43 +89,43 @@ def status(tuner: Tuner | None, aside: StepAside | None) -> Status:
     )
 
 
-def _settled(tuner: Tuner | None, aside: StepAside | None) -> bool:
+def _settled(tuner: Tuner | None, aside: Unhooking | None) -> bool:
     if tuner is None:
         return aside is None or aside.at is not None or aside.refused is not None
-    if not tuner.settled or tuner.catch_from is not None:
+    if not tuner.settled or tuner.check_from is not None:
         return False
-    if aside is None or aside.refused is not None or tuner.aside_from is None:
+    if aside is None or aside.refused is not None or tuner.unhook_from is None:
         return True
     if aside.at is None:
         return False  # unhooks before the next forward
     return aside.buckets is None or aside.buckets.done
 
 
-def _locked(tuner: Tuner, aside: StepAside | None, settled: bool) -> bool:
+def _locked(tuner: Tuner, aside: Unhooking | None, settled: bool) -> bool:
     """`settled`, or re-checking the locked plan against the baseline; where autotune unhooks,
     `settled`. Reads what rank 0 broadcast, so the same on every rank after the same iteration."""
-    if tuner.aside_from is None:
+    if tuner.unhook_from is None:
         return tuner.locked
     if aside is not None and aside.at is None and aside.refused is None:
         return True  # the baseline, locked: DDP takes over at the next forward
     return settled
 
 
-def _verdict(tuner: Tuner | None, aside: StepAside | None) -> str:
+def _verdict(tuner: Tuner | None, aside: Unhooking | None) -> str:
     """The job's training step against plain DDP's, as the tuner measured it (on rank 0, which
     decides), and whether autotune unhooked."""
     if tuner is None:
         line = "autotune vs plain DDP: not compared (a fixed plan runs without the tuner)"
         if aside is not None and aside.at is not None:
             line += (
-                f"; autotune stepped aside after iteration {aside.at}: DDP runs its own "
+                f"; autotune unhooked after iteration {aside.at}: DDP runs its own "
                 "all-reduce in the plan file's buckets, without the hook"
             )
         return line
     if aside is None or aside.at is None:
         return tuner_verdict(tuner)
     after = (
-        f"autotune stepped aside after iteration {aside.at}: DDP runs its own all-reduce, "
+        f"autotune unhooked after iteration {aside.at}: DDP runs its own all-reduce, "
         "without the hook"
     )
     if aside.buckets is None:
@@ -146,7 +146,7 @@ def _verdict(tuner: Tuner | None, aside: StepAside | None) -> str:
             else "as the stored plan says"
         )
         if kept.lead is not None:
-            why += f"; the next job gives {kept.lead.describe()} one more duel"
+            why += f"; the next job gives {kept.lead.describe()} one more paired test"
         return (
             "autotune vs plain DDP: 1.00x step time (DDP's own all-reduce on the job's "
             f"buckets: {why}); {after}"
@@ -157,67 +157,69 @@ def _verdict(tuner: Tuner | None, aside: StepAside | None) -> str:
 
 def tuner_verdict(tuner: Tuner) -> str:
     """One line: the tuner's plan's training step against plain DDP's, as measured (rank 0)."""
-    campaign = tuner.campaign
-    if campaign is None:
+    plan_search = tuner.plan_search
+    if plan_search is None:
         return "autotune vs plain DDP: measured on rank 0"
     if tuner.storage_error is not None:
         return (
             f"autotune vs plain DDP: not compared further (tuning stopped: the tuning "
             f"storage failed, {tuner.storage_error}); the plan kept: "
-            f"{campaign.incumbent.describe()}"
+            f"{plan_search.incumbent.describe()}"
         )
     blocks = f"{BLOCK}-iteration blocks"
-    if campaign.baseline_kept and campaign.history and campaign.history[-1][0] == "catch":
-        _, plan, outcome = campaign.history[-1]
+    if plan_search.baseline_kept and plan_search.history and plan_search.history[-1][0] == "catch":
+        _, plan, outcome = plan_search.history[-1]
         return (
             "autotune vs plain DDP: 1.00x step time (DDP's own all-reduce kept: "
             f"{plan.describe()} beat it through the hook, but ran "
             f"{outcome.gain.over(blocks)} against plain DDP)"
         )
-    if campaign.baseline_kept:
-        pairs = sum(o.gain.pairs for kind, _, o in campaign.history if kind != "catch")
+    if plan_search.baseline_kept:
+        pairs = sum(o.gain.pairs for kind, _, o in plan_search.history if kind != "catch")
         if not pairs:
             why = (
                 "as the stored plan says"
-                if campaign.stored == campaign.baseline
+                if plan_search.stored == plan_search.baseline
                 else "no plan was put forward against it"
             )
             return f"autotune vs plain DDP: 1.00x step time (DDP's own all-reduce kept, {why})"
-        lead = campaign.lead
-        again = "" if lead is None else f"; the next job gives {lead.describe()} one more duel"
+        lead = plan_search.lead
+        again = (
+            "" if lead is None else f"; the next job gives {lead.describe()} one more paired test"
+        )
         return (
             "autotune vs plain DDP: 1.00x step time (DDP's own all-reduce kept: no plan "
             f"beat it over {pairs} pairs of iterations{again})"
         )
-    gain = campaign.gain
+    gain = plan_search.gain
     if gain is None:
-        return f"autotune vs plain DDP: not compared yet (tuning: {campaign.phase})"
+        return f"autotune vs plain DDP: not compared yet (tuning: {plan_search.phase})"
     return gain.verdict(
-        blocks if campaign.against_plain else "iterations",
-        f"plan: {campaign.incumbent.describe()}",
+        blocks if plan_search.against_plain else "iterations",
+        f"plan: {plan_search.incumbent.describe()}",
     )
 
 
 def tuner_table(tuner: Tuner) -> Table:
     """The plan as rank 0 knows it, with each class's screening and the measured gain."""
-    campaign = tuner.campaign
-    if campaign is None:  # not rank 0: what every rank hears
+    plan_search = tuner.plan_search
+    if plan_search is None:  # not rank 0: what every rank hears
         classes = {
             cls: Entry(c, state=tuner.states.get(cls, "exploring"))
             for cls, c in tuner.engine.plan.table().items()
         }
         return Table(classes, tuner.arm.fusion_bytes, None, tuner.gain)
-    plan = campaign.incumbent
-    state = "locked" if campaign.phase == "locked" else "exploring"
+    plan = plan_search.incumbent
+    state = "locked" if plan_search.phase == "locked" else "exploring"
     classes = {}
     for cls, search in sorted(tuner.classes.items()):
         choice = plan.choice(cls)
         classes[cls] = Entry(choice, search.values.get(choice), search.finished, state)
     fusion = None
-    if campaign.phase == "locked" or not tuner.tune_fusion:
+    if plan_search.phase == "locked" or not tuner.tune_fusion:
         fusion = plan.fusion_bytes
     fingerprint = getattr(tuner, "fingerprint", None)
-    table = Table(classes, fusion, fingerprint, campaign.gain, campaign.lead)
+    table = Table(classes, fusion, fingerprint, plan_search.gain, plan_search.lead)
     # A stored bucket size holds while the baseline does: not once a plan (a stored lead's
     # retry, say) has won the job back for the hook.
     return dataclasses.replace(table, buckets=tuner.buckets) if table.runs_native else table
@@ -226,9 +228,11 @@ def tuner_table(tuner: Tuner) -> Table:
 def tuner_progress(tuner: Tuner) -> dict[int | str, Progress]:
     """Per size class (and "fusion"): state, trials, best latency, current choice."""
     out: dict[int | str, Progress] = {cls: s.progress() for cls, s in tuner.classes.items()}
-    campaign = tuner.campaign
-    if campaign is not None and tuner.tune_fusion:
-        fusion_state = "locked" if campaign.phase not in ("loading", "fusion") else "exploring"
-        duels = campaign.duels("fusion")
-        out["fusion"] = Progress(fusion_state, duels, None, campaign.incumbent.fusion_bytes, duels)
+    plan_search = tuner.plan_search
+    if plan_search is not None and tuner.tune_fusion:
+        fusion_state = "locked" if plan_search.phase not in ("loading", "fusion") else "exploring"
+        duels = plan_search.duels("fusion")
+        out["fusion"] = Progress(
+            fusion_state, duels, None, plan_search.incumbent.fusion_bytes, duels
+        )
     return out

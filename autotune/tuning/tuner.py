@@ -6,8 +6,8 @@ kept) together with rank 0's orders (the plan every
 rank runs next; `autotune.tuning.wire`). It travels during the next iteration's compute and is
 finished at that iteration's end, at the same point of the bucket sequence on every rank, where
 every rank applies the orders it received: all ranks always run the same plan for the same
-message. Rank 0 decides with a `Campaign` (whole plans, judged on the step against the baseline)
-and the class searches (Optuna studies, which nominate per-class challengers on latency). Optuna's
+message. Rank 0 decides with a `PlanSearch` (whole plans, judged on the step against the baseline)
+and the class searches (Optuna studies, which shortlist per-class challengers on latency). Optuna's
 ask, tell and storage writes run on a worker thread on rank 0, off the training's critical path.
 """
 
@@ -40,8 +40,8 @@ from autotune.storage import (
     storage_url,
 )
 from autotune.tuning import wire
-from autotune.tuning.campaign import Campaign, nominate
-from autotune.tuning.duel import Outcome
+from autotune.tuning.paired_test import Outcome
+from autotune.tuning.plan_search import PlanSearch, shortlist
 from autotune.tuning.search import NOT_MEASURED, ClassSearch, Progress
 from autotune.tuning.space import search_space
 from autotune.tuning.status import tuner_progress, tuner_table
@@ -76,10 +76,11 @@ class Tuner:
         self.rank = dist.get_rank(group)
         self.tune_fusion = config.fusion_bytes is None
         baseline = self.baseline = Arm((), config.fusion_bytes or 0)
-        #: Whether the job steps aside once it keeps the baseline (`autotune.ddp.aside`): only where
+        #: Whether the job unhooks once it keeps the baseline (`autotune.ddp.unhook`): only where
         #: the baseline is what the job had without autotune, DDP's own buckets. Where it does,
-        #: a plan that needs the hook meets plain DDP before it is locked (`autotune.tuning.catch`).
-        self.steps_aside = self.would_step_aside(config)
+        #: a plan that needs the hook meets plain DDP before it is locked
+        #: (`autotune.tuning.plain_check`).
+        self.unhooks = self.would_unhook(config)
         #: What every rank runs now, as rank 0 ordered it (the baseline until it does).
         self.arm = baseline
         self.cadence = wire.EXPLORING
@@ -91,15 +92,16 @@ class Tuner:
         #: does not): the baseline, or where the fusion size is tuned, the backend's all-reduce
         #: for every class at any fusion size, which `autotune.tuning.buckets` turns into DDP's own
         #: bucket size. Set at the same iteration end on every rank, where the orders arrive.
-        self.aside_from: int | None = None
+        self.unhook_from: int | None = None
         #: DDP's bucket size as this job keeps it, or as a previous job stored it until this
         #: job's search decides (rank 0 reads it from the storage; every rank sets it then).
         self.buckets: Buckets | None = None
-        #: The iteration from which the catch runs (`autotune.tuning.catch`; None: none is due), set
-        #: at the same iteration end on every rank, from orders in the ``catch`` phase. Stale
-        #: such orders (sent before the catch ended) do not start another: one is due again
-        #: only after orders in another phase.
-        self.catch_from: int | None = None
+        #: The iteration from which the check against plain DDP runs
+        #: (`autotune.tuning.plain_check`; None: none is due), set at the same iteration end on
+        #: every rank, from orders in the ``catch`` phase. Stale such orders (sent before the check
+        #: against plain DDP ended) do not start another: one is due again only after orders in
+        #: another phase.
+        self.check_from: int | None = None
         self._catch_armed = True
         self.key = ""
         #: The cost model's prior for this fingerprint (rank 0, once loaded), if a sweep stored it.
@@ -108,12 +110,12 @@ class Tuner:
         self.exchanges = 0
         self.classes: dict[int, ClassSearch] = {}
         self._spaces: dict[int, list[Choice]] = {}
-        self.campaign: Campaign | None = None
+        self.plan_search: PlanSearch | None = None
         self._latencies: dict[int, list[float]] = {}
         self._steps: list[float] = []
         self._inbox: deque[Callable[[], None]] = deque()
         self._store: Store | None = None
-        self._saved = -1  # the campaign history's length when the table was last stored
+        self._saved = -1  # the plan search history's length when the table was last stored
         self._exchange_device: torch.device | None = None
         # The exchange in flight: started at one iteration end, finished at the next, with the
         # plan its measurements ran under.
@@ -143,13 +145,13 @@ class Tuner:
             )
         self.worker = Worker(self._beat) if self.rank == 0 else None
         if self.worker is not None:
-            self.campaign = Campaign(
+            self.plan_search = PlanSearch(
                 baseline,
                 fusion_options=FUSION_OPTIONS if self.tune_fusion else (),
-                max_pairs=config.duel_pairs,
+                max_pairs=config.max_pairs,
                 warmup=config.tune_warmup,
                 recheck_every=config.recheck_every,
-                catch=self.steps_aside,
+                catch=self.unhooks,
             )
             self._open_store()
         #: Seconds each iteration's off-path work took (learning, deciding, starting the exchange).
@@ -157,10 +159,10 @@ class Tuner:
         engine.subscribe(self._on_event)
 
     @staticmethod
-    def would_step_aside(config: Config) -> bool:
-        """Whether a tuner with ``config`` steps aside once it keeps the baseline: only where
+    def would_unhook(config: Config) -> bool:
+        """Whether a tuner with ``config`` unhooks once it keeps the baseline: only where
         the baseline is what the job had without autotune, DDP's own buckets."""
-        return config.step_aside and not config.fusion_bytes
+        return config.unhook and not config.fusion_bytes
 
     # -- every rank -------------------------------------------------------------------------
 
@@ -239,23 +241,23 @@ class Tuner:
         self.frozen = self.frozen or orders.frozen
         if orders.phase != "catch":
             self._catch_armed = True
-        elif self._catch_armed and self.catch_from is None:
-            self.catch_from, self._catch_armed = effective, False
+        elif self._catch_armed and self.check_from is None:
+            self.check_from, self._catch_armed = effective, False
         ddp_runs_it = arm == self.baseline or (self.tune_fusion and not arm.choices)
         if self.cadence != wire.LOCKED or not ddp_runs_it:
-            self.aside_from = None
-        elif self.aside_from is None:
-            self.aside_from = effective
+            self.unhook_from = None
+        elif self.unhook_from is None:
+            self.unhook_from = effective
 
     def caught(self, kept: bool, outcome: Outcome | None) -> None:
-        """Every rank, once the catch is over (`autotune.ddp.aside.StepAside`, settled): ``kept``,
-        the plan runs on through the hook; else the job has stepped aside, and rank 0 stores
-        the baseline for the next job."""
-        self.catch_from = None
+        """Every rank, once the check against plain DDP is over (`autotune.ddp.unhook.Unhooking`,
+        settled): ``kept``, the plan runs on through the hook; else the job has unhooked, and rank
+        0 stores the baseline for the next job."""
+        self.check_from = None
         if not kept:
-            self.aside_from = self.engine.iteration
-        if self.campaign is not None:
-            self.campaign.caught(kept, outcome)
+            self.unhook_from = self.engine.iteration
+        if self.plan_search is not None:
+            self.plan_search.caught(kept, outcome)
             if not kept and self.key:
                 self._store_table()
 
@@ -275,8 +277,8 @@ class Tuner:
     def locked(self) -> bool:
         """Whether the plan runs locked, as rank 0's orders said it to every rank at the same
         iteration: a re-check of it included (it keeps the plan unless the plan lost its gain),
-        the catch not (it decides whether the plan stays)."""
-        return self.phase == "locked" and self.catch_from is None
+        the check against plain DDP not (it decides whether the plan stays)."""
+        return self.phase == "locked" and self.check_from is None
 
     def close(self) -> None:
         if self.worker is not None:
@@ -334,8 +336,8 @@ class Tuner:
 
     def _decide(self, iteration: int) -> wire.Orders:
         """Rank 0, before the exchange: take in the worker's answers; choose the next plan."""
-        campaign, worker = self.campaign, self.worker
-        assert campaign is not None and worker is not None
+        plan_search, worker = self.plan_search, self.worker
+        assert plan_search is not None and worker is not None
         if worker.error is not None and not self.frozen:
             # Training goes on with the plan as it stands, locked on every rank alike: these
             # orders say so (as "loaded", the exchanges go on to settle it, stored plan or
@@ -345,12 +347,12 @@ class Tuner:
             _log.error(
                 "autotune stops tuning and keeps the plan it runs (%s): its tuning storage "
                 "failed: %s",
-                campaign.incumbent.describe(),
+                plan_search.incumbent.describe(),
                 self.storage_error,
             )
             self.frozen = True
             self.loaded = True
-            campaign.freeze()
+            plan_search.freeze()
             for search in self.classes.values():
                 search.lock(search.desired, search.best[1] if search.best else None)
         if not self.key:
@@ -358,31 +360,31 @@ class Tuner:
         while self._inbox:
             self._inbox.popleft()()
         if self.loaded:
-            campaign.tick(iteration)
-            if campaign.settled and len(campaign.history) != self._saved:
-                self._saved = len(campaign.history)
+            plan_search.tick(iteration)
+            if plan_search.settled and len(plan_search.history) != self._saved:
+                self._saved = len(plan_search.history)
                 self._store_table()
-        arm = campaign.next_arm(self._screening_arm()) if self.loaded else self.arm
+        arm = plan_search.next_arm(self._screening_arm()) if self.loaded else self.arm
         codes = {cls: self._space(cls).index(c) + 1 for cls, c in arm.choices}
-        state = "locked" if campaign.steady else "exploring"
-        settled = self.loaded and self.exchanges > 0 and campaign.steady
+        state = "locked" if plan_search.steady else "exploring"
+        settled = self.loaded and self.exchanges > 0 and plan_search.steady
         return wire.Orders(
             codes,
             {cls: state for cls in self.classes},
             arm.fusion_bytes,
             wire.LOCKED if settled else wire.EXPLORING,
-            campaign.phase,
-            campaign.gain,
+            plan_search.phase,
+            plan_search.gain,
             self.frozen,
         )
 
     def _screening_arm(self) -> Arm | None:
         """While classes screen: the incumbent, with each class on its search's current trial."""
-        campaign = self.campaign
-        assert campaign is not None
-        if campaign.phase != "screening":
+        plan_search = self.plan_search
+        assert plan_search is not None
+        if plan_search.phase != "screening":
             return None
-        arm = campaign.incumbent
+        arm = plan_search.incumbent
         for cls, search in self.classes.items():
             if search.state != "locked":
                 arm = arm.with_class(cls, search.desired)
@@ -414,7 +416,7 @@ class Tuner:
 
     def _loaded(self, table: Table | None, prior: Prior | None) -> None:
         """The stored plan, as far as this job can run it, is confirmed before it is locked."""
-        assert self.campaign is not None
+        assert self.plan_search is not None
         self.loaded = True
         self.prior = prior
         stored = None
@@ -424,10 +426,10 @@ class Tuner:
                 for cls, e in table.classes.items()
                 if e.state == "locked" and e.choice in self._space(cls)
             }
-            fusion = self.campaign.baseline.fusion_bytes
+            fusion = self.plan_search.baseline.fusion_bytes
             if self.tune_fusion and table.fusion_bytes in FUSION_OPTIONS:
                 fusion = table.fusion_bytes or 0
-            if choices or fusion != self.campaign.baseline.fusion_bytes or table.gain is None:
+            if choices or fusion != self.plan_search.baseline.fusion_bytes or table.gain is None:
                 stored = Arm.of(choices, fusion)
             for cls, e in table.classes.items():
                 if e.state == "locked":
@@ -446,7 +448,7 @@ class Tuner:
             )
         else:
             lead = None
-        self.campaign.start(stored, lead)
+        self.plan_search.start(stored, lead)
 
     def _runnable(self, arm: Arm) -> bool:
         """Whether this job can run ``arm``: its choices in their classes' search spaces, its
@@ -457,18 +459,18 @@ class Tuner:
         return fusion_ok and all(c in self._space(cls) for cls, c in arm.choices)
 
     def _learn(self, window: wire.Window, arm: Arm) -> None:
-        """Rank 0, after the exchange: the step to the campaign, latencies to the searches."""
-        campaign = self.campaign
-        if not self.loaded or campaign is None:
+        """Rank 0, after the exchange: the step to the plan search, latencies to the searches."""
+        plan_search = self.plan_search
+        if not self.loaded or plan_search is None:
             return
         self.exchanges += 1
         if window.step_s is not None:
-            told = len(campaign.history)
-            campaign.measure(arm, window.step_s)
-            for kind, challenger, outcome in campaign.history[told:]:
+            told = len(plan_search.history)
+            plan_search.measure(arm, window.step_s)
+            for kind, challenger, outcome in plan_search.history[told:]:
                 g = outcome.gain
                 _log.info(
-                    "autotune %s duel: %s %s, %.3fx the reference's step (%d pairs, 95%% "
+                    "autotune %s paired test: %s %s, %.3fx the reference's step (%d pairs, 95%% "
                     "interval %.3f-%.3f): %s",
                     kind,
                     challenger.describe(),
@@ -479,11 +481,11 @@ class Tuner:
                     g.high,
                     outcome.why,
                 )
-        if any(s.round != campaign.round for s in self.classes.values()):
+        if any(s.round != plan_search.round for s in self.classes.values()):
             self.classes.clear()  # fell back: screening starts over, in the new round's studies
-        if arm.fusion_bytes != campaign.incumbent.fusion_bytes:
+        if arm.fusion_bytes != plan_search.incumbent.fusion_bytes:
             return  # a fusion challenger's messages: its classes are not the incumbent's
-        screening = campaign.phase == "screening"
+        screening = plan_search.phase == "screening"
         for cls, latency in window.latencies.items():
             search = self.classes.get(cls) or self._class_search(cls)
             search.last_seen = self.exchanges
@@ -491,13 +493,13 @@ class Tuner:
                 search.start()
                 search.measure(arm.choice(cls), latency)
         if screening:
-            self._nominate()
+            self._shortlist()
 
-    def _nominate(self) -> None:
-        """Once every active class is screened: hand the campaign each class's challengers."""
-        campaign = self.campaign
-        assert campaign is not None
-        if campaign.phase != "screening":
+    def _shortlist(self) -> None:
+        """Once every active class is screened: hand the plan search each class's challengers."""
+        plan_search = self.plan_search
+        assert plan_search is not None
+        if plan_search.phase != "screening":
             return
         active = [
             (cls, s)
@@ -509,7 +511,7 @@ class Tuner:
         nominees = [
             (cls, choice, saved)
             for cls, search in active
-            for choice, saved in nominate(search.values, campaign.incumbent.choice(cls))
+            for choice, saved in shortlist(search.values, plan_search.incumbent.choice(cls))
         ]
         for cls, search in active:
             ranked = sorted(search.values.items(), key=lambda kv: kv[1])
@@ -519,14 +521,14 @@ class Tuner:
                 ", ".join(f"{c} {t * 1e3:.2f} ms" for c, t in ranked) or "nothing",
             )
         _log.info(
-            "autotune nominated: %s",
+            "autotune shortlisted: %s",
             ", ".join(f"{format_bytes(cls)} {c}" for cls, c, _ in nominees) or "nothing",
         )
-        campaign.screened(nominees)
+        plan_search.screened(nominees)
 
     def _class_search(self, cls: int) -> ClassSearch:
-        assert self.campaign is not None
-        default = self.campaign.incumbent.choice(cls)
+        assert self.plan_search is not None
+        default = self.plan_search.incumbent.choice(cls)
         universe = self._space(cls)
         default = default if default in universe else universe[0]
         space = universe
@@ -542,13 +544,13 @@ class Tuner:
         # "/min": the least latency over ranks (wire.Window); studies stored before it held the
         # MAX, a different figure, and are not mixed in.
         search = ClassSearch(self, f"class={cls}/min", space, default, universe)
-        search.round = self.campaign.round
+        search.round = self.plan_search.round
         self.classes[cls] = search
         return search
 
     def screened(self) -> None:
-        """A class search locked its best (the `Host` call): nominate now if it was the last."""
-        self._nominate()
+        """A class search locked its best (the `Host` call): shortlist now if it was the last."""
+        self._shortlist()
 
     def _store_table(self) -> None:
         """Rank 0: the plan locked (or fell back); store the table for the next job."""
@@ -577,8 +579,9 @@ class Tuner:
 
 
 def _outcome_word(kind: str, won: bool, ratio: float) -> str:
-    """How a duel ended for the challenger, as the log says it: a re-check the locked plan does
-    not prove but stays ahead in on the median is "held" (it stays locked; see `Campaign`)."""
+    """How a paired test ended for the challenger, as the log says it: a re-check the locked plan
+    does not prove but stays ahead in on the median is "held" (it stays locked; see
+    `PlanSearch`)."""
     if kind == "recheck" and not won:
         return "held" if ratio < 1.0 else "lost"
     return "won" if won else "lost"

@@ -1,4 +1,4 @@
-"""What the tuner hands to DDP once autotune unhooks (`autotune.ddp.aside`): the search over DDP's
+"""What the tuner hands to DDP once autotune unhooks (`autotune.ddp.unhook`): the search over DDP's
 own bucket size and the check of a plan that needs the hook against plain DDP, built for one state.
 """
 
@@ -11,12 +11,12 @@ from collections.abc import Callable
 from torch.nn.parallel import DistributedDataParallel
 
 from autotune.config import Config
-from autotune.ddp.aside import CatchHooks, StepAside
 from autotune.ddp.engine import Engine
 from autotune.ddp.guard import Guard
+from autotune.ddp.unhook import PlainCheckHooks, Unhooking
 from autotune.plan import Buckets
 from autotune.tuning.buckets import MAX_PAIRS, BucketTuner, why_not_tuned
-from autotune.tuning.catch import HookCatch
+from autotune.tuning.plain_check import PlainCheck
 from autotune.tuning.tuner import Tuner
 
 _log = logging.getLogger("autotune")
@@ -27,7 +27,7 @@ __all__ = ["bucket_tuner", "catch_hooks", "plan_file_buckets"]
 def bucket_tuner(
     tuner: Tuner, config: Config
 ) -> Callable[[DistributedDataParallel], BucketTuner | None]:
-    """Once aside: DDP's bucket size tuned, from the fusion size the tuner kept and the size a
+    """Once unhooked: DDP's bucket size tuned, from the fusion size the tuner kept and the size a
     previous job stored, unless the model's buckets cannot be (`autotune.tuning.buckets`)."""
 
     def start(ddp: DistributedDataParallel) -> BucketTuner | None:
@@ -40,14 +40,15 @@ def bucket_tuner(
             first=tuner.arm.fusion_bytes or None,
             stored=lambda: tuner.buckets,
             on_done=tuner.buckets_kept,
-            max_pairs=min(MAX_PAIRS, config.duel_pairs),
+            max_pairs=min(MAX_PAIRS, config.max_pairs),
         )
 
     return start
 
 
-def catch_hooks(tuner: Tuner, engine: Engine, config: Config) -> CatchHooks:
-    """The catch (`autotune.tuning.catch`): the plan the tuner locked, against plain DDP."""
+def catch_hooks(tuner: Tuner, engine: Engine, config: Config) -> PlainCheckHooks:
+    """The check against plain DDP (`autotune.tuning.plain_check`): the plan the tuner locked,
+    against plain DDP."""
 
     def settle() -> None:
         if not engine.settle(config.timeout_s):
@@ -55,17 +56,17 @@ def catch_hooks(tuner: Tuner, engine: Engine, config: Config) -> CatchHooks:
                 f"autotune: the hook's last iteration was not handled within {config.timeout_s} s"
             )
 
-    def make(ddp: DistributedDataParallel) -> HookCatch:
-        return HookCatch(
+    def make(ddp: DistributedDataParallel) -> PlainCheck:
+        return PlainCheck(
             ddp,
             plan=tuner.arm.describe(),
             settle=settle,
             rehooked=engine.forget_step,
-            max_pairs=min(MAX_PAIRS, config.duel_pairs),
+            max_pairs=min(MAX_PAIRS, config.max_pairs),
         )
 
-    return CatchHooks(
-        due=lambda: tuner.catch_from,
+    return PlainCheckHooks(
+        due=lambda: tuner.check_from,
         make=make,
         over=tuner.caught,
         iteration=lambda: engine.iteration,
@@ -74,18 +75,18 @@ def catch_hooks(tuner: Tuner, engine: Engine, config: Config) -> CatchHooks:
 
 def plan_file_buckets(
     buckets: Buckets, config: Config, ours: Callable[[object, object], bool], guard: Guard | None
-) -> StepAside | None:
-    """A plan file that keeps DDP's own all-reduce in buckets of its size: the hook steps aside
+) -> Unhooking | None:
+    """A plan file that keeps DDP's own all-reduce in buckets of its size: the hook unhooks
     after the first iteration, onto a reducer with that size (or the job's own, where the tuned
     job kept its own). A table that says so has the backend's all-reduce for every class:
-    autotune stores a size only once it stepped aside."""
-    if not config.step_aside:
+    autotune stores a size only once it unhooked."""
+    if not config.unhook:
         warnings.warn(
-            f"the plan file keeps {buckets.describe()}, which autotune applies by stepping "
-            "aside: with Config.step_aside=False the hook runs on DDP's buckets as built",
+            f"the plan file keeps {buckets.describe()}, which autotune applies by unhooking: "
+            "with Config.unhook=False the hook runs on DDP's buckets as built",
             stacklevel=4,
         )
         return None
     # No gain: the size is the one the tuned job was built with; this job's own stays.
     size = None if buckets.gain is None else buckets.bucket_bytes
-    return StepAside(lambda: 1, ours, bucket_bytes=size, guard=guard)
+    return Unhooking(lambda: 1, ours, bucket_bytes=size, guard=guard)

@@ -13,7 +13,7 @@ ranks write zeros, so the MAX carries rank 0's orders to everyone.
   nothing after the step, and at 17-55 ms with a one-element all-reduce after each step, which
   moves where the ranks start backward (docs/BENCHMARKS.md, "What tuning pays"). What a choice
   costs the step beyond its message (the CPU it takes from backward, the GIL) neither figure
-  shows; the duels on the step decide. Unmeasured: -inf, below any negated latency.
+  shows; the paired tests on the step decide. Unmeasured: -inf, below any negated latency.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ WIDTH = _FROZEN + 1
 _UNMEASURED = float("-inf")
 
 EXPLORING, LOCKED = 1, 2
-#: The campaign's phases, coded from 1 on the wire.
+#: The plan search's phases, coded from 1 on the wire.
 PHASES = ("loading", "fusion", "screening", "classes", "confirm", "catch", "locked")
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from aside_jobs import KEEPS_BASELINE
 from ddp_jobs import compiled_training
+from unhook_jobs import KEEPS_BASELINE
 
 from autotune.comm.launch import run_local
 
@@ -40,7 +40,7 @@ def test_compiled_ddp_trains_through_autotune_like_plain_ddp(
 
 
 def test_compiled_ddp_steps_aside_like_eager_ddp(tmp_path: Path) -> None:
-    # The tuner can only keep the baseline: autotune steps aside, and the compiled model (DDP's
+    # The tuner can only keep the baseline: autotune unhooks, and the compiled model (DDP's
     # graph optimizer) trains on under the new reducer as plain compiled DDP does.
     options = {"timeout_s": 300, "env": {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}}
     settings = {**KEEPS_BASELINE, "storage": f"sqlite:///{tmp_path / 'tuning.db'}"}

@@ -20,7 +20,7 @@ QUICK = {  # a budget that locks in tens of steps
     "AUTOTUNE_ALGORITHMS": "native,ring",
     "AUTOTUNE_TUNE_SAMPLES": "1",
     "AUTOTUNE_TUNE_TRIALS": "2",
-    "AUTOTUNE_DUEL_PAIRS": "6",
+    "AUTOTUNE_MAX_PAIRS": "6",
     "AUTOTUNE_TUNE_WARMUP": "0",
     "AUTOTUNE_FUSION_BYTES": "0",
 }
@@ -50,10 +50,10 @@ def test_a_restarted_worker_group_fails_the_dead_attempts_trials_and_starts_lock
     assert seen[0]["running"] >= 1
     assert seen[1]["settled_at"] is not None and seen[1]["running"] == 0
     # Attempt 2 found the plan attempt 1 locked: locked within its first exchanges (after one
-    # confirm duel of 6-12 pairs of iterations where attempt 1 locked ring for a class, as it
+    # confirm paired test of 6-12 pairs of iterations where attempt 1 locked ring for a class, as it
     # may on a busy machine), no trial of its own, and trained to the end with every rank's
     # parameters identical.
-    assert seen[2]["settled_at"] < 10 + 2 * 2 * int(QUICK["AUTOTUNE_DUEL_PAIRS"])
+    assert seen[2]["settled_at"] < 10 + 2 * 2 * int(QUICK["AUTOTUNE_MAX_PAIRS"])
     assert seen[2]["states"] == ["locked"] and seen[2]["identical"]
     trials = [
         t

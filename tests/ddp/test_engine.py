@@ -342,7 +342,7 @@ def test_an_iteration_ends_when_its_last_message_is_done_not_its_last_bucket() -
     # The last bucket takes the lane and the backend completes it first; a Python-driven message
     # before it is still running. Backward goes on only once both are done, so that is where the
     # iteration ends: stamped at the lane's completion, a challenger's slow first bucket would
-    # count in the next iteration's step, which a duel gives to the other plan.
+    # count in the next iteration's step, which a paired test gives to the other plan.
     launched: list[str] = []
     held = threading.Event()
     lane = Backend("a", launched)

@@ -1,8 +1,8 @@
 """backward() through the guards' wrapper (`autotune.ddp.guard`): a backend's error becomes the
 `PeerError` a live guard diagnoses; any other error passes as it was; nothing stays installed.
 
-The wrapper is checked here with a stand-in guard; tests/ddp/test_faults_aside.py runs real guards
-on real ranks."""
+The wrapper is checked here with a stand-in guard; tests/ddp/test_faults_unhooked.py runs real
+guards on real ranks."""
 
 from __future__ import annotations
 

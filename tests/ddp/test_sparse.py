@@ -34,7 +34,7 @@ def test_sparse_gradients_train_as_under_plain_ddp(config: dict[str, object]) ->
 
 def test_a_tuned_job_with_sparse_gradients_trains_and_steps_aside(tmp_path: Path) -> None:
     config = {
-        "algorithms": ("native",),  # the baseline alone: it locks soon and steps aside
+        "algorithms": ("native",),  # the baseline alone: it locks soon and unhooks
         "fusion_bytes": 0,
         "tune_warmup": 0,
         "tune_samples": 1,

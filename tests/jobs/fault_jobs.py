@@ -1,5 +1,5 @@
 """Rank-side jobs of the reliability tests (tests/util/test_secrets.py,
-tests/ddp/test_faults_aside.py)."""
+tests/ddp/test_faults_unhooked.py)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ class Seen:
     rank: int | None  # the culprit the error names
     message: str
     seconds: float  # from the start of the step that failed to the error
-    aside_at: int | None  # the iteration after which autotune had stepped aside
+    aside_at: int | None  # the iteration after which autotune had unhooked
     ddp_group: str  # the name of the group DDP's reducer ran on when it failed
     in_forward: bool = False  # the error came from forward(), not backward()
     #: Where the first error was not a `PeerError`: the error of one more step (kind, rank).
@@ -77,7 +77,7 @@ class BufferNet(Net):
 
 
 def plan_that_steps_aside(path: Path) -> str:
-    """A plan file that keeps DDP's own all-reduce (on DDP's own buckets): autotune steps aside
+    """A plan file that keeps DDP's own all-reduce (on DDP's own buckets): autotune unhooks
     after the first iteration, as a job whose tuner kept the baseline does."""
     path.write_text(json.dumps(Table({}, 0, buckets=Buckets(1 << 20, None)).to_json()))
     return str(path)
@@ -97,7 +97,7 @@ def train_until_it_fails(
     killed), "stop" (SIGSTOP itself: hung, alive) or "sleep" (hung in Python, its heartbeat
     going on, for 3 timeouts; then it exits).
     Every other rank reports the error it gets. ``when``: a step ("8"), 3 steps after autotune
-    stepped aside ("aside"), or the second step of the catch's first block of plain DDP
+    unhooked ("aside"), or the second step of the check's first block of plain DDP
     ("catch"); every rank reaches these at the same step. ``wake``: the lowest surviving rank,
     once it has its error, wakes the stopped ranks (SIGCONT), which then report theirs.
     ``buffers``: train `BufferNet`, whose forward runs a collective of DDP's. ``device``:
@@ -165,8 +165,8 @@ def train_until_it_fails(
 
 def storage_with_a_ring_plan(path: Path, world_size: int) -> str:
     """A storage holding, for `Net`'s all-reduces at ``world_size`` CPU ranks on this host, a
-    plan with `ring` for its bucket's size class: a job from it goes straight to the catch
-    (`autotune.tuning.catch`), whose blocks alternate the hook and plain DDP."""
+    plan with `ring` for its bucket's size class: a job from it goes straight to the check against
+    plain DDP (`autotune.tuning.plain_check`), whose blocks alternate the hook and plain DDP."""
     url = f"sqlite:///{path}"
     net_bytes = sum(p.numel() * p.element_size() for p in Net().parameters())
     classes = {size_class(net_bytes): Entry(Choice("ring"), state="locked")}
@@ -199,7 +199,7 @@ def storage_fails(
     rank: int, world_size: int, url: str, how: str, break_at: int, steps: int, pid: int = 0
 ) -> StorageRun:
     """Tune (native against ring) on ``url``, up to ``steps`` steps, until autotune is locked and
-    stepped aside for 5 steps; at ``break_at`` rank 0 breaks the storage: "corrupt"
+    unhooked for 5 steps; at ``break_at`` rank 0 breaks the storage: "corrupt"
     (its SQLite file overwritten past the header), "io" (the file may not grow: a disk full, as
     a file-size limit makes one, for the rest of the job), "gone" (SIGINT to the database
     server, process ``pid``);
@@ -275,7 +275,7 @@ def sparse_beside_plain(
 ) -> tuple[float, list[str], int | None]:
     """Train `SparseNet` with autotune and plain DDP on the same batches: the largest relative
     distance between their parameters, the layout of each parameter's gradient after the last
-    step, and where autotune stepped aside (None: it did not)."""
+    step, and where autotune unhooked (None: it did not)."""
     torch.manual_seed(0)
     base = SparseNet()
     ours, plain = DDP(copy.deepcopy(base)), DDP(copy.deepcopy(base))

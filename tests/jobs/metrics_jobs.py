@@ -48,10 +48,10 @@ def serve_while_training(
         storage=storage,
         tune_warmup=0,
         tune_samples=1,
-        duel_pairs=6,  # locked soon: the speedup series appear once it is
+        max_pairs=6,  # locked soon: the speedup series appear once it is
         fusion_bytes=0,
-        # The per-message series under test stop if it keeps the baseline and steps aside.
-        step_aside=False,
+        # The per-message series under test stop if it keeps the baseline and unhooks.
+        unhook=False,
         # A plan won over 6 pairs is often a lucky one: its re-check would drop it and search
         # again, and the speedup series is absent while a search runs (docs/METRICS.md).
         recheck_every=0,

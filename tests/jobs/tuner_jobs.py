@@ -173,10 +173,10 @@ def tune(
     register_injected()
     register("native", SlowNative if slow_native else NativeAllReduce, replace=True)
     if slow_native:
-        # The baseline is slowed through the hook only: a job that steps aside would take its
-        # plan to plain DDP itself, which is not (`autotune.tuning.catch`,
-        # tests/tuning/test_catch.py).
-        config = {"step_aside": False, **config}
+        # The baseline is slowed through the hook only: a job that unhooks would take its
+        # plan to plain DDP itself, which is not (`autotune.tuning.plain_check`,
+        # tests/tuning/test_plain_check.py).
+        config = {"unhook": False, **config}
     CONDITIONS.update(native_slow=slow_native, quick_ring_slow=False)
     base = model()
     hooked = DDP(copy.deepcopy(base), bucket_cap_mb=BUCKET_CAP_MB)
@@ -222,9 +222,11 @@ def tune(
         candidates=state.tuner.candidates,
         duels=[
             (kind, arm.describe(), outcome.challenger_won)
-            for kind, arm, outcome in (state.tuner.campaign.history if state.tuner.campaign else [])
+            for kind, arm, outcome in (
+                state.tuner.plan_search.history if state.tuner.plan_search else []
+            )
         ],
-        baseline_kept=bool(state.tuner.campaign and state.tuner.campaign.baseline_kept),
+        baseline_kept=bool(state.tuner.plan_search and state.tuner.plan_search.baseline_kept),
     )
     state.close()
     return result

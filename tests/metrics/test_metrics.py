@@ -191,7 +191,8 @@ def test_a_real_runs_exposition_passes_promtool(storage: str) -> None:
             "autotune_plan_info",
             "autotune_tuner_state",
             "autotune_tuner_settled",
-            "autotune_hook_stepped_aside",
+            "autotune_hook_unhooked",
+            "autotune_hook_stepped_aside",  # the old name, for one release
             "autotune_host_cpu_seconds_total",
             "autotune_nvml_up",
         ):

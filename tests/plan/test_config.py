@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from autotune import Config
@@ -12,7 +14,7 @@ def test_defaults() -> None:
     assert c.algorithm == "auto"
     assert c.fusion_bytes is None  # tuned under "auto"; DDP's buckets with a fixed algorithm
     assert (c.tune_warmup, c.tune_samples, c.tune_trials) == (2, 5, 20)
-    assert (c.duel_pairs, c.recheck_every) == (24, 200)
+    assert (c.max_pairs, c.recheck_every) == (24, 200)
     assert c.metrics_port is None
     builtins = (
         "native", "ring", "tree", "two_tree", "hierarchical_ring", "hierarchical_two_tree", "shm"
@@ -47,7 +49,7 @@ def test_defaults() -> None:
         ({"tune_samples": 0}, ValueError, "Config.tune_samples: must be >= 1"),
         ({"tune_warmup": -1}, ValueError, "Config.tune_warmup: must be >= 0"),
         ({"tune_trials": 0}, ValueError, "Config.tune_trials: must be >= 1"),
-        ({"duel_pairs": 5}, ValueError, "Config.duel_pairs: must be >= 6"),
+        ({"max_pairs": 5}, ValueError, "Config.max_pairs: must be >= 6"),
         ({"recheck_every": -1}, ValueError, "Config.recheck_every: must be >= 0"),
         ({"metrics_host": ""}, ValueError, "Config.metrics_host: expected an address"),
         ({"job": ""}, ValueError, "Config.job: expected a non-empty label value"),
@@ -80,7 +82,7 @@ def test_every_field_from_the_environment() -> None:
         "AUTOTUNE_TUNE_WARMUP": "1",
         "AUTOTUNE_TUNE_SAMPLES": "7",
         "AUTOTUNE_TUNE_TRIALS": "9",
-        "AUTOTUNE_DUEL_PAIRS": "10",
+        "AUTOTUNE_MAX_PAIRS": "10",
         "AUTOTUNE_RECHECK_EVERY": "0",
         "AUTOTUNE_METRICS_HOST": "0.0.0.0",
         "AUTOTUNE_JOB": "llm-pretrain",
@@ -98,7 +100,7 @@ def test_every_field_from_the_environment() -> None:
         tune_warmup=1,
         tune_samples=7,
         tune_trials=9,
-        duel_pairs=10,
+        max_pairs=10,
         recheck_every=0,
         metrics_host="0.0.0.0",
         job="llm-pretrain",
@@ -141,3 +143,27 @@ def test_our_variables_that_are_not_fields_are_not_misspellings() -> None:
 def test_replace_checks_again() -> None:
     with pytest.raises(ValueError, match="fusion_bytes"):
         Config().replace(fusion_bytes=-5)
+
+
+def test_old_spellings_still_work_for_a_release_with_a_deprecation_warning() -> None:
+    # Config(step_aside=...), Config(duel_pairs=...), the attributes and AUTOTUNE_STEP_ASIDE /
+    # AUTOTUNE_DUEL_PAIRS: the same fields as unhook and max_pairs, each saying so.
+    with pytest.warns(DeprecationWarning, match=r"Config\(step_aside=...\) is deprecated"):
+        old: dict[str, Any] = {"step_aside": False, "duel_pairs": 10}
+        c = Config(**old)
+    assert (c.unhook, c.max_pairs) == (False, 10)
+    with pytest.warns(DeprecationWarning, match="use Config.unhook"):
+        assert c.step_aside is False
+    with pytest.warns(DeprecationWarning, match="use Config.max_pairs"):
+        assert c.duel_pairs == 10
+    with pytest.warns(DeprecationWarning, match="AUTOTUNE_STEP_ASIDE is deprecated"):
+        from_env = Config.from_env({"AUTOTUNE_STEP_ASIDE": "0", "AUTOTUNE_DUEL_PAIRS": "8"})
+    assert (from_env.unhook, from_env.max_pairs) == (False, 8)
+    with pytest.warns(DeprecationWarning):
+        assert c.replace(step_aside=True).unhook is True
+    # Both spellings at once must agree; the same variable under both names is refused.
+    with pytest.raises(ValueError, match="disagree"):
+        both: dict[str, Any] = {"step_aside": False, "unhook": True}
+        Config(**both)
+    with pytest.raises(ValueError, match="both set"):
+        Config.from_env({"AUTOTUNE_STEP_ASIDE": "0", "AUTOTUNE_UNHOOK": "1"})

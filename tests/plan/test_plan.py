@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from autotune.plan import Arm, Choice, Gain, Lead, Plan, Table, size_class
+from autotune.plan import Arm, Choice, Gain, NearMiss, Plan, Table, size_class
 
 
 @pytest.mark.parametrize(
@@ -61,7 +61,7 @@ def test_a_tables_gain_reads_back_and_bad_gains_are_refused() -> None:
 
 
 def test_a_tables_lead_reads_back_and_a_bad_lead_is_refused() -> None:
-    lead = Lead(Arm(((4 << 20, Choice("tree", 1 << 18)),), 16 << 20), Gain(0.95, 0.9, 1.02, 24))
+    lead = NearMiss(Arm(((4 << 20, Choice("tree", 1 << 18)),), 16 << 20), Gain(0.95, 0.9, 1.02, 24))
     table = Table({}, 0, None, None, lead)
     back = Table.from_json(json.loads(json.dumps(table.to_json())))
     assert back == table and back.lead is not None

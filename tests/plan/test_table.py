@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from autotune.plan import Arm, Buckets, Choice, Entry, Gain, Lead, Table, load_table
+from autotune.plan import Arm, Buckets, Choice, Entry, Gain, NearMiss, Table, load_table
 from autotune.storage import Store, fingerprint, fingerprint_key
 
 FP = fingerprint(backend="nccl", world_size=16, nodes=2, device="NVIDIA H100", dtype="bfloat16")
@@ -91,16 +91,16 @@ def test_show_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     )
     assert load_table(str(json_path)) == TABLE
     assert csv_path.read_text() == TABLE.nccl_csv(2, 16)
-    assert "duels it again" not in out  # TABLE has no lead
+    assert "tests it again" not in out  # TABLE has no lead
 
 
 def test_show_names_a_stored_lead(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = f"sqlite:///{tmp_path / 'tuning.db'}"
-    lead = Lead(Arm(((1 << 20, Choice("tree")),), 16 << 20), Gain(0.953, 0.9, 1.02, 24))
+    lead = NearMiss(Arm(((1 << 20, Choice("tree")),), 16 << 20), Gain(0.953, 0.9, 1.02, 24))
     Store(url).save_table("aaa", Table(TABLE.classes, 0, FP, None, lead))
     assert main(["show", "--storage", url]) == 0
     out = capsys.readouterr().out
-    assert "the next job duels it again: 1 MiB: tree, fusion 16 MiB (0.95x over 24 pairs)" in out
+    assert "the next job tests it again: 1 MiB: tree, fusion 16 MiB (0.95x over 24 pairs)" in out
 
 
 def test_show_names_the_bucket_size_a_job_stepped_aside_onto(
@@ -112,7 +112,7 @@ def test_show_names_the_bucket_size_a_job_stepped_aside_onto(
     Store(url).save_table("aaa", Table(native, 0, FP, None, None, kept))
     assert main(["show", "--storage", url]) == 0
     out = capsys.readouterr().out
-    assert "stepped aside onto DDP's buckets at 16 MiB (0.81x over 8 pairs of blocks)" in out
+    assert "unhooked onto DDP's buckets at 16 MiB (0.81x over 8 pairs of blocks)" in out
 
 
 def test_show_wants_a_key_when_exporting_one_of_several(

@@ -22,7 +22,7 @@ from postgres_server import Postgres
 from tuner_jobs import tune
 
 from autotune.comm.launch import launch, run_local
-from autotune.plan import Arm, Buckets, Choice, Entry, Gain, Lead, Table
+from autotune.plan import Arm, Buckets, Choice, Entry, Gain, NearMiss, Table
 from autotune.storage import Store, merge_tables
 
 
@@ -79,7 +79,7 @@ def test_jobs_opening_a_new_postgresql_database_at_once(postgres: Postgres) -> N
 def tune_two_jobs_at_once(url: str, max_steps: int = 1000) -> list[Any]:
     """Each job trains until its plan is locked (a loaded machine slows the Optuna answers that
     tuning waits for, so a fixed step count locked in one CI run out of many and not in another)."""
-    config = {"tune_warmup": 0, "tune_samples": 2, "duel_pairs": 6, "storage": url}
+    config = {"tune_warmup": 0, "tune_samples": 2, "max_pairs": 6, "storage": url}
     out: list[Any] = [None, None]
 
     def job(i: int) -> None:
@@ -201,7 +201,7 @@ def test_the_bucket_size_is_the_newest_tables() -> None:
 
 
 def test_a_bucket_size_is_not_merged_beside_a_python_driven_class() -> None:
-    # An older job kept shm for a class the newest job, which stepped aside with 4 MiB buckets,
+    # An older job kept shm for a class the newest job, which unhooked with 4 MiB buckets,
     # never saw: the merged plan runs shm there, through the hook, so no bucket size applies
     # (a table with both does not load: `Table.from_json`).
     older = Table({4096: entry("shm", 1e-3)}, 0)
@@ -213,7 +213,7 @@ def test_a_bucket_size_is_not_merged_beside_a_python_driven_class() -> None:
 
 
 def test_the_lead_is_the_newest_tables_settled_or_not() -> None:
-    lead = Lead(Arm((), 4 << 20), Gain(0.95, 0.9, 1.02, 24))
+    lead = NearMiss(Arm((), 4 << 20), Gain(0.95, 0.9, 1.02, 24))
     kept = Table({1024: entry("native", 1e-3)}, fusion_bytes=0, lead=lead)
     settled = Table({1024: entry("native", 1e-3)}, fusion_bytes=0)  # the next job: lead lost
     assert merge_tables([(1.0, kept)]).lead == lead
@@ -225,7 +225,7 @@ def test_each_job_stores_its_own_plan_and_reads_the_merge(tmp_path: Path) -> Non
     url = f"sqlite:///{tmp_path / 'tuning.db'}"
     a, b = Store(url, job_id="a"), Store(url, job_id="b")
     a.save_table("key", Table({1024: entry("ring", 1e-3)}, fusion_bytes=0))
-    lead = Lead(Arm(((2048, Choice("ring", 1024)),), 1 << 20), Gain(0.96, 0.9, 1.01, 30))
+    lead = NearMiss(Arm(((2048, Choice("ring", 1024)),), 1 << 20), Gain(0.96, 0.9, 1.01, 30))
     b.save_table("key", Table({1024: entry("tree", 2e-3), 2048: entry("tree", 1e-3)}, lead=lead))
     for store in (a, b, Store(url)):
         table = store.load_table("key")

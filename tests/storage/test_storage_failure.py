@@ -95,7 +95,7 @@ def test_a_read_only_storage(tmp_path: Path) -> None:
 @pytest.mark.parametrize("at", [0, 10])
 def test_a_storage_corrupted_mid_job(tmp_path: Path, at: int) -> None:
     # At 0: before the tuner loaded the stored plan (the ranks disagreed on `locked` for the
-    # rest of the job, and it never stepped aside); at 10: while it screens.
+    # rest of the job, and it never unhooked); at 10: while it screens.
     url = f"sqlite:///{tmp_path / 't.db'}"
     _check(run_local(storage_fails, 2, url, "corrupt", at, 400, timeout_s=300), "corrupt")
 

@@ -211,14 +211,14 @@ def test_tune_writes_a_plan_the_hook_starts_from(tmp_path: Path) -> None:
             assert all("algorithm" in t.params for t in study.trials), name
 
     # A job with the same setting (2 gloo ranks, CPU, float32) screens nothing: it confirms the
-    # sweep's plan against the baseline in one duel on the step, and keeps it. (The baseline is
-    # slowed down here, through the hook, so that any plan that differs from it wins; if the
-    # sweep chose native everywhere, the plan is the baseline and is locked without a duel.
-    # step_aside is off: a job that steps aside would take a plan that needs the hook to plain
-    # DDP itself instead, which is not slowed: tests/tuning/test_catch.py.)
+    # sweep's plan against the baseline in one paired test on the step, and keeps it. (The baseline
+    # is slowed down here, through the hook, so that any plan that differs from it wins; if the
+    # sweep chose native everywhere, the plan is the baseline and is locked without a paired test.
+    # unhook is off: a job that unhooks would take a plan that needs the hook to plain
+    # DDP itself instead, which is not slowed: tests/tuning/test_plain_check.py.)
     config = {"tune_warmup": 0, "tune_samples": 2, "fusion_bytes": 0, "storage": url}
-    config["step_aside"] = False
-    config.update(algorithms=("native", "tree"), duel_pairs=6)
+    config["unhook"] = False
+    config.update(algorithms=("native", "tree"), max_pairs=6)
     job = run_local(train, 2, 40, config, False, True, timeout_s=600)[0]
     assert job.settled, (job.progress, job.duels)
     assert store.trial_count() == trials

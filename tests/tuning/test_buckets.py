@@ -1,6 +1,6 @@
-"""DDP's bucket size, searched once autotune has stepped aside: which sizes are tried, and the
+"""DDP's bucket size, searched once autotune has unhooked: which sizes are tried, and the
 search's verdicts from given block steps (the same numbers give the same verdict on every rank).
-The search on real ranks, rebuilding DDP's reducer, is in tests/ddp/test_aside.py."""
+The search on real ranks, rebuilding DDP's reducer, is in tests/ddp/test_unhook.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from autotune.plan import Buckets, Choice, Entry, Gain, Table
 from autotune.tuning.buckets import MAX_PAIRS, BucketSearch, challengers
-from autotune.tuning.duel import Duel
+from autotune.tuning.paired_test import PairedTest
 
 MIB = 1 << 20
 
@@ -98,13 +98,13 @@ def alternating(low: float, high: float) -> Callable[[int], float]:
 
 def test_a_size_ahead_but_not_proven_at_its_pairs_goes_on_to_twice_as_many() -> None:
     # Pairs at 0.92x and 1.02x by turns: 0.97x on the median, within noise at 12 pairs, beyond
-    # it at 24. A hooked duel extends only from 0.95x (PROMISING), and loses at 12.
+    # it at 24. A hooked paired test extends only from 0.95x (PROMISING), and loses at 12.
     search = BucketSearch(MIB, [4 * MIB])
     run(search, alternating(0.92, 1.02))
     ((_, outcome),) = search.history
     assert outcome.challenger_won and outcome.gain.pairs == 2 * MAX_PAIRS
     assert outcome.gain.ratio == pytest.approx(math.sqrt(0.92 * 1.02)) and outcome.gain.high < 1
-    hooked = Duel(MAX_PAIRS, warmup=0, extend_to=2 * MAX_PAIRS, signed_rank=True)
+    hooked = PairedTest(MAX_PAIRS, warmup=0, extend_to=2 * MAX_PAIRS, signed_rank=True)
     for k in range(2 * MAX_PAIRS):
         hooked.measure(False, 1.0)
         if hooked.measure(True, 0.92 if k % 2 == 0 else 1.02):

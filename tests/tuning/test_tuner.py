@@ -19,12 +19,12 @@ from tuner_jobs import (
 )
 
 from autotune.comm.launch import run_local
-from autotune.plan import Arm, Buckets, Choice, Entry, Gain, Lead, Table, size_class
+from autotune.plan import Arm, Buckets, Choice, Entry, Gain, NearMiss, Table, size_class
 from autotune.storage import Store
 
 pytestmark = pytest.mark.distributed
 
-QUICK = {"tune_warmup": 1, "tune_samples": 2, "fusion_bytes": 0, "duel_pairs": 10}
+QUICK = {"tune_warmup": 1, "tune_samples": 2, "fusion_bytes": 0, "max_pairs": 10}
 #: Jobs that only need the tuner to settle train until it has (``until_settled``), up to this
 #: cap: the step count tuning takes grows when a loaded machine slows the Optuna worker.
 SETTLE_CAP = 600
@@ -40,7 +40,7 @@ def test_with_a_baseline_that_is_always_best_the_tuner_locks_the_baseline(
     config = {**QUICK, "algorithms": ("slow_ring",), "storage": storage(tmp_path)}
     result = run_local(tune, 2, SETTLE_CAP, config, False, False, None, True, timeout_s=600)[0]
     assert result.settled, result.progress
-    # slow_ring was nominated for each class (no other candidate) and lost every duel.
+    # slow_ring was shortlisted for each class (no other candidate) and lost every paired test.
     assert result.duels and not any(won for _, _, won in result.duels), result.duels
     assert {kind for kind, _, _ in result.duels} == {"class"}
     assert result.baseline_kept
@@ -64,7 +64,7 @@ def test_a_plan_whose_messages_look_fast_but_whose_step_is_slower_is_not_locked(
 
 
 def test_the_best_algorithm_differs_between_size_classes(tmp_path: Path) -> None:
-    # Against a baseline slowed down per message, each class's fast choice wins its duel.
+    # Against a baseline slowed down per message, each class's fast choice wins its paired test.
     config = {**QUICK, "algorithms": ("fast_small", "fast_large"), "storage": storage(tmp_path)}
     result = run_local(tune, 2, SETTLE_CAP, config, False, True, None, True, timeout_s=600)[0]
     assert result.settled, (result.progress, result.duels)
@@ -110,11 +110,12 @@ def test_a_locked_plan_that_loses_its_advantage_falls_back_to_the_baseline(
 
 
 def test_ranks_switch_together_for_hundreds_of_steps(tmp_path: Path) -> None:
-    # No warm-up, one sample a trial, short duels and frequent re-checks: the plan keeps changing.
+    # No warm-up, one sample a trial, short paired tests and frequent re-checks: the plan keeps
+    # changing.
     config = {
         "tune_warmup": 0,
         "tune_samples": 1,
-        "duel_pairs": 6,
+        "max_pairs": 6,
         "recheck_every": 10,
         "algorithms": ("native", "ring", "tree", "two_tree"),
         "storage": storage(tmp_path),
@@ -133,7 +134,7 @@ def test_ranks_switch_together_for_hundreds_of_steps(tmp_path: Path) -> None:
 
 def test_a_restarted_job_confirms_the_stored_plan_without_exploring(tmp_path: Path) -> None:
     url = storage(tmp_path)
-    config = {"tune_warmup": 0, "tune_samples": 2, "duel_pairs": 6, "algorithms": ("tree",)}
+    config = {"tune_warmup": 0, "tune_samples": 2, "max_pairs": 6, "algorithms": ("tree",)}
     config["storage"] = url
     # fusion_bytes is left to the tuner too; the baseline is slowed so that tree wins.
     first = run_local(tune, 2, SETTLE_CAP, config, False, True, None, True, timeout_s=600)[0]
@@ -165,9 +166,9 @@ def test_a_stored_baseline_gives_the_plan_that_came_close_one_more_duel(tmp_path
         algorithm: str, slow_native: bool, job_id: str, buckets: Buckets | None = None
     ) -> Tuned:
         """A job from the stored baseline with a lead on ``algorithm`` for every class (and
-        the bucket size that the job that stored it stepped aside into)."""
+        the bucket size that the job that stored it unhooked into)."""
         arm = Arm.of({cls: Choice(algorithm) for cls in kept.classes}, 0)
-        lead = Lead(arm, Gain(0.96, 0.9, 1.02, 10))
+        lead = NearMiss(arm, Gain(0.96, 0.9, 1.02, 10))
         table = Table(kept.classes, 0, kept.fingerprint, None, lead, buckets)
         Store(url, job_id=job_id).save_table(key, table)
         job = {**config, "algorithms": (algorithm,)}
@@ -178,7 +179,7 @@ def test_a_stored_baseline_gives_the_plan_that_came_close_one_more_duel(tmp_path
 
     register_injected()  # to read back tables that name them
 
-    # A lead that loses its second duel: the baseline, and the lead is forgotten.
+    # A lead that loses its second paired test: the baseline, and the lead is forgotten.
     lost = job_with_lead("slow_ring", False, "seed-1")
     assert [(kind, won) for kind, _, won in lost.duels] == [("retry", False)], lost.duels
     assert lost.settled and lost.baseline_kept

@@ -138,7 +138,7 @@ def test_far_slower_trial_fails_instead_of_counting_as_fast(tuner: StandIn) -> N
 
 
 def test_a_locked_search_keeps_its_best_whatever_it_measures_after(tuner: StandIn) -> None:
-    # Screened: the step decides from here (autotune.tuning.campaign), not the latency.
+    # Screened: the step decides from here (autotune.tuning.plan_search), not the latency.
     search = Search(tuner, "x", ["a", "b"], "a")
     search.lock("a", 1.0)
     for _ in range(5):

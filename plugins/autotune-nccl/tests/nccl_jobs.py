@@ -154,12 +154,12 @@ def tune_on_fake_nccl(rank: int, world_size: int, storage: str, cap: int) -> Dri
         fusion_bytes=0,
         tune_warmup=1,
         tune_samples=2,
-        duel_pairs=10,
+        max_pairs=10,
         storage=storage,
         timeout_s=60,
         # The baseline is slow only as this fake NCCL runs it through the hook: a job that
-        # steps aside would take the plan to plain DDP on gloo instead (autotune.tuning.catch).
-        step_aside=False,
+        # unhooks would take the plan to plain DDP on gloo instead (autotune.tuning.plain_check).
+        unhook=False,
     )
     state = autotune.register(model, config)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -187,7 +187,7 @@ def tune_on_fake_nccl(rank: int, world_size: int, storage: str, cap: int) -> Dri
     result = Driven(
         candidates=tuner.candidates,
         plan=state.plan(),
-        baseline_kept=bool(tuner.campaign and tuner.campaign.baseline_kept),
+        baseline_kept=bool(tuner.plan_search and tuner.plan_search.baseline_kept),
         settled=tuner.settled,
         ran=ran,
         armed_after=controls().armed,

@@ -1,4 +1,4 @@
-"""The fault contract wherever autotune is: hooked, stepped aside, and when the store's host hangs.
+"""The fault contract wherever autotune is: hooked, unhooked, and when the store's host hangs.
 
 Real ranks on gloo over 127.0.0.1 (`autotune.comm.launch`), a fault at a set step: a rank killed
 ("exit"), stopped (SIGSTOP: alive, hung), or hung in Python ("sleep": its heartbeat goes on).
@@ -84,7 +84,7 @@ def test_where_ddps_forward_fails_first_the_next_call_names_the_culprit(
 
 
 def test_stepped_aside_by_the_tuner_a_killed_rank_is_named(tmp_path: Path) -> None:
-    # The usual way to step aside: the tuner kept the baseline (native only, quick trials).
+    # The usual way to unhook: the tuner kept the baseline (native only, quick trials).
     keeps_baseline = {"algorithms": ("native",), "fusion_bytes": 0, "tune_warmup": 0}
     config = {**keeps_baseline, "tune_samples": 1, "storage": f"sqlite:///{tmp_path / 't.db'}"}
     seen = run(3, {1: "exit"}, config, when="aside")
@@ -95,7 +95,7 @@ def test_stepped_aside_by_the_tuner_a_killed_rank_is_named(tmp_path: Path) -> No
 
 def test_in_the_catchs_blocks_of_plain_ddp_a_stopped_rank_is_named(tmp_path: Path) -> None:
     url = storage_with_a_ring_plan(tmp_path / "t.db", 2)
-    config = {"algorithms": ("ring",), "storage": url, "duel_pairs": 6}
+    config = {"algorithms": ("ring",), "storage": url, "max_pairs": 6}
     seen = run(2, {1: "stop"}, config, when="catch", wake=True)
     named(seen[0], 1)
     assert seen[0] is not None and "its process is stopped" in seen[0].message

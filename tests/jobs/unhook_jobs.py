@@ -1,4 +1,4 @@
-"""Jobs for the step-aside tests: autotune's hooked model beside plain DDP, on spawned ranks."""
+"""Jobs for the unhooking tests: autotune's hooked model beside plain DDP, on spawned ranks."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ SLOW_S = 0.02
 
 @dataclass
 class Aside:
-    aside_at: int | None  # the iteration after which autotune stepped aside (None: it did not)
+    aside_at: int | None  # the iteration after which autotune unhooked (None: it did not)
     refused: str | None  # why it could not, if it could not
     calls: list[int]  # hook calls in each step
     synced: list[bool]  # whether each step all-reduced (not under no_sync)
@@ -34,15 +34,19 @@ class Aside:
     reducer_replaced: bool
     hooks_left: int  # what DDP's _comm_hooks lists at the end
     verdict: str
-    stepped_aside_gauge: float | None  # the exporter's autotune_hook_stepped_aside, if it ran
-    # DDP's bucket size once aside (`autotune.tuning.buckets`): each challenger's cap and whether it
-    # won, the cap kept (None: not searched), the model's cap at the end, the stored table's.
+    # The exporter's autotune_hook_unhooked and, for a release, its old name, if it ran.
+    unhooked_gauge: float | None
+    stepped_aside_gauge: float | None
+    # DDP's bucket size once unhooked (`autotune.tuning.buckets`): each challenger's cap and
+    # whether it won, the cap kept (None: not searched), the model's cap at the end, the stored
+    # table's.
     bucket_duels: list[tuple[int, bool]] | None = None
     bucket_kept: int | None = None
     bucket_cap: int = 0
     stored_buckets: dict[str, Any] | None = None
-    # The catch (`autotune.tuning.catch`): whether the hook ran on after it (None: none ran), its
-    # pairs of blocks, and the plan the storage holds afterwards (algorithm per size class).
+    # The check against plain DDP (`autotune.tuning.plain_check`): whether the hook ran on after it
+    # (None: none ran), its pairs of blocks, and the plan the storage holds afterwards (algorithm
+    # per size class).
     catch_kept: bool | None = None
     catch_pairs: int = 0
     stored_plan: dict[int, str] | None = None
@@ -64,14 +68,14 @@ def beside_plain(
     told its model) and plain DDP on the same batches, as `ddp_jobs.train_pair` does.
     ``break_rebuild``: "missing" hides a method the rebuild needs, as an older torch would lack
     it; "raises" makes the reducer's build fail after the new reducer exists. With
-    ``after_aside``, ``steps`` is a cap: training stops once every rank has stepped aside and
+    ``after_aside``, ``steps`` is a cap: training stops once every rank has unhooked and
     taken that many synced steps since (how soon the tuner locks depends on the machine's
     load), and has finished tuning DDP's bucket size where it does. ``slow``: "reference" slows
     every step of the hooked model while its reducer has the buckets the job built it with (by
     `SLOW_S`), "others" while it has any other bucket size; "hook" while the reducer has
-    autotune's hook, "plain" while it has none (`autotune.tuning.catch`). With ``after_catch``,
-    ``steps`` is a cap: training stops once every rank's catch is over and it has taken that
-    many synced steps since."""
+    autotune's hook, "plain" while it has none (`autotune.tuning.plain_check`). With
+    ``after_catch``, ``steps`` is a cap: training stops once every rank's catch is over and it has
+    taken that many synced steps since."""
     variant = VARIANTS[variant_name]
     torch.manual_seed(0)
     base = Net()
@@ -151,6 +155,11 @@ def beside_plain(
         reducer_replaced=models[0].reducer is not first_reducer,
         hooks_left=len(models[0]._comm_hooks),
         verdict=state.verdict(),
+        unhooked_gauge=None
+        if state.exporter is None
+        else state.exporter.registry.get_sample_value(
+            "autotune_hook_unhooked", {"rank": str(rank), "local_rank": str(rank)}
+        ),
         stepped_aside_gauge=None
         if state.exporter is None
         else state.exporter.registry.get_sample_value(
@@ -177,13 +186,13 @@ def beside_plain(
 
 
 def _catch_over(state: autotune.AutotuneState) -> bool:
-    """Whether this rank's catch (`autotune.tuning.catch`) has decided."""
+    """Whether this rank's catch (`autotune.tuning.plain_check`) has decided."""
     aside = state.aside
     return aside is not None and aside.catch is not None and aside.catch.outcome is not None
 
 
 def _all_done(state: autotune.AutotuneState, synced: list[bool], after_aside: int) -> bool:
-    """Whether every rank stepped aside ``after_aside`` synced steps ago or more, and has
+    """Whether every rank unhooked ``after_aside`` synced steps ago or more, and has
     decided DDP's bucket size where it tunes it (agreed)."""
     aside = state.aside
     at = None if aside is None else aside.at

@@ -1,4 +1,4 @@
-"""The phases over whole plans (`autotune.tuning.campaign`), driven with known step times: what
+"""The phases over whole plans (`autotune.tuning.plan_search`), driven with known step times: what
 is shortlisted, tested, locked, re-checked, remembered as a near miss, and checked against
 plain DDP."""
 
@@ -8,24 +8,24 @@ from collections.abc import Callable
 
 import pytest
 
-from autotune.plan import Arm, Choice, Gain, Lead
-from autotune.tuning.campaign import (
-    LEAD_BELOW,
-    NOMINATE_BELOW,
-    RUNNER_UP_WITHIN,
-    Campaign,
-    nominate,
-)
-from autotune.tuning.duel import (
+from autotune.plan import Arm, Choice, Gain, NearMiss
+from autotune.tuning.paired_test import (
     Outcome,
+)
+from autotune.tuning.plan_search import (
+    NEAR_MISS_BELOW,
+    RUNNER_UP_WITHIN,
+    SHORTLIST_BELOW,
+    PlanSearch,
+    shortlist,
 )
 
 FUSION = (0, 1 << 20)
 TREE = Choice("tree")
 
 
-def campaign(recheck_every: int = 0, catch: bool = False) -> Campaign:
-    return Campaign(
+def plan_search(recheck_every: int = 0, catch: bool = False) -> PlanSearch:
+    return PlanSearch(
         Arm(),
         fusion_options=FUSION,
         max_pairs=8,
@@ -35,7 +35,7 @@ def campaign(recheck_every: int = 0, catch: bool = False) -> Campaign:
     )
 
 
-def drive(c: Campaign, step_of: object, iterations: int, start: int = 0) -> int:
+def drive(c: PlanSearch, step_of: object, iterations: int, start: int = 0) -> int:
     """Run ``iterations`` scheduled iterations (each measured as it runs); the last one."""
     assert callable(step_of)
     for i in range(start, start + iterations):
@@ -46,7 +46,7 @@ def drive(c: Campaign, step_of: object, iterations: int, start: int = 0) -> int:
 
 
 def test_a_plan_is_locked_only_after_beating_the_baseline_on_the_step() -> None:
-    c = campaign()
+    c = plan_search()
     c.start(None)
     assert c.phase == "fusion"
 
@@ -62,7 +62,7 @@ def test_a_plan_is_locked_only_after_beating_the_baseline_on_the_step() -> None:
 
 
 def test_latency_alone_never_locks_a_plan_whose_step_is_slower() -> None:
-    c = campaign()
+    c = plan_search()
     c.start(None)
     drive(c, lambda arm, i: 1.0, 40)
     # Screening found TREE much faster per message, but it burns the step.
@@ -73,12 +73,12 @@ def test_latency_alone_never_locks_a_plan_whose_step_is_slower() -> None:
 
 def test_a_stored_plan_is_confirmed_against_the_baseline_or_dropped() -> None:
     stored = Arm(((1 << 20, TREE),), 1 << 20)
-    c = campaign()
+    c = plan_search()
     c.start(stored)
     assert c.phase == "confirm"
     drive(c, lambda arm, i: 1.1 if arm == stored else 1.0, 40)
     assert c.baseline_kept
-    c = campaign()
+    c = plan_search()
     c.start(stored)
     drive(c, lambda arm, i: 0.9 if arm == stored else 1.0, 40)
     assert c.settled and c.incumbent == stored
@@ -86,7 +86,7 @@ def test_a_stored_plan_is_confirmed_against_the_baseline_or_dropped() -> None:
 
 def test_search_duels_may_be_extended_and_re_checks_may_not() -> None:
     stored = Arm(((1 << 20, TREE),), 0)
-    c = campaign(recheck_every=30)
+    c = plan_search(recheck_every=30)
     c.start(stored)
     assert c.match is not None and c.match.kind == "confirm" and not c.rechecking
     assert (c.match.duel.max_pairs, c.match.duel.extend_to) == (8, 16)
@@ -100,7 +100,7 @@ def test_search_duels_may_be_extended_and_re_checks_may_not() -> None:
 
 def test_a_locked_plan_whose_gain_is_gone_falls_back_and_tuning_starts_over() -> None:
     stored = Arm(((1 << 20, TREE),), 0)
-    c = campaign(recheck_every=30)
+    c = plan_search(recheck_every=30)
     c.start(stored)
     end = drive(c, lambda arm, i: 0.9 if arm == stored else 1.0, 40)
     assert c.settled and c.incumbent == stored
@@ -117,44 +117,44 @@ RING, HRING, NATIVE = Choice("ring"), Choice("hierarchical_ring"), Choice("nativ
 
 def test_screening_nominates_the_fastest_and_a_close_runner_up_of_another_algorithm() -> None:
     # Clear winner: only it. The next algorithm is 1.3x slower than the winner.
-    assert nominate({NATIVE: 10.0, RING: 5.0, HRING: 6.5}, NATIVE) == [(RING, 5.0)]
+    assert shortlist({NATIVE: 10.0, RING: 5.0, HRING: 6.5}, NATIVE) == [(RING, 5.0)]
     # Within RUNNER_UP_WITHIN of the winner: both, the winner first, each with what it saves.
     close = 5.0 * RUNNER_UP_WITHIN * 0.99
-    got = nominate({NATIVE: 10.0, RING: 5.0, HRING: close}, NATIVE)
+    got = shortlist({NATIVE: 10.0, RING: 5.0, HRING: close}, NATIVE)
     assert [c for c, _ in got] == [RING, HRING]
     assert [saved for _, saved in got] == pytest.approx([5.0, 10.0 - close])
     # Another segment of the winner's algorithm is not a runner-up; the next algorithm is.
     ring_seg = Choice("ring", 1 << 18)
-    got = nominate({NATIVE: 10.0, RING: 5.0, ring_seg: 5.01, HRING: 5.2}, NATIVE)
+    got = shortlist({NATIVE: 10.0, RING: 5.0, ring_seg: 5.01, HRING: 5.2}, NATIVE)
     assert [c for c, _ in got] == [RING, HRING]
 
 
 def test_a_runner_up_must_beat_what_the_class_runs_by_the_same_bar() -> None:
     # The runner-up is close to the winner but not NOMINATE_BELOW of the current latency.
     now_s = 10.0
-    best = NOMINATE_BELOW * now_s * 0.99
-    runner = NOMINATE_BELOW * now_s * 1.01
+    best = SHORTLIST_BELOW * now_s * 0.99
+    runner = SHORTLIST_BELOW * now_s * 1.01
     assert runner <= RUNNER_UP_WITHIN * best
-    got = nominate({NATIVE: now_s, RING: best, HRING: runner}, NATIVE)
+    got = shortlist({NATIVE: now_s, RING: best, HRING: runner}, NATIVE)
     assert [c for c, _ in got] == [RING] and got[0][1] == pytest.approx(now_s - best)
     # The class already runs the fastest: nothing, not even a close runner-up.
-    assert nominate({NATIVE: 5.0, RING: 5.1}, NATIVE) == []
-    assert nominate({}, NATIVE) == []
+    assert shortlist({NATIVE: 5.0, RING: 5.1}, NATIVE) == []
+    assert shortlist({}, NATIVE) == []
     # The current choice was not measured (another job's study): the winner, saving measured
     # against itself, and its runner-up.
-    assert [c for c, _ in nominate({RING: 5.0, HRING: 5.2}, NATIVE)] == [RING, HRING]
+    assert [c for c, _ in shortlist({RING: 5.0, HRING: 5.2}, NATIVE)] == [RING, HRING]
 
 
 def test_when_the_latency_winner_loses_on_the_step_its_runner_up_gets_its_own_duel() -> None:
     cls = 2 << 20
-    c = campaign()
+    c = plan_search()
     c.start(None)
     drive(c, lambda arm, i: 1.0, 40)
     assert c.phase == "screening"
     c.screened(
         [
             (cls, choice, saved)
-            for choice, saved in nominate({NATIVE: 10.0, RING: 8.0, HRING: 8.4}, NATIVE)
+            for choice, saved in shortlist({NATIVE: 10.0, RING: 8.0, HRING: 8.4}, NATIVE)
         ]
     )
 
@@ -167,9 +167,9 @@ def test_when_the_latency_winner_loses_on_the_step_its_runner_up_gets_its_own_du
         ("class", RING, False),
         ("class", HRING, True),
     ]
-    # Without the runner-up rule it would have kept the baseline: the same campaign with the
+    # Without the runner-up rule it would have kept the baseline: the same plan search with the
     # latency winner only.
-    c = campaign()
+    c = plan_search()
     c.start(None)
     drive(c, lambda arm, i: 1.0, 40)
     c.screened([(cls, RING, 2.0)])
@@ -180,10 +180,10 @@ def test_when_the_latency_winner_loses_on_the_step_its_runner_up_gets_its_own_du
 def test_a_re_check_lost_within_noise_looks_again_before_falling_back() -> None:
     stored = Arm(((1 << 20, TREE),), 0)
 
-    def run(noisy_then: float) -> Campaign:
+    def run(noisy_then: float) -> PlanSearch:
         """Locked on ``stored`` (0.9x); at the first re-check its steps alternate 0.85x and
         1.2x (a median above 1, but not slower beyond noise); then ``noisy_then``."""
-        c = campaign(recheck_every=30)
+        c = plan_search(recheck_every=30)
         c.start(stored)
         end = drive(c, lambda arm, i: 0.9 if arm == stored else 1.0, 40)
         assert c.settled and c.incumbent == stored
@@ -216,10 +216,10 @@ def test_a_re_check_lost_within_noise_looks_again_before_falling_back() -> None:
 def test_classes_whose_gains_are_too_small_alone_meet_the_incumbent_together() -> None:
     small, large = 256 << 10, 2 << 20
 
-    def run(alone: float) -> Campaign:
+    def run(alone: float) -> PlanSearch:
         """Each class's hierarchical ring makes the step ``alone`` times the baseline's; the
         challenger's steps swing by -8% to +8% around that, the same way every time."""
-        c = Campaign(Arm(), fusion_options=(0,), max_pairs=8, warmup=0, recheck_every=0)
+        c = PlanSearch(Arm(), fusion_options=(0,), max_pairs=8, warmup=0, recheck_every=0)
         c.start(None)
         swing = [1.08, 0.92, 0.98, 1.02]  # median 1: a pair above 1 in four at alone = 0.96
         k = [0]
@@ -267,8 +267,8 @@ def swinging(alone: float, plan: Arm) -> Callable[[Arm, int], float]:
 def test_a_kept_baseline_remembers_the_plan_that_came_close_and_the_next_job_retries_it() -> None:
     fused = Arm((), 1 << 20)
 
-    def first_job(alone: float) -> Campaign:
-        c = campaign()
+    def first_job(alone: float) -> PlanSearch:
+        c = plan_search()
         c.start(None)
         drive(c, swinging(alone, fused), 40)
         assert c.phase == "screening"
@@ -282,11 +282,11 @@ def test_a_kept_baseline_remembers_the_plan_that_came_close_and_the_next_job_ret
     assert c.lead is not None and c.lead.arm == fused
     assert c.lead.gain == c.history[0][2].gain and c.lead.gain.ratio == pytest.approx(0.96)
     # At 0.99x (the noise of cells with nothing to gain) nothing is remembered.
-    assert LEAD_BELOW < 0.99 and first_job(0.99).lead is None
+    assert NEAR_MISS_BELOW < 0.99 and first_job(0.99).lead is None
     lead = c.lead
 
-    # The next job from that table: one duel of the lead against the baseline first.
-    nxt = campaign()
+    # The next job from that table: one paired test of the lead against the baseline first.
+    nxt = plan_search()
     nxt.start(Arm(), lead)
     assert nxt.phase == "confirm" and nxt.match is not None and nxt.match.kind == "retry"
     assert (nxt.match.reference, nxt.match.challenger) == (Arm(), fused)
@@ -294,13 +294,13 @@ def test_a_kept_baseline_remembers_the_plan_that_came_close_and_the_next_job_ret
     assert nxt.settled and nxt.incumbent == fused and nxt.lead is None
     assert nxt.gain is not None and nxt.gain.ratio == pytest.approx(0.9)
     # Lost again, even close: the baseline, and the lead is forgotten (one retry per lead).
-    nxt = campaign()
+    nxt = plan_search()
     nxt.start(Arm(), lead)
     drive(nxt, swinging(0.96, fused), 40)
     assert nxt.settled and nxt.baseline_kept and nxt.lead is None
     assert [k for k, _, _ in nxt.history] == ["retry"]
     # Without a lead a stored baseline locks at once, as before.
-    nxt = campaign()
+    nxt = plan_search()
     nxt.start(Arm())
     assert nxt.settled and nxt.baseline_kept and nxt.match is None
 
@@ -308,7 +308,7 @@ def test_a_kept_baseline_remembers_the_plan_that_came_close_and_the_next_job_ret
 def test_the_lead_is_the_closest_challenger_and_a_won_plan_has_none() -> None:
     cls = 2 << 20
     tree = Arm(((cls, TREE),), 0)
-    c = campaign()
+    c = plan_search()
     c.start(None)
     step = swinging(0.96, Arm((), 1 << 20))
     drive(c, step, 40)
@@ -321,7 +321,7 @@ def test_the_lead_is_the_closest_challenger_and_a_won_plan_has_none() -> None:
     ]
     assert c.lead is not None and c.lead.arm == tree
     # A round that locks a plan leaves no lead, whatever came close before it won.
-    c = campaign()
+    c = plan_search()
     c.start(None)
     drive(c, step, 40)
     c.screened([(cls, TREE, 0.001)])
@@ -332,8 +332,8 @@ def test_the_lead_is_the_closest_challenger_and_a_won_plan_has_none() -> None:
 def test_where_the_job_steps_aside_a_plan_that_needs_the_hook_meets_plain_ddp_first() -> None:
     tree = Arm(((1 << 20, TREE),), 0)
 
-    def won_by_tree(catch: bool) -> Campaign:
-        c = campaign(recheck_every=30, catch=catch)
+    def won_by_tree(catch: bool) -> PlanSearch:
+        c = plan_search(recheck_every=30, catch=catch)
         c.start(None)
         drive(c, lambda arm, i: 1.0, 40)
         c.screened([(1 << 20, TREE, 0.001)])
@@ -350,7 +350,7 @@ def test_where_the_job_steps_aside_a_plan_that_needs_the_hook_meets_plain_ddp_fi
     hooked_gain = c.gain
     assert hooked_gain is not None and hooked_gain.ratio == pytest.approx(0.8)
 
-    # Kept: locked, its gain the catch's against plain DDP, which later re-checks (against
+    # Kept: locked, its gain the check's against plain DDP, which later re-checks (against
     # the hooked baseline) do not replace.
     against_plain = Gain(0.93, 0.9, 0.97, 12)
     c.caught(True, Outcome(True, against_plain, "ahead on the median"))
@@ -363,15 +363,16 @@ def test_where_the_job_steps_aside_a_plan_that_needs_the_hook_meets_plain_ddp_fi
     assert c.settled and c.incumbent == tree and c.gain == against_plain
     assert c.history[-1][0] == "recheck"
 
-    # Lost: the baseline is kept, with no lead; the verdict's history ends with the catch.
+    # Lost: the baseline is kept, with no lead; the verdict's history ends with the check against
+    # plain DDP.
     c = won_by_tree(catch=True)
     c.caught(False, Outcome(False, Gain(1.04, 0.99, 1.1, 24), "not ahead on the median"))
     assert c.settled and c.baseline_kept and c.gain is None and c.lead is None
     assert [k for k, _, _ in c.history][-1] == "catch"
-    c.caught(True, None)  # a stale word after the catch changes nothing
+    c.caught(True, None)  # a stale word after the check against plain DDP changes nothing
     assert c.baseline_kept
 
-    # Not run (the reducer cannot be rebuilt): locked on the duels' word.
+    # Not run (the reducer cannot be rebuilt): locked on the paired tests' word.
     c = won_by_tree(catch=True)
     c.caught(True, None)
     assert c.settled and c.incumbent == tree and c.gain == hooked_gain and not c.against_plain
@@ -379,24 +380,25 @@ def test_where_the_job_steps_aside_a_plan_that_needs_the_hook_meets_plain_ddp_fi
 
 def test_a_fusion_only_plan_has_no_catch_and_a_stored_hook_plan_goes_straight_to_it() -> None:
     fused = Arm((), 1 << 20)
-    c = campaign(catch=True)
+    c = plan_search(catch=True)
     c.start(None)
     drive(c, lambda arm, i: 0.8 if arm == fused else 1.0, 40)
     c.screened([])
     drive(c, lambda arm, i: 0.8 if arm == fused else 1.0, 40)
-    assert c.settled and c.incumbent == fused  # DDP runs it: its bucket duels say the rest
-    # A stored plan that needs the hook: the catch, instead of a confirm against the hooked
-    # baseline; without the catch, the confirm.
+    assert c.settled and c.incumbent == fused  # DDP runs it: its bucket paired tests say the rest
+    # A stored plan that needs the hook: the check against plain DDP, instead of a confirm against
+    # the hooked baseline; without the check against plain DDP, the confirm.
     stored = Arm(((1 << 20, TREE),), 0)
-    c = campaign(catch=True)
+    c = plan_search(catch=True)
     c.start(stored)
     assert c.phase == "catch" and c.incumbent == stored and c.match is None and not c.history
-    c = campaign(catch=True)
+    c = plan_search(catch=True)
     c.start(fused)
     assert c.phase == "confirm" and c.match is not None
-    # A stored lead that needs the hook: its retry against the hooked baseline, then the catch.
-    c = campaign(catch=True)
-    c.start(Arm(), Lead(stored, Gain(0.96, 0.9, 1.02, 10)))
+    # A stored lead that needs the hook: its retry against the hooked baseline, then the check
+    # against plain DDP.
+    c = plan_search(catch=True)
+    c.start(Arm(), NearMiss(stored, Gain(0.96, 0.9, 1.02, 10)))
     assert c.match is not None and c.match.kind == "retry"
     drive(c, lambda arm, i: 0.9 if arm == stored else 1.0, 40)
     assert c.phase == "catch" and c.incumbent == stored

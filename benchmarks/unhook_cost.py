@@ -1,12 +1,12 @@
-"""What a job pays once autotune has stepped aside: its step against plain DDP's, in one run.
+"""What a job pays once autotune has unhooked: its step against plain DDP's, in one run.
 
-    python benchmarks/aside_cost.py --world-size 4 --steps 300
+    python benchmarks/unhook_cost.py --world-size 4 --steps 300
 
-Once autotune steps aside, DDP runs without the hook, on a gloo group of autotune's (whose
+Once autotune unhooks, DDP runs without the hook, on a gloo group of autotune's (whose
 timeout is ``Config.timeout_s``), with autotune's fault contract around it: a forward pre-hook,
 ``backward()`` through one wrapper, a heartbeat thread a rank. Each rank builds two identical
 models of examples/train_ddp.py: plain DDP, and DDP registered with autotune on a plan file that
-keeps DDP's own all-reduce (it steps aside after the first iteration, as a job whose tuner kept
+keeps DDP's own all-reduce (it unhooks after the first iteration, as a job whose tuner kept
 the baseline does). They take turns step by step on the same batches; a step is forward,
 backward and the optimizer, and the slowest rank's time counts. Reported: the median and
 interquartile range of the per-step ratio autotune/plain, after ``--warmup`` steps.
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     plain_ms = statistics.median(times["plain"][args.warmup :]) * 1e3
     print(
         f"world {args.world_size}, mlp {args.width}x{args.depth}, batch {args.batch}: "
-        f"stepped aside after iteration {result['aside_at']} (DDP on {result['ddp_group']}); "
+        f"unhooked after iteration {result['aside_at']} (DDP on {result['ddp_group']}); "
         f"step autotune/plain DDP median {median:.3f} (95% interval {low:.3f}-{high:.3f}, "
         f"IQR {q1:.3f}-{q3:.3f}) over {len(ratios)} paired steps; plain DDP's step "
         f"{plain_ms:.2f} ms"

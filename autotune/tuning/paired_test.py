@@ -1,6 +1,6 @@
 """Two plans compared on the training step, in interleaved iterations, with a stopping rule.
 
-A duel runs the incumbent (A) and a challenger (B) in the order A B B A, A B B A, ... at the
+A paired test runs the incumbent (A) and a challenger (B) in the order A B B A, A B B A, ... at the
 iteration ends where the plan already changes on every rank, and pairs each iteration with its
 neighbour under the other arm. Each pair gives one ratio, challenger step over incumbent step.
 Slow drift (a neighbour job, thermal throttling, the data loader) moves both members of a pair
@@ -10,15 +10,15 @@ a carry-over from one iteration to the next hits both arms equally.
 The stopping rule is the sign test, inverted into a distribution-free confidence interval for
 the median ratio (order statistics of the ratios; see `median_interval`). A sign test needs no
 assumption about the shape of step-time noise, which on a shared machine has long tails (a
-garbage collection, a scheduler hiccup) that would swamp a mean. The duel looks at the interval
-every `LOOK_EVERY` pairs from `MIN_PAIRS` on:
+garbage collection, a scheduler hiccup) that would swamp a mean. The paired test looks at the
+interval every `LOOK_EVERY` pairs from `MIN_PAIRS` on:
 
 - its upper end below 1: the challenger is faster beyond noise, it wins;
 - its lower end above 1: the challenger is slower beyond noise, it loses at once;
 - from `FUTILE_FROM` pairs on, a median ratio of 1 or more: it loses (futility: a challenger not
   even ahead on the median is unlikely to prove itself faster in the pairs left, and each pair
   costs the user a step on a plan that is no better);
-- at ``max_pairs`` pairs without any of these: it loses, unless the duel may be extended
+- at ``max_pairs`` pairs without any of these: it loses, unless the paired test may be extended
   (``extend_to``) and the challenger's median is at `PROMISING` or better. Then it goes on, with
   the same looks, until ``extend_to`` pairs, as long as its median stays there. The burden of
   proof is on the challenger, so a plan that is only as good as the incumbent never replaces it.
@@ -39,27 +39,27 @@ same gap. Measured on the example's mlp at 2 ranks, where one bucket runs about 
 of DDP's 1 MiB buckets, 16 block pairs had 6-8 of 24 above 1 (block medians still vary by
 +-15% on 2 shared cores): the sign test needs 18 of 24 below 1 and kept losing a real 10% gain.
 
-A duel may instead re-check a challenger that has proven itself before (``hold=True``; the bucket
-size a previous job kept, `autotune.tuning.buckets`): then the burden of proof turns. It loses at
-once where it is slower beyond noise, and wins where it is faster beyond noise, as any challenger;
-otherwise it is judged on the median only at ``max_pairs``: still ahead, it wins ("ahead on the
-median") without the interval excluding 1. Not ahead there, it goes on to ``extend_to`` pairs, and
-is judged on the median of them all ("not ahead on the median" only then); there is no futility look
-before. The gain was proven once already; a second proof of a gain of 5-10% under a shared machine's
-noise fails about half the time (measured on the mlp at 2 ranks: 0.926x over 24 block pairs and
-0.960x over 12 lost a 4 MiB bucket size that had won in the job before), and the job would then run
-slower than it can for nothing. Judged on the median from 10 pairs, as it was, a re-check still
-dropped that size once in nine (1.011x over 10 pairs). Simulated with block pairs as noisy as the
-mlp's (`benchmarks/duel_power.py`, log ratios spread by 0.10-0.13), a re-check of a 0.95x gain
-judged at 12 pairs drops it 4-9% of the time, and 0.6-2% when it goes on to 24; the price is a size
-that has turned 3% slower, kept 19-26% of the time instead of 16-22% (until the next job's
-re-check), and more pairs where the sizes are equal (17 instead of 12). A size 10% slower is dropped
-either way, about 99 times in 100.
+A paired test may instead re-check a challenger that has proven itself before (``hold=True``; the
+bucket size a previous job kept, `autotune.tuning.buckets`): then the burden of proof turns. It
+loses at once where it is slower beyond noise, and wins where it is faster beyond noise, as any
+challenger; otherwise it is judged on the median only at ``max_pairs``: still ahead, it wins
+("ahead on the median") without the interval excluding 1. Not ahead there, it goes on to
+``extend_to`` pairs, and is judged on the median of them all ("not ahead on the median" only then);
+there is no futility look before. The gain was proven once already; a second proof of a gain of
+5-10% under a shared machine's noise fails about half the time (measured on the mlp at 2 ranks:
+0.926x over 24 block pairs and 0.960x over 12 lost a 4 MiB bucket size that had won in the job
+before), and the job would then run slower than it can for nothing. Judged on the median from 10
+pairs, as it was, a re-check still dropped that size once in nine (1.011x over 10 pairs). Simulated
+with block pairs as noisy as the mlp's (`benchmarks/paired_test_power.py`, log ratios spread by
+0.10-0.13), a re-check of a 0.95x gain judged at 12 pairs drops it 4-9% of the time, and 0.6-2%
+when it goes on to 24; the price is a size that has turned 3% slower, kept 19-26% of the time
+instead of 16-22% (until the next job's re-check), and more pairs where the sizes are equal (17
+instead of 12). A size 10% slower is dropped either way, about 99 times in 100.
 
 Each look is a 95% two-sided interval. Looking several times raises the chance that a plan
-truly equal to the incumbent wins by luck above 2.5% (to about 8% over the looks a 24-pair duel
-makes, a little more with the rare extension); a plan that wins that way costs nothing, and
-every locked plan is checked against the baseline again later (`autotune.tuning.campaign`).
+truly equal to the incumbent wins by luck above 2.5% (to about 8% over the looks a 24-pair paired
+test makes, a little more with the rare extension); a plan that wins that way costs nothing, and
+every locked plan is checked against the baseline again later (`autotune.tuning.plan_search`).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ __all__ = [
     "MIN_PAIRS",
     "PROMISING",
     "SLOW_FACTOR",
-    "Duel",
+    "PairedTest",
     "hodges_lehmann",
     "median_interval",
     "signed_rank_interval",
@@ -88,11 +88,11 @@ MIN_PAIRS = 6
 LOOK_EVERY = 4
 #: From this many pairs on, a challenger not ahead on the median stops (not a re-check's).
 FUTILE_FROM = MIN_PAIRS + LOOK_EVERY
-#: A pair whose challenger step is this many times the incumbent's ends the duel at once: a plan
-#: that slow is not worth more of the user's steps to measure.
+#: A pair whose challenger step is this many times the incumbent's ends the paired test at once: a
+#: plan that slow is not worth more of the user's steps to measure.
 SLOW_FACTOR = 3.0
-#: A median ratio at least this far ahead at ``max_pairs`` earns an extendable duel more pairs:
-#: a 5% faster step, the gain worth having (issue 10's target where there is room for it).
+#: A median ratio at least this far ahead at ``max_pairs`` earns an extendable paired test more
+#: pairs: a 5% faster step, the gain worth having (issue 10's target where there is room for it).
 PROMISING = 0.95
 #: The intervals' confidence.
 CONFIDENCE = 0.95
@@ -158,14 +158,14 @@ def hodges_lehmann(values: Sequence[float]) -> float:
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a duel ended: whether the challenger won, and its step over the incumbent's."""
+    """How a paired test ended: whether the challenger won, and its step over the incumbent's."""
 
     challenger_won: bool
     gain: Gain
     why: str
 
 
-class Duel:
+class PairedTest:
     """One paired comparison; feed it each iteration's step under either arm, in order.
 
     ``schedule()`` says which arm the next scheduled iteration runs (A B B A ...). `measure`
@@ -193,7 +193,7 @@ class Duel:
         promising: float = PROMISING,
     ) -> None:
         if max_pairs < MIN_PAIRS:
-            raise ValueError(f"a duel needs at least {MIN_PAIRS} pairs, got {max_pairs}")
+            raise ValueError(f"a paired test needs at least {MIN_PAIRS} pairs, got {max_pairs}")
         if extend_to is not None and extend_to < max_pairs:
             raise ValueError(f"extend_to ({extend_to}) must be at least max_pairs ({max_pairs})")
         self.max_pairs = max_pairs

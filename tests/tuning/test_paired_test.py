@@ -1,4 +1,4 @@
-"""The paired A/B test (`autotune.tuning.duel`), driven with known step times: its intervals,
+"""The paired A/B test (`autotune.tuning.paired_test`), driven with known step times: its intervals,
 looks, extensions and re-checks."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import random
 
 import pytest
 
-from autotune.tuning.duel import (
+from autotune.tuning.paired_test import (
     FUTILE_FROM,
     MIN_PAIRS,
     PROMISING,
-    Duel,
+    PairedTest,
     hodges_lehmann,
     median_interval,
     signed_rank_interval,
@@ -34,8 +34,9 @@ def test_median_interval_is_the_sign_tests_order_statistics() -> None:
         assert abs(low - (n / 2 - 1.96 * math.sqrt(n) / 2)) < 1 and high == n + 1 - low
 
 
-def run(duel: Duel, step: dict[bool, float], noise: float = 0.0, seed: int = 0) -> int:
-    """Feed the duel its schedule with the given steps until it decides; the pairs it took."""
+def run(duel: PairedTest, step: dict[bool, float], noise: float = 0.0, seed: int = 0) -> int:
+    """Feed the paired test its schedule with the given steps until it decides; the pairs it
+    took."""
     rng = random.Random(seed)
     for _ in range(1000):
         challenger = duel.schedule()
@@ -64,7 +65,7 @@ def test_with_signed_ranks_a_gain_the_sign_test_cannot_prove_wins() -> None:
     ratios = [1.13, 0.98, 1.04, 0.86, 0.81, 0.89, 0.82, 1.00, 0.77, 0.95, 0.97, 0.90]
     outcomes = {}
     for signed in (False, True):
-        duel = Duel(12, warmup=0, signed_rank=signed)
+        duel = PairedTest(12, warmup=0, signed_rank=signed)
         for r in ratios:
             duel.measure(False, 1.0)
             outcome = duel.measure(True, r)
@@ -76,13 +77,13 @@ def test_with_signed_ranks_a_gain_the_sign_test_cannot_prove_wins() -> None:
 
 
 def test_a_faster_challenger_wins_at_the_first_look() -> None:
-    duel = Duel(24, warmup=0)
+    duel = PairedTest(24, warmup=0)
     assert run(duel, {False: 1.0, True: 0.8}) == MIN_PAIRS
     assert duel.outcome is not None and duel.outcome.challenger_won
     assert duel.outcome.gain.ratio == pytest.approx(0.8)
 
 
-def cycle(duel: Duel, factors: list[float]) -> int:
+def cycle(duel: PairedTest, factors: list[float]) -> int:
     """The challenger's steps at ``factors`` (in turn) of the incumbent's 1.0, until decided."""
     k = 0
     while duel.outcome is None:
@@ -96,7 +97,7 @@ def test_a_challenger_barely_ahead_loses_at_the_pair_budget() -> None:
     # Ahead on the median (0.98), but a third of its pairs are behind: never beyond noise. Not
     # promising enough to be extended either.
     for extend_to in (None, 48):
-        duel = Duel(24, warmup=0, extend_to=extend_to)
+        duel = PairedTest(24, warmup=0, extend_to=extend_to)
         assert cycle(duel, [0.97, 0.98, 1.01]) == 24
         assert duel.outcome is not None and not duel.outcome.challenger_won
         assert duel.outcome.why == "not faster beyond noise"
@@ -106,12 +107,12 @@ def test_a_promising_challenger_gets_more_pairs_and_wins_where_its_gain_is_real(
     # Two pairs in three ahead by 10-15%, one behind: at 24 pairs the interval still reaches 1
     # (16 below it, the sign test's bound is the 18th smallest), the median is 0.9.
     factors = [0.85, 0.9, 1.02]
-    duel = Duel(24, warmup=0)
+    duel = PairedTest(24, warmup=0)
     assert cycle(duel, factors) == 24
     assert duel.outcome is not None and not duel.outcome.challenger_won
     assert duel.outcome.gain.ratio == pytest.approx(0.9) and duel.outcome.gain.ratio <= PROMISING
     # Given the room, the same evidence goes on and wins before twice the pairs.
-    duel = Duel(24, warmup=0, extend_to=48)
+    duel = PairedTest(24, warmup=0, extend_to=48)
     pairs = cycle(duel, factors)
     assert 24 < pairs <= 48 and (pairs - MIN_PAIRS) % 4 == 0
     assert duel.outcome is not None and duel.outcome.challenger_won
@@ -120,21 +121,21 @@ def test_a_promising_challenger_gets_more_pairs_and_wins_where_its_gain_is_real(
 
 def test_an_extended_duel_the_challenger_cannot_win_ends_at_its_limit() -> None:
     # Three pairs in five ahead (median 0.9), two behind: never beyond noise, however long.
-    duel = Duel(24, warmup=0, extend_to=48)
+    duel = PairedTest(24, warmup=0, extend_to=48)
     assert cycle(duel, [0.8, 0.9, 1.1, 1.05, 0.85]) == 48
     assert duel.outcome is not None and not duel.outcome.challenger_won
     assert duel.outcome.why == "not faster beyond noise"
     with pytest.raises(ValueError, match="extend_to"):
-        Duel(24, extend_to=12)
+        PairedTest(24, extend_to=12)
 
 
 def test_a_re_check_keeps_a_challenger_still_ahead_and_drops_one_that_is_not() -> None:
-    # The restart's duel of the mlp's stored 4 MiB buckets at 2 ranks, as measured: ahead on
-    # the median, the interval still reaching 1. A first duel loses it (the gain is not proven
-    # again); a re-check of a size proven before keeps it, at the pair budget, unextended.
+    # The restart's paired test of the mlp's stored 4 MiB buckets at 2 ranks, as measured: ahead on
+    # the median, the interval still reaching 1. A first paired test loses it (the gain is not
+    # proven again); a re-check of a size proven before keeps it, at the pair budget, unextended.
     ratios = [1.16, 0.84, 0.97, 1.02, 0.88, 0.93, 1.05, 0.90, 0.99, 0.86, 1.08, 0.91]
     for hold in (False, True):
-        duel = Duel(12, warmup=0, signed_rank=True, hold=hold)
+        duel = PairedTest(12, warmup=0, signed_rank=True, hold=hold)
         for r in ratios:
             duel.measure(False, 1.0)
             outcome = duel.measure(True, r)
@@ -143,12 +144,12 @@ def test_a_re_check_keeps_a_challenger_still_ahead_and_drops_one_that_is_not() -
         assert outcome.challenger_won is hold
         assert outcome.why == ("ahead on the median" if hold else "not faster beyond noise")
     # Behind on the median, a re-check loses, judged at its budget only (no futility look at
-    # FUTILE_FROM pairs, as a first duel has); slower beyond noise, at once.
-    duel = Duel(12, warmup=0, hold=True)
+    # FUTILE_FROM pairs, as a first paired test has); slower beyond noise, at once.
+    duel = PairedTest(12, warmup=0, hold=True)
     assert cycle(duel, [1.01, 1.02, 0.99]) == 12
     assert duel.outcome is not None and not duel.outcome.challenger_won
     assert duel.outcome.why == "not ahead on the median"
-    duel = Duel(12, warmup=0, hold=True)
+    duel = PairedTest(12, warmup=0, hold=True)
     assert run(duel, {False: 1.0, True: 1.3}) == MIN_PAIRS
     assert duel.outcome is not None and duel.outcome.why == "slower beyond noise"
 
@@ -158,37 +159,37 @@ def test_a_re_check_not_ahead_at_its_budget_is_judged_again_on_all_its_pairs() -
     # Then 0.90x and 0.99x by turns: over all 24 pairs, ahead on the median: kept, at 24 and
     # not before (no look in between judges the median).
     factors = [1.05, 0.97] * 6 + [0.90, 0.99] * 6
-    duel = Duel(12, warmup=0, extend_to=24, signed_rank=True, hold=True)
+    duel = PairedTest(12, warmup=0, extend_to=24, signed_rank=True, hold=True)
     assert cycle(duel, factors) == 24
     assert duel.outcome is not None and duel.outcome.challenger_won
     assert duel.outcome.why == "ahead on the median" and duel.outcome.gain.high > 1.0
     # Judged at 12 alone, the same pairs lose it.
-    duel = Duel(12, warmup=0, signed_rank=True, hold=True)
+    duel = PairedTest(12, warmup=0, signed_rank=True, hold=True)
     assert cycle(duel, factors) == 12 and duel.outcome is not None
     assert not duel.outcome.challenger_won and duel.outcome.gain.ratio > 1.0
     # Still behind after 24, within noise: dropped.
-    duel = Duel(12, warmup=0, extend_to=24, signed_rank=True, hold=True)
+    duel = PairedTest(12, warmup=0, extend_to=24, signed_rank=True, hold=True)
     assert cycle(duel, [1.06, 0.96, 1.02]) == 24
     assert duel.outcome is not None and not duel.outcome.challenger_won
     assert duel.outcome.why == "not ahead on the median"
 
 
 def test_a_challenger_behind_on_the_median_stops_at_the_second_look() -> None:
-    duel = Duel(24, warmup=0)
+    duel = PairedTest(24, warmup=0)
     assert cycle(duel, [1.01, 1.02, 0.99]) == FUTILE_FROM
     assert duel.outcome is not None and duel.outcome.why == "not ahead on the median"
 
 
 def test_a_slower_challenger_loses_early_and_a_far_slower_one_at_once() -> None:
-    duel = Duel(24, warmup=0)
+    duel = PairedTest(24, warmup=0)
     assert run(duel, {False: 1.0, True: 1.3}) == MIN_PAIRS
     assert duel.outcome is not None and duel.outcome.why == "slower beyond noise"
-    duel = Duel(24, warmup=0)
+    duel = PairedTest(24, warmup=0)
     assert run(duel, {False: 1.0, True: 5.0}) == 1
 
 
 def test_the_schedule_is_abba_and_warmup_and_repeats_are_not_paired() -> None:
-    duel = Duel(24, warmup=1)
+    duel = PairedTest(24, warmup=1)
     assert [duel.schedule() for _ in range(8)] == [False, True, True, False] * 2
     duel.measure(False, 9.0)  # warm-up: dropped
     duel.measure(True, 9.0)  # warm-up: dropped
@@ -199,8 +200,8 @@ def test_the_schedule_is_abba_and_warmup_and_repeats_are_not_paired() -> None:
 
 
 def test_drift_cancels_in_the_pairs() -> None:
-    # The machine slows down 3x over the duel; the challenger is 10% faster throughout.
-    duel = Duel(24, warmup=0)
+    # The machine slows down 3x over the paired test; the challenger is 10% faster throughout.
+    duel = PairedTest(24, warmup=0)
     k = 0
     while duel.outcome is None:
         challenger = duel.schedule()

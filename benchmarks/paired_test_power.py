@@ -1,22 +1,24 @@
-"""How often a bucket duel keeps a challenger, by its true step ratio and the noise: simulated.
+"""How often a bucket paired test keeps a challenger, by its true step ratio and the noise:
+simulated.
 
-    python benchmarks/duel_power.py --ratios 0.92,0.95,1.0,1.03,1.1 --sigmas 0.10,0.13
+    python benchmarks/paired_test_power.py --ratios 0.92,0.95,1.0,1.03,1.1 --sigmas 0.10,0.13
 
-A duel's stopping rules (`autotune.tuning.duel.Duel`) decide on noisy pairs of blocks; whether
-they keep a real gain, or drop a size that has turned slower, is a matter of chance that a few
-benchmark runs cannot count. This feeds the duels `autotune.tuning.buckets` runs with pairs whose
-log ratio is normal around the log of the true ratio, with the given spread, and counts how often
-each kept the challenger and how many pairs it took:
+A paired test's stopping rules (`autotune.tuning.paired_test.PairedTest`) decide on noisy pairs of
+blocks; whether they keep a real gain, or drop a size that has turned slower, is a matter of chance
+that a few benchmark runs cannot count. This feeds the paired tests `autotune.tuning.buckets` runs
+with pairs whose log ratio is normal around the log of the true ratio, with the given spread, and
+counts how often each kept the challenger and how many pairs it took:
 
-- ``first``: a first duel (`autotune.tuning.buckets.bucket_duel`, as the job runs it: `MAX_PAIRS`,
+- ``first``: a first paired test (`autotune.tuning.buckets.bucket_test`, as the job runs it:
+`MAX_PAIRS`,
   extended to twice that while ahead on the median); the challenger must be faster beyond noise;
 - ``re-check at N``: a stored size's re-check judged at `MAX_PAIRS` alone (``extend_to`` =
   ``max_pairs``);
-- ``re-check, extended``: the re-check the job runs (``bucket_duel(recheck=True)``), which goes
+- ``re-check, extended``: the re-check the job runs (``bucket_test(recheck=True)``), which goes
   on to twice `MAX_PAIRS` where the stored size is not ahead on the median at `MAX_PAIRS`.
 
 The spread: the log ratios of the 12 block pairs measured in a re-check of the example mlp's
-4 MiB buckets at 2 ranks on 2 shared cores (tests/tuning/test_campaign.py) have a standard
+4 MiB buckets at 2 ranks on 2 shared cores (tests/tuning/test_plan_search.py) have a standard
 deviation of 0.099; 0.13 stands for a louder machine. Nothing here is timed; the figures are counts.
 """
 
@@ -29,20 +31,20 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from autotune.tuning.buckets import MAX_PAIRS, bucket_duel
-from autotune.tuning.duel import Duel
+from autotune.tuning.buckets import MAX_PAIRS, bucket_test
+from autotune.tuning.paired_test import PairedTest
 
 RULES = ("first", f"re-check at {MAX_PAIRS}", "re-check, extended")
 
 
-def duel(rule: str) -> Duel:
+def duel(rule: str) -> PairedTest:
     if rule == f"re-check at {MAX_PAIRS}":  # judged at MAX_PAIRS alone
-        return Duel(MAX_PAIRS, warmup=0, signed_rank=True, hold=True)
-    return bucket_duel(MAX_PAIRS, recheck=rule != "first")
+        return PairedTest(MAX_PAIRS, warmup=0, signed_rank=True, hold=True)
+    return bucket_test(MAX_PAIRS, recheck=rule != "first")
 
 
 def run(rule: str, ratio: float, sigma: float, rng: random.Random) -> tuple[bool, int]:
-    """One duel: whether it kept the challenger, and its pairs."""
+    """One paired test: whether it kept the challenger, and its pairs."""
     d = duel(rule)
     while d.outcome is None:
         d.measure(False, 1.0)
@@ -54,7 +56,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ratios", default="0.92,0.95,1.0,1.03,1.1", help="true challenger/reference")
     p.add_argument("--sigmas", default="0.10,0.13", help="spread of a pair's log ratio")
-    p.add_argument("--trials", type=int, default=4000, help="duels per cell")
+    p.add_argument("--trials", type=int, default=4000, help="paired tests per cell")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args()
     rng = random.Random(args.seed)

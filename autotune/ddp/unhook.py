@@ -1,4 +1,4 @@
-"""Stepping aside: once the tuner keeps the baseline, DDP gets its own all-reduce back.
+"""Unhooking: once the tuner keeps the baseline, DDP gets its own all-reduce back.
 
 (Also where it keeps the backend's all-reduce for every class with a fusion size of its own:
 DDP then runs it, and `autotune.tuning.buckets` tunes DDP's bucket size in its place.)
@@ -17,7 +17,7 @@ from the backward order as a new job does, and the job runs as plain DDP from th
 
 Every rank must swap before the same iteration, since the new reducer's first rebuild of its
 buckets is a broadcast: the tuner says from which iteration every rank runs the locked baseline
-(`autotune.tuning.Tuner.aside_from`, applied at the same iteration end on every rank), and
+(`autotune.tuning.Tuner.unhook_from`, applied at the same iteration end on every rank), and
 the hook, at an iteration's last bucket (on the thread that runs backward), checks that
 iteration against it. Every rank first sees it due at the same iteration, since that iteration's
 first bucket waited for the orders (`Engine.switch_at`). From there a forward pre-hook on the
@@ -27,10 +27,11 @@ Where the model cannot be rebuilt this way (a torch without those methods, anoth
 beside autotune's, two models on one state), autotune says why, once, and stays: the hook keeps
 running the baseline on its lane.
 
-The same forward pre-hook runs the catch (`autotune.tuning.catch`), where the tuner has locked a
-plan that needs the hook: from the iteration the tuner names (`CatchHooks.due`), the plan meets
-plain DDP in blocks of iterations, on reducers rebuilt this way, with the hook registered again
-for the plan's blocks. Lost, the job has stepped aside; kept, the hook runs on.
+The same forward pre-hook runs the check against plain DDP (`autotune.tuning.plain_check`), where
+the tuner has locked a plan that needs the hook: from the iteration the tuner names
+(`PlainCheckHooks.due`), the plan meets plain DDP in blocks of iterations, on reducers rebuilt this
+way, with the hook registered again for the plan's blocks. Lost, the job has unhooked; kept, the
+hook runs on.
 """
 
 from __future__ import annotations
@@ -49,12 +50,12 @@ if TYPE_CHECKING:
 
     from autotune.ddp.guard import Guard
     from autotune.tuning.buckets import BucketTuner
-    from autotune.tuning.catch import HookCatch
-    from autotune.tuning.duel import Outcome
+    from autotune.tuning.paired_test import Outcome
+    from autotune.tuning.plain_check import PlainCheck
 
 __all__ = [
-    "CatchHooks",
-    "StepAside",
+    "PlainCheckHooks",
+    "Unhooking",
     "rebuild_reducer",
     "restore_bucket_config",
     "saved_bucket_config",
@@ -145,27 +146,28 @@ def set_bucket_cap(ddp: DistributedDataParallel, nbytes: int) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class CatchHooks:
-    """What `StepAside` needs to run the catch (`autotune.tuning.catch`)."""
+class PlainCheckHooks:
+    """What `Unhooking` needs to run the check against plain DDP (`autotune.tuning.plain_check`)."""
 
-    #: The iteration from which the catch runs (None: none is due), the same on every rank.
+    #: The iteration from which the check against plain DDP runs (None: none is due), the same on
+    #: every rank.
     due: Callable[[], int | None]
-    #: The catch for the model.
-    make: Callable[[DistributedDataParallel], HookCatch]
-    #: Told on every rank once it is over: whether the hook runs on, and the duel's outcome
+    #: The check against plain DDP for the model.
+    make: Callable[[DistributedDataParallel], PlainCheck]
+    #: Told on every rank once it is over: whether the hook runs on, and the paired test's outcome
     #: (None: it could not run, or stopped).
     over: Callable[[bool, Outcome | None], None]
     #: Iterations run through the hook so far.
     iteration: Callable[[], int]
 
 
-class StepAside:
+class Unhooking:
     """Removes autotune's hook from its DDP model once every rank runs the locked baseline.
 
-    ``aside_from`` says from which iteration on that is so (None: not, or not yet); the hook
+    ``unhook_from`` says from which iteration on that is so (None: not, or not yet); the hook
     calls `check` at every iteration's last bucket. ``ours(hook, state)``: whether a comm hook a
     DDP model holds (the function and the state it was registered with) is this one.
-    ``buckets(ddp)``: once aside, the `BucketTuner` that tunes DDP's bucket size from the same
+    ``buckets(ddp)``: once unhooked, the `BucketTuner` that tunes DDP's bucket size from the same
     forward pre-hook (None: DDP's buckets stay as the job built them); ``bucket_bytes``: a size
     to rebuild DDP's reducer with instead (a plan file's, `autotune.plan.Buckets`).
     ``catch``: where the tuner may lock a plan that needs the hook (see the module doc).
@@ -176,28 +178,28 @@ class StepAside:
 
     def __init__(
         self,
-        aside_from: Callable[[], int | None],
+        unhook_from: Callable[[], int | None],
         ours: Callable[[object, object], bool],
         buckets: Callable[[DistributedDataParallel], BucketTuner | None] | None = None,
         bucket_bytes: int | None = None,
-        catch: CatchHooks | None = None,
+        catch: PlainCheckHooks | None = None,
         guard: Guard | None = None,
     ) -> None:
-        self._aside_from = aside_from
+        self._aside_from = unhook_from
         self._guard = guard
         self._catch_hooks = catch
-        #: The catch under way, or the last one run (None: none has run).
-        self.catch: HookCatch | None = None
-        self._caught_for: int | None = None  # the `CatchHooks.due` of the last catch begun
+        #: The check against plain DDP under way, or the last one run (None: none has run).
+        self.catch: PlainCheck | None = None
+        self._caught_for: int | None = None  # the `PlainCheckHooks.due` of the last check begun
         self._bucket_bytes = bucket_bytes
         self._ours = ours
         self._buckets = buckets
-        #: Tuning DDP's bucket size, once aside (None: not, or not yet).
+        #: Tuning DDP's bucket size, once unhooked (None: not, or not yet).
         self.buckets: BucketTuner | None = None
         self._model: weakref.ref[DistributedDataParallel] | None = None
         self._handle: RemovableHandle | None = None
         self.refused: str | None = None
-        #: The iterations (backward passes through the hook) before autotune stepped aside.
+        #: The iterations (backward passes through the hook) before autotune unhooked.
         self.at: int | None = None
 
     def attach(self, ddp: DistributedDataParallel) -> None:
@@ -208,7 +210,8 @@ class StepAside:
 
     def check(self, iteration: int) -> None:
         """At ``iteration``'s last bucket: once the baseline is locked from it or earlier, swap
-        the reducer before the model's next forward; once a catch is due, begin it there."""
+        the reducer before the model's next forward; once a check against plain DDP is due, begin
+        it there."""
         if self._handle is not None or self.refused is not None or self.at is not None:
             return
         hooks = self._catch_hooks
@@ -224,7 +227,7 @@ class StepAside:
             self._refuse(why or "no model", catch_due)
             if catch_due and hooks is not None:
                 self._caught_for = due
-                hooks.over(True, None)  # the plan runs on, as its duels chose it
+                hooks.over(True, None)  # the plan runs on, as its paired tests chose it
             return
         if self._guard is not None:
             self._guard.watch(ddp)
@@ -280,7 +283,7 @@ class StepAside:
         if self.buckets is None:
             self._remove()
         _log.info(
-            "autotune steps aside after iteration %d: %s, so DDP runs its own all-reduce "
+            "autotune unhooks after iteration %d: %s, so DDP runs its own all-reduce "
             "without the hook from here on",
             iteration,
             why,
@@ -308,13 +311,13 @@ class StepAside:
         self.refused = why
         if catch:
             _log.warning(
-                "autotune keeps its hook, running the plan its duels chose, unchecked against "
-                "plain DDP: it cannot rebuild DDP's reducer (%s), and cannot step aside either",
+                "autotune keeps its hook, running the plan its paired tests chose, unchecked "
+                "against plain DDP: it cannot rebuild DDP's reducer (%s), and cannot unhook either",
                 why,
             )
             return
         _log.warning(
             "autotune keeps its hook, running the backend's own all-reduce, although no plan "
-            "beat it: it cannot step aside (%s). Its cost is the hook's (docs/HOOK.md)",
+            "beat it: it cannot unhook (%s). Its cost is the hook's (docs/HOOK.md)",
             why,
         )

@@ -1,10 +1,12 @@
-"""The catch on real ranks: a plan that needs the hook meets plain DDP before it is locked.
+"""The check against plain DDP on real ranks: a plan that needs the hook meets plain DDP before it
+is locked.
 
-Each job trains autotune's model beside plain DDP on the same batches (tests/jobs/aside_jobs.py),
-from a storage that holds a plan with `ring` for every size class. Where the job steps aside
-for the baseline, such a plan goes straight to the catch (autotune/tuning/catch.py): blocks of
-iterations on DDP's reducer without the hook (plain DDP) and with it (the plan), rebuilt at each
-switch. A delay in a forward pre-hook of the test's makes one of the two slower.
+Each job trains autotune's model beside plain DDP on the same batches (tests/jobs/unhook_jobs.py),
+from a storage that holds a plan with `ring` for every size class. Where the job unhooks
+for the baseline, such a plan goes straight to the check against plain DDP
+(autotune/tuning/plain_check.py): blocks of iterations on DDP's reducer without the hook (plain
+DDP) and with it (the plan), rebuilt at each switch. A delay in a forward pre-hook of the test's
+makes one of the two slower.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from aside_jobs import KEEPS_BASELINE, Aside, beside_plain
+from unhook_jobs import KEEPS_BASELINE, Aside, beside_plain
 
 from autotune.comm.launch import run_local
 from autotune.plan import Choice, Entry, Gain, Table
@@ -21,7 +23,8 @@ from autotune.tuning.blocks import BLOCK
 
 pytestmark = pytest.mark.distributed
 
-#: Synced steps each job trains after the catch is over (up to `CAP` steps in all).
+#: Synced steps each job trains after the check against plain DDP is over (up to `CAP` steps in
+#: all).
 AFTER = 10
 CAP = 800
 
@@ -37,7 +40,7 @@ def stored_ring(tmp_path: Path, variant: str = "base") -> dict[str, object]:
     classes = {cls: Entry(Choice("ring"), state="locked") for cls in kept.classes}
     table = Table(classes, 0, kept.fingerprint, Gain(0.9, 0.85, 0.95, 12))
     Store(url, job_id="ring-job").save_table(key, table)
-    return {**first, "algorithms": ("ring",), "duel_pairs": 6}
+    return {**first, "algorithms": ("ring",), "max_pairs": 6}
 
 
 def catch(settings: dict[str, object], slow: str, variant: str = "base") -> list[Aside]:
@@ -73,13 +76,13 @@ def test_a_plan_slower_than_plain_ddp_is_dropped_and_the_job_steps_aside(tmp_pat
     assert len(at) == 1 and None not in at, [(r.aside_at, r.catch_kept, r.refused) for r in runs]
     for r in runs:
         assert r.catch_kept is False and r.hooks_left == 0 and r.reducer_replaced
-        assert r.catch_pairs >= 1  # a pair 3x slower ends a duel at once
+        assert r.catch_pairs >= 1  # a pair 3x slower ends a paired test at once
         assert r.calls[-AFTER:] == [0] * AFTER  # no hook since
         assert r.plain_rel < 1e-5, r.plain_rel
     assert len({r.hooked for r in runs}) == 1, "ranks' parameters diverged"
     verdict = runs[0].verdict
     assert "beat it through the hook, but ran" in verdict, verdict
-    assert "stepped aside after iteration" in verdict, verdict
+    assert "unhooked after iteration" in verdict, verdict
     # The next job finds the baseline (no lead: the plan lost to plain DDP itself).
     assert runs[0].stored_plan is not None and set(runs[0].stored_plan.values()) == {"native"}
     stored = Store(f"sqlite:///{tmp_path / 'tuning.db'}").load_table(

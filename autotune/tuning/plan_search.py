@@ -1,28 +1,28 @@
 """Rank 0's search over whole plans, judged on the training step against the baseline.
 
 A plan (`Arm`) is a choice per size class and a fusion size. The baseline is what the job had
-without autotune: the backend's own all-reduce (`native`) on DDP's own buckets. The campaign
-starts from it and only ever moves to a plan that beat the plan it runs in a paired duel on the
-step (`autotune.tuning.duel`):
+without autotune: the backend's own all-reduce (`native`) on DDP's own buckets. The plan search
+starts from it and only ever moves to a plan that beat the plan it runs in a paired paired test on
+the step (`autotune.tuning.paired_test`):
 
 1. ``fusion``: each fusion size against the incumbent (classes on ``native``);
 2. ``screening``: per size class, every algorithm x segment on its message latency (the class
-   searches, Optuna studies). Latency only nominates: a class's fastest choice becomes a
-   challenger if it is faster than what the class runs by `NOMINATE_BELOW`, and so does the
-   fastest other algorithm when screening cannot tell it from the first (`nominate`);
-3. ``classes``: each nominated class choice against the incumbent, in order of the latency it
+   searches, Optuna studies). Latency only shortlists: a class's fastest choice becomes a
+   challenger if it is faster than what the class runs by `SHORTLIST_BELOW`, and so does the
+   fastest other algorithm when screening cannot tell it from the first (`shortlist`);
+3. ``classes``: each shortlisted class choice against the incumbent, in order of the latency it
    promises to save. Where two or more classes each had a challenger ahead on the median that
    did not prove itself, their best ones then meet the incumbent together, once (a
-   ``combined`` duel): a gain split over several classes, 4% here and 4% there, is too small
-   to show in one class's duel and shows in their sum (on the emulated 2 x 2 cluster the
+   ``combined`` paired test): a gain split over several classes, 4% here and 4% there, is too small
+   to show in one class's paired test and shows in their sum (on the emulated 2 x 2 cluster the
    hierarchical schedules for the 256 KiB and the 2 MiB class each measured 0.96-0.97x alone,
    where the hierarchical ring for every class ran the job 1.10x faster);
 4. ``confirm``: if the incumbent was last compared with something other than the baseline, it
    meets the baseline once more;
-5. ``catch``: where the job steps aside for the baseline, a winner that needs the hook meets
-   plain DDP itself, without the hook, in blocks of iterations (`autotune.tuning.catch`): the duels
-   above ran the baseline through the hook, which costs what DDP without it does not. Lost, the
-   job runs plain DDP; kept, the plan's gain is this one, against plain DDP;
+5. ``catch``: where the job unhooks for the baseline, a winner that needs the hook meets
+   plain DDP itself, without the hook, in blocks of iterations (`autotune.tuning.plain_check`): the
+   paired tests above ran the baseline through the hook, which costs what DDP without it does not.
+   Lost, the job runs plain DDP; kept, the plan's gain is this one, against plain DDP;
 6. ``locked``: the winner runs. Every ``recheck_every`` iterations it meets the baseline again
    for a few pairs, and if it is no longer faster the job falls back to the baseline and the
    search starts over (drift re-tuning, judged against the right reference). A re-check that
@@ -32,19 +32,20 @@ step (`autotune.tuning.duel`):
    whole search again.
 
 A job that starts from a stored plan goes straight to ``confirm``: a plan tuned under another
-job's conditions must beat the baseline here before it is locked. Where the job has the catch,
-a stored plan that needs the hook goes to the catch instead, which compares it with the
-stronger reference.
+job's conditions must beat the baseline here before it is locked. Where the job has the check
+against plain DDP, a stored plan that needs the hook goes to the check against plain DDP instead,
+which compares it with the stronger reference.
 
 A round that keeps the baseline remembers its lead: the plan that came closest to beating it in
-a duel against the baseline, if that duel ended ahead on the median by `LEAD_BELOW` or more but
-not beyond noise. The table stores it (`autotune.plan.Lead`), and the next job from that table,
-instead of locking the stored baseline at once, gives the lead one more duel against the
-baseline (a ``retry``, run as a confirm): won, the lead is locked; lost, the baseline is, and the
-lead is forgotten. A gain of 5% is hard to prove under a shared machine's noise within one duel's
-pairs (the mlp at 4 ranks kept the baseline once with fusion at 0.950-0.957x, where five other
-runs locked it at 0.80-0.93x); a second duel costs the next job a few dozen iterations, half of
-them on a plan that measured ahead, where starting the search over would cost hundreds.
+a paired test against the baseline, if that paired test ended ahead on the median by
+`NEAR_MISS_BELOW` or more but not beyond noise. The table stores it (`autotune.plan.NearMiss`), and
+the next job from that table, instead of locking the stored baseline at once, gives the lead one
+more paired test against the baseline (a ``retry``, run as a confirm): won, the lead is locked;
+lost, the baseline is, and the lead is forgotten. A gain of 5% is hard to prove under a shared
+machine's noise within one paired test's pairs (the mlp at 4 ranks kept the baseline once with
+fusion at 0.950-0.957x, where five other runs locked it at 0.80-0.93x); a second paired test costs
+the next job a few dozen iterations, half of them on a plan that measured ahead, where starting the
+search over would cost hundreds.
 """
 
 from __future__ import annotations
@@ -52,39 +53,39 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from autotune.plan import BASELINE_CHOICE, Arm, Choice, Gain, Lead
-from autotune.tuning.duel import LOOK_EVERY, MIN_PAIRS, Duel, Outcome
+from autotune.plan import BASELINE_CHOICE, Arm, Choice, Gain, NearMiss
+from autotune.tuning.paired_test import LOOK_EVERY, MIN_PAIRS, Outcome, PairedTest
 
-__all__ = ["LEAD_BELOW", "NOMINATE_BELOW", "RUNNER_UP_WITHIN", "Campaign", "nominate"]
+__all__ = ["NEAR_MISS_BELOW", "RUNNER_UP_WITHIN", "SHORTLIST_BELOW", "PlanSearch", "shortlist"]
 
-#: A class's latency-best choice is nominated only below this fraction of the current latency:
-#: a duel costs tens of steps, and a 3% faster message rarely shows in the step.
-NOMINATE_BELOW = 0.9
-#: The fastest other algorithm is nominated too when its latency is within this factor of the
+#: A class's latency-best choice is shortlisted only below this fraction of the current latency:
+#: a paired test costs tens of steps, and a 3% faster message rarely shows in the step.
+SHORTLIST_BELOW = 0.9
+#: The fastest other algorithm is shortlisted too when its latency is within this factor of the
 #: fastest choice's. A screening value is the median of a few windows measured inside a busy
 #: step, and on a shared machine two algorithms 5-10% apart trade places from run to run (on
-#: the emulated 2 x 2 cluster, `ring` screened first twice in three runs, lost its duel, and
-#: `hierarchical_ring`, 1.10x faster on the step, was never tried). A second duel costs tens of
-#: steps; locking the wrong one of two close choices costs every step after.
+#: the emulated 2 x 2 cluster, `ring` screened first twice in three runs, lost its paired test, and
+#: `hierarchical_ring`, 1.10x faster on the step, was never tried). A second paired test costs tens
+#: of steps; locking the wrong one of two close choices costs every step after.
 RUNNER_UP_WITHIN = 1.1
-#: A duel against the baseline whose challenger lost with a median ratio below this (ahead by
+#: A paired test against the baseline whose challenger lost with a median ratio below this (ahead by
 #: 3% or more, not beyond noise) makes it a lead for the next job, if the round keeps the
 #: baseline. The closest challengers in cells with nothing to gain measured 0.99-1.00, once
 #: 0.966 (docs/BENCHMARKS.md; that lead's retry measured 0.990): a lead that is only noise costs
-#: the next job one duel.
-LEAD_BELOW = 0.97
+#: the next job one paired test.
+NEAR_MISS_BELOW = 0.97
 #: Pairs in a re-check of a locked plan against the baseline.
 RECHECK_PAIRS = MIN_PAIRS + LOOK_EVERY
 
 
-def nominate(values: Mapping[Choice, float], now: Choice) -> list[tuple[Choice, float]]:
+def shortlist(values: Mapping[Choice, float], now: Choice) -> list[tuple[Choice, float]]:
     """A class's challengers from its screening: (choice, latency it saves against ``now``).
 
     ``values`` holds each measured choice's latency, ``now`` what the class runs. The fastest
-    choice is nominated if it is below `NOMINATE_BELOW` of ``now``'s latency (or ``now`` was
+    choice is shortlisted if it is below `SHORTLIST_BELOW` of ``now``'s latency (or ``now`` was
     not measured); the fastest choice of another algorithm too, if it passes the same bar and is
     within `RUNNER_UP_WITHIN` of the fastest. A segment size of the same algorithm is not a
-    runner-up: the duel would mostly re-test the algorithm.
+    runner-up: the paired test would mostly re-test the algorithm.
     """
     if not values:
         return []
@@ -94,7 +95,7 @@ def nominate(values: Mapping[Choice, float], now: Choice) -> list[tuple[Choice, 
     reference = best_s if now_s is None else now_s
 
     def promising(choice: Choice, seconds: float) -> bool:
-        return choice != now and (now_s is None or seconds < NOMINATE_BELOW * now_s)
+        return choice != now and (now_s is None or seconds < SHORTLIST_BELOW * now_s)
 
     out = []
     if promising(best, best_s):
@@ -107,15 +108,15 @@ def nominate(values: Mapping[Choice, float], now: Choice) -> list[tuple[Choice, 
 
 @dataclass
 class _Match:
-    """A duel under way: ``reference`` (A) against ``challenger`` (B)."""
+    """A paired test under way: ``reference`` (A) against ``challenger`` (B)."""
 
     reference: Arm
     challenger: Arm
-    duel: Duel
+    duel: PairedTest
     kind: str  # "fusion", "class", "confirm" or "recheck"
 
 
-class Campaign:
+class PlanSearch:
     """The plan-level state machine; rank 0 drives it once per exchange (see the module doc)."""
 
     def __init__(
@@ -130,9 +131,9 @@ class Campaign:
     ) -> None:
         self.baseline = baseline
         #: Whether a plan that needs the hook meets plain DDP before it is locked (the job
-        #: steps aside for the baseline; `autotune.tuning.catch`).
+        #: unhooks for the baseline; `autotune.tuning.plain_check`).
         self.catch = catch
-        #: Whether ``gain`` is the catch's: against plain DDP itself, in pairs of blocks.
+        #: Whether ``gain`` is the check's: against plain DDP itself, in pairs of blocks.
         self.against_plain = False
         self.incumbent = baseline
         self.fusion_options = [f for f in fusion_options if f != baseline.fusion_bytes]
@@ -141,24 +142,24 @@ class Campaign:
         self.recheck_every = recheck_every
         self.phase = "loading"
         self.match: _Match | None = None
-        #: The incumbent's step over the baseline's, from the last duel between them (None: the
-        #: incumbent is the baseline, or they have not met since it changed).
+        #: The incumbent's step over the baseline's, from the last paired test between them (None:
+        #: the incumbent is the baseline, or they have not met since it changed).
         self.gain: Gain | None = None
         self.round = 0
-        #: Every finished duel: (kind, challenger, outcome), oldest first.
+        #: Every finished paired test: (kind, challenger, outcome), oldest first.
         self.history: list[tuple[str, Arm, Outcome]] = []
         self._queue: list[tuple[str, int, Choice | None]] = []
-        #: The class duel under way: (class, choice).
+        #: The class paired test under way: (class, choice).
         self._trying: tuple[int, Choice] | None = None
         #: Per class, its best challenger this round that was ahead on the median and lost:
-        #: (choice, median ratio). They meet the incumbent together once (a combined duel).
+        #: (choice, median ratio). They meet the incumbent together once (a combined paired test).
         self._near: dict[int, tuple[Choice, float]] = {}
         self._locked_at: int | None = None  # the first exchange's iteration once locked
         self._second_look = False  # the re-check under way is a failed one's second look
         #: The plan a previous job stored, as `start` was given it.
         self.stored: Arm | None = None
         #: This round's closest challenger against the baseline (see the module doc).
-        self._lead: Lead | None = None
+        self._lead: NearMiss | None = None
 
     # -- what rank 0 asks ----------------------------------------------------------------
 
@@ -174,8 +175,8 @@ class Campaign:
 
     @property
     def steady(self) -> bool:
-        """Nothing is compared in the tuner's windows: locked and settled, or in the catch
-        (which compares blocks of iterations on DDP's reducers, outside them)."""
+        """Nothing is compared in the tuner's windows: locked and settled, or in the check against
+        plain DDP (which compares blocks of iterations on DDP's reducers, outside them)."""
         return self.settled or self.phase == "catch"
 
     @property
@@ -183,9 +184,9 @@ class Campaign:
         return self.phase == "locked" and self.incumbent == self.baseline
 
     @property
-    def lead(self) -> Lead | None:
+    def lead(self) -> NearMiss | None:
         """Where the baseline is kept: the plan for the next job to try again, if one came
-        close (`LEAD_BELOW`)."""
+        close (`NEAR_MISS_BELOW`)."""
         return self._lead if self.baseline_kept else None
 
     def duels(self, kind: str) -> int:
@@ -202,7 +203,7 @@ class Campaign:
 
     # -- what rank 0 tells it ------------------------------------------------------------
 
-    def start(self, stored: Arm | None, lead: Lead | None = None) -> None:
+    def start(self, stored: Arm | None, lead: NearMiss | None = None) -> None:
         """Begin, from the plan a previous job stored (None: from scratch) and, where that is
         the baseline, the lead it stored with it."""
         self.stored = stored
@@ -231,7 +232,7 @@ class Campaign:
         elif arm == m.reference:
             outcome = m.duel.measure(False, step_s)
         else:
-            return  # a window from before the duel began
+            return  # a window from before the paired test began
         if outcome is not None:
             self.match = None
             self.history.append((m.kind, m.challenger, outcome))
@@ -239,7 +240,7 @@ class Campaign:
 
     def screened(self, nominees: Sequence[tuple[int, Choice, float]]) -> None:
         """The class searches are done: (class, a choice, latency it saves), up to two choices
-        a class (`nominate`). A class's second duel meets whichever won its first."""
+        a class (`shortlist`). A class's second paired test meets whichever won its first."""
         if self.phase != "screening":
             return
         ordered = sorted(nominees, key=lambda n: -n[2])
@@ -261,10 +262,10 @@ class Campaign:
             self._begin(self.baseline, self.incumbent, "recheck", RECHECK_PAIRS)
 
     def caught(self, kept: bool, outcome: Outcome | None) -> None:
-        """The catch is over, on every rank alike: ``kept``, the incumbent runs on through the
-        hook, its gain the catch's where it measured one (``outcome``; None: it could not run);
-        else the job runs plain DDP (it has stepped aside), and the baseline is kept, with no
-        lead: the round's challengers lost to the plan that lost here."""
+        """The check against plain DDP is over, on every rank alike: ``kept``, the incumbent runs
+        on through the hook, its gain the check's where it measured one (``outcome``; None: it
+        could not run); else the job runs plain DDP (it has unhooked), and the baseline is kept,
+        with no lead: the round's challengers lost to the plan that lost here."""
         if self.phase != "catch":
             return
         if outcome is not None:
@@ -317,9 +318,9 @@ class Campaign:
                 self._lock()
 
     def _combine(self) -> bool:
-        """Start the combined duel of the classes' near misses, if two or more are left."""
+        """Start the combined paired test of the classes' near misses, if two or more are left."""
         near, self._near = self._near, {}
-        # A class that a later duel won keeps its winner.
+        # A class that a later paired test won keeps its winner.
         kept = {
             c: choice
             for c, (choice, _) in near.items()
@@ -332,11 +333,11 @@ class Campaign:
         return True
 
     def _begin(self, reference: Arm, challenger: Arm, kind: str, pairs: int = 0) -> None:
-        """A duel of ``max_pairs`` (or ``pairs``); a search's may go on to twice that for a
-        promising challenger (`autotune.tuning.duel`), a re-check is kept short."""
+        """A paired test of ``max_pairs`` (or ``pairs``); a search's may go on to twice that for a
+        promising challenger (`autotune.tuning.paired_test`), a re-check is kept short."""
         max_pairs = max(pairs or self.max_pairs, MIN_PAIRS)
         extend_to = None if kind == "recheck" else 2 * max_pairs
-        duel = Duel(max_pairs, warmup=self.warmup, extend_to=extend_to)
+        duel = PairedTest(max_pairs, warmup=self.warmup, extend_to=extend_to)
         self.match = _Match(reference, challenger, duel, kind)
 
     def _settle(self, m: _Match, outcome: Outcome) -> None:
@@ -346,7 +347,7 @@ class Campaign:
         if m.kind == "recheck":
             second, self._second_look = self._second_look, False
             if outcome.gain.ratio < 1.0:  # still faster: the re-check is cheap, not a proof
-                if not self.against_plain:  # the catch's gain is against plain DDP: it stands
+                if not self.against_plain:  # the check's gain is against plain DDP: it stands
                     self.gain = outcome.gain
                 self._locked_at = None
             elif outcome.gain.low <= 1.0 and not second:  # not slower beyond noise: look again
@@ -373,15 +374,16 @@ class Campaign:
         self._next()
 
     def _note_lead(self, challenger: Arm, outcome: Outcome) -> None:
-        """A lost duel against the baseline: its challenger leads if it came closest so far."""
+        """A lost paired test against the baseline: its challenger leads if it came closest so
+        far."""
         ratio = outcome.gain.ratio
-        if outcome.challenger_won or not ratio < LEAD_BELOW:
+        if outcome.challenger_won or not ratio < NEAR_MISS_BELOW:
             return
         if self._lead is None or ratio < self._lead.gain.ratio:
-            self._lead = Lead(challenger, outcome.gain)
+            self._lead = NearMiss(challenger, outcome.gain)
 
     def _lock(self) -> None:
-        """Lock the incumbent; one that needs the hook goes to the catch first, where the job
-        has it."""
+        """Lock the incumbent; one that needs the hook goes to the check against plain DDP
+        first, where the job has it."""
         self.phase = "catch" if self.catch and self.incumbent.choices else "locked"
         self._locked_at = None

@@ -1,7 +1,7 @@
-"""Stepping aside: once the tuner keeps the baseline, DDP runs its own all-reduce without the hook.
+"""Unhooking: once the tuner keeps the baseline, DDP runs its own all-reduce without the hook.
 
-Each job trains autotune's model beside plain DDP on the same batches (tests/jobs/aside_jobs.py),
-with a tuner that can only keep the baseline; from the iteration it steps aside on, the hook is no
+Each job trains autotune's model beside plain DDP on the same batches (tests/jobs/unhook_jobs.py),
+with a tuner that can only keep the baseline; from the iteration it unhooks on, the hook is no
 longer called, and the parameters stay DDP's: bitwise at 2 ranks (the baseline's lane is bitwise
 DDP's too), to rounding beyond.
 """
@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from aside_jobs import KEEPS_BASELINE, Aside, beside_plain
+from unhook_jobs import KEEPS_BASELINE, Aside, beside_plain
 
 from autotune.comm.launch import run_local
 from autotune.plan import Buckets, Gain, Table
@@ -23,7 +23,7 @@ from autotune.util.units import format_bytes
 pytestmark = pytest.mark.distributed
 
 STEPS = 40
-#: Jobs that should step aside train until every rank has, and this many synced steps after,
+#: Jobs that should unhook train until every rank has, and this many synced steps after,
 #: up to `CAP` steps.
 AFTER = 10
 CAP = 400
@@ -45,17 +45,17 @@ def check_stepped_aside(runs: list[Aside]) -> None:
             expected.append(1 if synced and seen < aside_at else 0)
             seen += synced
         assert r.calls == expected, (r.calls, r.synced)
-        assert seen >= aside_at + AFTER, "too few steps after stepping aside to check them"
+        assert seen >= aside_at + AFTER, "too few steps after unhooking to check them"
         assert r.reducer_replaced and r.hooks_left == 0
         if len(runs) == 2:
-            assert r.hooked == r.plain, "the model that stepped aside left plain DDP's training"
+            assert r.hooked == r.plain, "the model that unhooked left plain DDP's training"
         else:
             # The new reducer's first iteration runs DDP's initial bucket layout, as plain DDP's
             # first did: gloo's ring adds an element's terms in an order that depends on where
             # it lies in the bucket, so that iteration rounds differently beyond 2 ranks.
             assert r.plain_rel < 1e-5, r.plain_rel
     assert len({r.hooked for r in runs}) == 1, "ranks' parameters diverged"
-    assert "stepped aside after iteration" in runs[0].verdict, runs[0].verdict
+    assert "unhooked after iteration" in runs[0].verdict, runs[0].verdict
 
 
 @pytest.mark.parametrize(
@@ -77,6 +77,8 @@ def test_the_state_finds_its_model_when_registered_by_the_one_line_api(tmp_path:
     settings = config(tmp_path, metrics_port=0)
     runs = run_local(beside_plain, 3, "base", CAP, "one_line", settings, None, AFTER, timeout_s=600)
     check_stepped_aside(runs)
+    assert [r.unhooked_gauge for r in runs] == [1.0] * 3
+    # The old name, for one release, says the same.
     assert [r.stepped_aside_gauge for r in runs] == [1.0] * 3
 
 
@@ -91,9 +93,9 @@ def test_a_job_restarted_on_a_stored_baseline_steps_aside_within_a_few_steps(
     assert "as the stored plan says" in again[0].verdict, again[0].verdict
 
 
-def test_with_step_aside_off_the_hook_runs_to_the_end(tmp_path: Path) -> None:
+def test_with_unhook_off_the_hook_runs_to_the_end(tmp_path: Path) -> None:
     runs = run_local(
-        beside_plain, 2, "base", STEPS, "register", config(tmp_path, step_aside=False),
+        beside_plain, 2, "base", STEPS, "register", config(tmp_path, unhook=False),
         timeout_s=300,
     )  # fmt: skip
     for r in runs:
@@ -120,9 +122,9 @@ def test_where_the_reducer_cannot_be_rebuilt_the_hook_stays_and_says_why(
         assert r.hooked == r.plain
 
 
-#: A tuner that keeps the backend's all-reduce, the fusion size its own, with short duels; the
-#: model in DDP buckets of about 2 KB, so DDP's bucket size has a layout to change (one bucket).
-TUNES_BUCKETS = {**KEEPS_BASELINE, "fusion_bytes": None, "duel_pairs": 6}
+#: A tuner that keeps the backend's all-reduce, the fusion size its own, with short paired tests;
+#: the model in DDP buckets of about 2 KB, so DDP's bucket size has a layout to change (one bucket).
+TUNES_BUCKETS = {**KEEPS_BASELINE, "fusion_bytes": None, "max_pairs": 6}
 SMALL_BUCKETS = int(0.002 * 2**20)  # bucket_cap_mb=0.002, as DDP turns it into bytes
 #: The smallest of autotune.tuning.buckets.LADDER: the model's 23 KB in one bucket. The one
 #: challenger is this, or the fusion size the tuner kept (tried first), which makes the same layout.
@@ -131,7 +133,7 @@ ONE_BUCKET = 1 << 20
 
 def one_challenger(r: Aside, won: bool) -> int:
     """The one bucket size ``r``'s search tried (one bucket for the whole model), which won or
-    lost its duel as ``won`` says."""
+    lost its paired test as ``won`` says."""
     assert r.bucket_duels is not None and len(r.bucket_duels) == 1, r.bucket_duels
     ((cap, result),) = r.bucket_duels
     assert cap >= ONE_BUCKET and result == won, r.bucket_duels
@@ -141,7 +143,7 @@ def one_challenger(r: Aside, won: bool) -> int:
 def test_once_aside_ddp_keeps_the_bucket_size_that_makes_the_step_faster(
     tmp_path: Path,
 ) -> None:
-    # The job's own small buckets are slowed: the one-bucket layout wins its duel, is kept by
+    # The job's own small buckets are slowed: the one-bucket layout wins its paired test, is kept by
     # every rank's reducer, stored, and confirmed at once by the next job.
     args = ("small_buckets", CAP, "register", config(tmp_path, **TUNES_BUCKETS), None, 1)
     first = run_local(beside_plain, 2, *args, "reference", timeout_s=600)
@@ -175,12 +177,12 @@ def test_once_aside_ddp_keeps_the_job_s_buckets_when_no_size_beats_them(tmp_path
         assert r.hooked == r.plain  # back on the job's own layout: plain DDP's training
     assert "no bucket size beat them" in runs[0].verdict, runs[0].verdict
     assert runs[0].stored_buckets == {"bucket_bytes": SMALL_BUCKETS, "gain": None}
-    # The next job keeps the stored verdict: the job's own buckets, nothing dueled again.
+    # The next job keeps the stored verdict: the job's own buckets, nothing tested again.
     again = run_local(beside_plain, 2, *args, "others", timeout_s=600)
     for r in again:
         assert r.bucket_duels == [] and r.bucket_cap == SMALL_BUCKETS
     assert "as the stored plan says" in again[0].verdict, again[0].verdict
-    # Had the size come close, it would be the stored lead: the next job duels it alone once
+    # Had the size come close, it would be the stored lead: the next job tests it alone once
     # more, and here (the job's own slowed now) it wins and is kept by every rank.
     cap = one_challenger(runs[0], won=False)
     store = Store(str(config(tmp_path)["storage"]), job_id="seeded")
