@@ -1,13 +1,11 @@
 """A barrier among the ranks of one host through named pipes: a wake-up is a write and a read.
 
-`shm`'s barrier was a one-element all-reduce on gloo: 2(N-1) loopback TCP hops one after another,
-each waking the next rank. At 4 ranks on 2 cores one took 0.7-0.8 ms with nothing else running;
-through pipes, 0.05 ms back to back (benchmarks/barrier.py; docs/ALGORITHMS.md, "shm"). Each
-ordered pair of ranks has a pipe, a FIFO in the window's directory, unlinked once both its ends
-are open: at the barrier a rank writes one byte into each peer's pipe and reads one from each of
-its own. One byte per pair per barrier, in order, so a peer that runs ahead to the next barrier
-leaves its byte queued for it. A rank that dies closes its ends: its pipe then reads empty, a
-`PeerError` naming it at once rather than after the timeout.
+`PipeBarrier` gives `shm` a barrier without gloo's loopback TCP hops (docs/ALGORITHMS.md,
+"shm"). Each ordered pair of ranks has a pipe, a FIFO in the window's directory, unlinked once
+both its ends are open: at the barrier a rank writes one byte into each peer's pipe and reads one
+from each of its own. One byte per pair per barrier, in order, so a peer that runs ahead to the
+next barrier leaves its byte queued for it. A rank that dies closes its ends: its pipe then
+reads empty, a `PeerError` naming it at once rather than after the timeout.
 """
 
 from __future__ import annotations

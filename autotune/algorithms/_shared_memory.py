@@ -1,24 +1,20 @@
 """All-reduce through shared memory, for ranks that share a host: no bytes through sockets.
 
-gloo moves every byte between two ranks on one host through loopback TCP: a copy into the
-kernel, one out of it, and the stack's work between, on the cores the ranks' backward needs. Here
-each rank copies its buffer into its slot of a window in ``/dev/shm`` that every rank of the
+Each rank copies its buffer into its slot of a window in ``/dev/shm`` that every rank of the
 group maps. Of N > 2 ranks, each then sums its 1/N share of the elements from every slot into
 the window's result and copies the whole result back, with two barriers to say "written" and
-"summed": every element is summed on one rank. Of 2, both sum the whole from the two slots, the
-same operands in the same order, after the first barrier alone. Either way in rank order, so all
-ranks end bitwise identical. A barrier goes through pipes between the ranks
+"summed"; of 2, both sum the whole from the two slots after the first barrier alone. Either way
+in rank order, so all ranks end bitwise identical. Barriers go through pipes between the ranks
 (`autotune.algorithms._pipes`), not through gloo. The scheme of NCCL's SHM transport and of
-DeepSpeed's CPU all-reduce; on 2 shared cores a 16 MiB all-reduce took 5.95 ms instead of gloo's
-10.82 at 2 ranks (docs/ALGORITHMS.md, "shm").
+DeepSpeed's CPU all-reduce; its figures: docs/ALGORITHMS.md, "shm".
 
 Messages larger than the window go through it in turns. The window is sized once per group
 (`MAX_WINDOW_BYTES` per rank, less where ``/dev/shm`` has less room), reserved up front, so a
 full ``/dev/shm`` is an error when the window is made rather than a SIGBUS in the middle of a
 sum. Its file and pipes are unlinked as soon as every rank has them open: nothing is left in
 ``/dev/shm``, even if a rank dies. Offered on CPU tensors over gloo where every rank of the
-group is on one node (`autotune.comm.topology`) and sees the same ``/dev/shm`` (checked with a probe
-file).
+group is on one node (`autotune.comm.topology`) and sees the same ``/dev/shm`` (checked with a
+probe file).
 """
 
 from __future__ import annotations

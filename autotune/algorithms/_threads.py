@@ -1,15 +1,13 @@
 """One intra-op thread for the reductions that a Python-driven algorithm runs.
 
 A ring or a tree sums segments with ``Tensor.add_`` on the thread that drives it. With torch's
-default intra-op threads (one per core: what ``mp.spawn`` users get; torchrun sets 1), each such
-add is an OpenMP parallel region, and the team of threads it wakes spins on after it, on cores
-that gloo's threads and the other ranks need. At 16 MiB and 2 ranks on 2 cores that made the ring
-0.65x as fast as native; summing on one thread, 1.10-1.15x (docs/BENCHMARKS.md). gloo sums on one
-thread of its own; so does this, for the thread running the algorithm only.
-
-OpenMP's thread count is per thread (``omp_set_num_threads`` sets the calling thread's), and
-``torch.set_num_threads`` would change it for the whole process. Where torch runs on another
-threading runtime, or the OpenMP symbols are not found, this does nothing.
+default intra-op threads (one per core: what ``mp.spawn`` users get), each add is an OpenMP
+parallel region whose threads spin on after it, on the cores gloo's threads and the other ranks
+need. gloo sums on one thread of its own; `one_thread` makes the driving thread do the same,
+for that thread only (OpenMP's count is per thread; ``torch.set_num_threads`` would change the
+whole process). Where torch runs on another threading runtime, or the OpenMP symbols are not
+found, it does nothing. Measured effect: docs/BENCHMARKS.md, "With torch's default intra-op
+threads".
 """
 
 from __future__ import annotations

@@ -1,18 +1,20 @@
 """Runs the hook's all-reduces off the autograd thread, one message at a time, in bucket order.
 
-Buckets are fused or split into messages as they are submitted (the same way on every rank, since
-every rank sees the same buckets in the same order). An issuing thread starts each message with
-the plan's choice for its size class; a completing thread waits for them in the same order,
-records what it measured, and completes the buckets' futures. A message the backend runs itself
-(`native`) is in flight while the next one starts, as DDP's own all-reduces are.
+`Engine.submit` takes each bucket from the hook and returns a future. Buckets are fused or split
+into messages as they are submitted (the same way on every rank, since every rank sees the same
+buckets in the same order). An issuing thread starts each message with the plan's choice for its
+size class; a completing thread waits for them in the same order, records what it measured
+(`autotune.ddp.stats`), emits events (`autotune.ddp.events`) and completes the buckets' futures.
+A message the backend runs itself (`native`) is in flight while the next one starts, as DDP's
+own all-reduces are.
 
 When the backend runs a bucket as one message (the baseline: `native` on DDP's own buckets), the
 bucket's future completes from the backend's own completion callback, as PyTorch's
-``allreduce_hook`` does, and backward never waits for the completing thread: that hop cost
-10-20% of a small model's step on a busy CPU. Plan switches stay in step on every rank because,
-where the tuner announced one (`Engine.switch_at`), an iteration's first bucket waits until the
-completing thread has handled the previous iteration's end (`IterationEnd`, where the switch
-happens); elsewhere it lets that thread fall up to two iterations behind.
+``allreduce_hook`` does, and backward never waits for the completing thread. Plan switches stay
+in step on every rank because, where the tuner announced one (`Engine.switch_at`), an
+iteration's first bucket waits until the completing thread has handled the previous iteration's
+end (`IterationEnd`, where the switch happens); elsewhere that thread may fall up to two
+iterations behind.
 """
 
 from __future__ import annotations

@@ -1,37 +1,18 @@
 """Unhooking: once the tuner keeps the baseline, DDP gets its own all-reduce back.
 
-(Also where it keeps the backend's all-reduce for every class with a fusion size of its own:
-DDP then runs it, and `autotune.tuning.buckets` tunes DDP's bucket size in its place.)
+A comm hook costs every bucket a Python call and a separate 1/N pass (docs/BENCHMARKS.md, "The
+hook"); where no plan beats the baseline that is all autotune would add, so it removes itself.
+DDP keeps a comm hook for good, so `rebuild_reducer` builds the model a new reducer, by the
+sequence ``DistributedDataParallel.__setstate__`` runs after unpickling: it has no hook,
+re-learns its buckets from the backward order, and the job runs as plain DDP from there.
 
-Through a comm hook every bucket costs a Python call and a separate 1/N pass, which DDP without a
-hook folds into its copy into the bucket: 1-13% of a small model's step on 2 shared cores
-(docs/BENCHMARKS.md, "The hook"). PyTorch's own ``allreduce_hook`` pays it too. Where no plan
-beats the baseline, that cost is all autotune would add, so it removes itself.
-
-DDP takes a comm hook for good: its reducer has no way to drop one. DDP does build a new reducer,
-though, from the module's parameters: ``DistributedDataParallel.__setstate__`` runs that sequence
-after unpickling (``_build_params_for_reducer``, ``_build_debug_param_to_name_mapping``,
-``_ddp_init_helper``, the static graph set again). `rebuild_reducer` runs the same sequence,
-before a forward, between two iterations: the new reducer has no hook, re-learns its buckets
-from the backward order as a new job does, and the job runs as plain DDP from there.
-
-Every rank must swap before the same iteration, since the new reducer's first rebuild of its
-buckets is a broadcast: the tuner says from which iteration every rank runs the locked baseline
-(`autotune.tuning.Tuner.unhook_from`, applied at the same iteration end on every rank), and
-the hook, at an iteration's last bucket (on the thread that runs backward), checks that
-iteration against it. Every rank first sees it due at the same iteration, since that iteration's
-first bucket waited for the orders (`Engine.switch_at`). From there a forward pre-hook on the
-model swaps at its next forward.
-
-Where the model cannot be rebuilt this way (a torch without those methods, another comm hook
-beside autotune's, two models on one state), autotune says why, once, and stays: the hook keeps
-running the baseline on its lane.
-
-The same forward pre-hook runs the check against plain DDP (`autotune.tuning.plain_check`), where
-the tuner has locked a plan that needs the hook: from the iteration the tuner names
-(`PlainCheckHooks.due`), the plan meets plain DDP in blocks of iterations, on reducers rebuilt this
-way, with the hook registered again for the plan's blocks. Lost, the job has unhooked; kept, the
-hook runs on.
+`Unhooking` does it on every rank before the same iteration's forward (the new reducer's first
+bucket rebuild is a broadcast): the tuner names the iteration (`Tuner.unhook_from`, the same on
+every rank), the hook checks it at each iteration's last bucket (`Unhooking.check`), and a
+forward pre-hook swaps at the next forward. Where the model cannot be rebuilt (a torch without
+those methods, another comm hook beside autotune's), autotune says why once and keeps the hook on
+the baseline's lane. The same pre-hook runs the check against plain DDP
+(`autotune.tuning.plain_check`) and DDP's bucket-size search (`autotune.tuning.buckets`).
 """
 
 from __future__ import annotations

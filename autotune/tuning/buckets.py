@@ -1,43 +1,23 @@
 """DDP's own bucket size, tuned once autotune has unhooked.
 
-Fusing buckets through the hook costs what the hook costs; DDP fuses gradients into its buckets
-for free, as it copies them in. On the example's mlp (3.4 MB of gradients in DDP buckets of
-1 MiB, 2 shared cores) plain DDP with 4-25 MiB buckets ran 0.89-0.93x the step at 2 ranks and
-0.78-0.81x at 4, while the hook's fusion of the same buckets ran 1.07-1.16x and 0.94-0.99x
-(docs/BENCHMARKS.md, "DDP's bucket size"). So where the tuner keeps a plan DDP can run itself
-(the backend's all-reduce for every size class, with or without fusion) and the fusion size is
-the tuner's to choose (``Config.fusion_bytes`` None), autotune unhooks (`autotune.ddp.unhook`)
-and then compares bucket sizes on DDP's own reducer, without the hook:
+Where the tuner keeps a plan DDP can run itself (the backend's all-reduce for every class) and
+the fusion size is its to choose (``Config.fusion_bytes`` None), autotune unhooks
+(`autotune.ddp.unhook`) and `BucketTuner` compares bucket sizes on DDP's own reducer, without
+the hook, since DDP fuses gradients into its buckets for free where the hook's fusion costs a
+copy (docs/BENCHMARKS.md, "DDP's bucket size"):
 
-- the reference is DDP's reducer as the job built it (its ``bucket_cap_mb``): plain DDP as the
-  user set it up, so every gain this measures is against plain DDP itself;
-- the challengers: the fusion size the tuner kept, first, then the reference's neighbours in
-  `LADDER` (the next size up, the next down), those that give a layout other than the
-  reference's: caps at or above the model's gradient bytes all make one bucket;
-- each challenger tests the reference in blocks of `BLOCK` iterations, A B B A (`PairedTest`, with
-  Wilcoxon's signed-rank interval on the log ratios of each pair of blocks' median steps; a
-  challenger ahead on the median at `MAX_PAIRS` pairs goes on to twice that, `EXTEND_BELOW`): a
-  switch rebuilds the reducer (as unhooking does); the blocks are timed as
-  `autotune.tuning.blocks` says;
-- among the challengers that beat the reference beyond noise, the fastest on the median is
-  kept; none: the reference. The kept size is stored with the plan, and the next job's first
-  paired test is that size against the reference, a re-check (``PairedTest(hold=True)``): still
-  ahead on the median after `MAX_PAIRS` pairs, or faster beyond noise sooner, it is kept at once;
-  not ahead there, it goes on to twice `MAX_PAIRS` and is judged on the median of them all; not
-  ahead then (or slower beyond noise at any look), the other sizes are tried as in a first job. A
-  stored size is not made to prove its gain again: both arms are DDP's own reducer, with no
-  Python algorithm whose cost depends on the job's conditions, and a second proof of a 5-10%
-  gain under a shared machine's noise fails about half the time (the mlp at 2 ranks,
-  docs/BENCHMARKS.md). Where the job's own is kept, the size that came closest, ahead on the
-  median by `NEAR_MISS_BELOW` or more, is stored as its lead (`Buckets.lead`, as the plan search's
-  leads): the next job tests that size alone, once more, as a first paired test, and forgets it if
-  it loses.
+- the reference is the reducer as the job built it (its ``bucket_cap_mb``): plain DDP itself;
+- the challengers (`challengers`): the fusion size the tuner kept, then the reference's
+  neighbours in `LADDER`, each only if it changes the bucket layout (`layout`);
+- each meets the reference in blocks of `BLOCK` iterations, A B B A (`bucket_test`: Wilcoxon's
+  signed-rank interval, up to `MAX_PAIRS` pairs, twice that while ahead); a switch rebuilds the
+  reducer;
+- the fastest that won beyond noise is kept, else the reference; a near miss is stored as the
+  lead. The next job re-checks a stored size (`PairedTest(hold=True)`) instead of searching.
 
 Every rank runs the same schedule and decides alike on the same numbers (`autotune.tuning.blocks`),
-so the ranks rebuild their reducers before the same iteration without any orders. Once
-decided, nothing is re-checked in the job: without the hook no iteration is measured. The
-bucket layout is a property of the model and the network, which the next job with
-the same fingerprint checks again first.
+so the ranks rebuild their reducers before the same iteration without any orders. Nothing is
+re-checked in the job once decided: without the hook nothing is measured.
 """
 
 from __future__ import annotations

@@ -1,65 +1,26 @@
 """Two plans compared on the training step, in interleaved iterations, with a stopping rule.
 
-A paired test runs the incumbent (A) and a challenger (B) in the order A B B A, A B B A, ... at the
-iteration ends where the plan already changes on every rank, and pairs each iteration with its
-neighbour under the other arm. Each pair gives one ratio, challenger step over incumbent step.
-Slow drift (a neighbour job, thermal throttling, the data loader) moves both members of a pair
-alike and cancels in the ratio; A B B A rather than A B A B balances which arm runs first, so
-a carry-over from one iteration to the next hits both arms equally.
+`PairedTest` runs the incumbent (A) and a challenger (B) in the order A B B A, A B B A, ... at
+iteration ends, and pairs each iteration with its neighbour under the other arm; each pair gives
+one ratio, B's step over A's. Drift moves both members of a pair alike and cancels.
 
-The stopping rule is the sign test, inverted into a distribution-free confidence interval for
-the median ratio (order statistics of the ratios; see `median_interval`). A sign test needs no
-assumption about the shape of step-time noise, which on a shared machine has long tails (a
-garbage collection, a scheduler hiccup) that would swamp a mean. The paired test looks at the
-interval every `LOOK_EVERY` pairs from `MIN_PAIRS` on:
+Example::
 
-- its upper end below 1: the challenger is faster beyond noise, it wins;
-- its lower end above 1: the challenger is slower beyond noise, it loses at once;
-- from `FUTILE_FROM` pairs on, a median ratio of 1 or more: it loses (futility: a challenger not
-  even ahead on the median is unlikely to prove itself faster in the pairs left, and each pair
-  costs the user a step on a plan that is no better);
-- at ``max_pairs`` pairs without any of these: it loses, unless the paired test may be extended
-  (``extend_to``) and the challenger's median is at `PROMISING` or better. Then it goes on, with
-  the same looks, until ``extend_to`` pairs, as long as its median stays there. The burden of
-  proof is on the challenger, so a plan that is only as good as the incumbent never replaces it.
+    >>> test = PairedTest(max_pairs=24, warmup=2)
+    >>> while test.outcome is None:
+    ...     challenger = test.schedule()          # which arm the next iteration runs
+    ...     test.measure(challenger, step_seconds)
+    >>> test.outcome.challenger_won, test.outcome.gain
 
-The extension is for a real but modest gain under loud noise. Example: a plan whose step is 0.88x
-the incumbent's, on a shared 2-core machine whose steps vary by +-20%, wins about 17 pairs in 24.
-That is a median well ahead, and an interval that still reaches 1 at 24 pairs. Stopping there
-kept a plan that measured 0.93x against plain DDP off the job (docs/BENCHMARKS.md). Extending
-costs little where it happens: the challenger is ahead on the median, so its extra iterations
-are, more likely than not, faster ones. A plan truly equal to the incumbent rarely has a median
-of 0.95 at 24 pairs, so it is rarely extended.
-
-Where each measurement is already the median of several steps (`autotune.tuning.buckets` compares
-blocks of iterations), the tails the sign test guards against are cut off inside each block, and
-``signed_rank=True`` judges the ratios' logarithms by Wilcoxon's signed-rank interval instead: it
-uses how far each ratio lies from 1, not only on which side, and so needs fewer pairs for the
-same gap. Measured on the example's mlp at 2 ranks, where one bucket runs about 0.9x the step
-of DDP's 1 MiB buckets, 16 block pairs had 6-8 of 24 above 1 (block medians still vary by
-+-15% on 2 shared cores): the sign test needs 18 of 24 below 1 and kept losing a real 10% gain.
-
-A paired test may instead re-check a challenger that has proven itself before (``hold=True``; the
-bucket size a previous job kept, `autotune.tuning.buckets`): then the burden of proof turns. It
-loses at once where it is slower beyond noise, and wins where it is faster beyond noise, as any
-challenger; otherwise it is judged on the median only at ``max_pairs``: still ahead, it wins
-("ahead on the median") without the interval excluding 1. Not ahead there, it goes on to
-``extend_to`` pairs, and is judged on the median of them all ("not ahead on the median" only then);
-there is no futility look before. The gain was proven once already; a second proof of a gain of
-5-10% under a shared machine's noise fails about half the time (measured on the mlp at 2 ranks:
-0.926x over 24 block pairs and 0.960x over 12 lost a 4 MiB bucket size that had won in the job
-before), and the job would then run slower than it can for nothing. Judged on the median from 10
-pairs, as it was, a re-check still dropped that size once in nine (1.011x over 10 pairs). Simulated
-with block pairs as noisy as the mlp's (`benchmarks/paired_test_power.py`, log ratios spread by
-0.10-0.13), a re-check of a 0.95x gain judged at 12 pairs drops it 4-9% of the time, and 0.6-2%
-when it goes on to 24; the price is a size that has turned 3% slower, kept 19-26% of the time
-instead of 16-22% (until the next job's re-check), and more pairs where the sizes are equal (17
-instead of 12). A size 10% slower is dropped either way, about 99 times in 100.
-
-Each look is a 95% two-sided interval. Looking several times raises the chance that a plan
-truly equal to the incumbent wins by luck above 2.5% (to about 8% over the looks a 24-pair paired
-test makes, a little more with the rare extension); a plan that wins that way costs nothing, and
-every locked plan is checked against the baseline again later (`autotune.tuning.plan_search`).
+The stopping rule is the sign test inverted into a distribution-free interval for the median
+ratio (`median_interval`), looked at every `LOOK_EVERY` pairs from `MIN_PAIRS` on: upper end
+below 1, B wins; lower end above 1, B loses; from `FUTILE_FROM` pairs a median of 1 or more
+loses; at ``max_pairs`` B loses, unless the test may be extended (``extend_to``) and its median
+is at `PROMISING` or better. The burden of proof is on the challenger. ``signed_rank=True``
+judges with Wilcoxon's signed-rank interval on the log ratios instead, for measurements that are
+already medians of blocks (`autotune.tuning.blocks`). ``hold=True`` re-checks a challenger that
+proved itself before: it keeps it while it stays ahead on the median. Why each rule, and the
+odds they give: docs/TUNER.md, "The paired A/B test", and docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations

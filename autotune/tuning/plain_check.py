@@ -1,30 +1,15 @@
-"""The reference's catch: a locked plan that needs the hook, against plain DDP itself.
+"""The check against plain DDP: a locked plan that needs the hook, against DDP without it.
 
-The plan search's paired tests (`autotune.tuning.plan_search`) run the baseline through the hook:
-the backend's all-reduce, called from Python per bucket, with its own 1/N pass. Once it keeps the
-baseline, though, the job unhooks (`autotune.ddp.unhook`) and runs plain DDP, which is faster
-than that by the hook's own cost: 8-14% of the example mlp's step on 2 shared cores, 0-2.5% of
-the transformer's (docs/BENCHMARKS.md). So a plan that beat the hooked baseline by less than
-that runs slower than what the job would otherwise run. Measured: on the mlp at 2 ranks, `shm`
-for the 2 MiB class won its paired test against the hooked baseline at 0.797x over 10 pairs
-(0.83-0.97x in its re-checks) and ran 1.066x plain DDP's step.
-
-So where a job unhooks for the baseline, a plan that needs the hook is locked only once it
-has met plain DDP: the job's reducer as it built it, without the hook (A), against a reducer
-with autotune's hook running the plan (B), in blocks of `BLOCK` iterations, A B B A
-(`autotune.tuning.blocks`; each switch rebuilds the reducer as unhooking does, and registers
-the hook again for B). The paired test is a first bucket paired test's
-(`autotune.tuning.buckets.bucket_test`): B is kept only if it is faster than plain DDP beyond noise
-(Wilcoxon's signed-rank interval on the pairs' log ratios), within the pair budget, or twice that
-while it is ahead on the median at all. A proof, as every plan's against the baseline: plain DDP is
-the baseline the job would otherwise run, and the plan has not met it before. (A rule that kept B
-while it was ahead on the median kept `shm` for the mlp's 2 MiB class in one job of three, at
-0.982x over 12 pairs, interval 0.847-1.082, where it measured 1.018x and 1.051x in the two others
-and 1.066x in a paired run: docs/BENCHMARKS.md.)
-
-Kept, the plan runs through the hook, and its gain is this paired test's, against plain DDP. Lost,
-the job runs plain DDP from there: it has unhooked (and DDP's bucket size is tuned next, as
-after any unhook).
+The plan search's paired tests run the baseline through the hook, so a plan that beat them may
+still be slower than plain DDP, which the job runs once it unhooks (the hook costs a Python call
+and a 1/N pass per bucket). So where a job may unhook, a plan that needs the hook is locked only
+once `PlainCheck` has it beat plain DDP: the job's reducer without the hook (A) against a reducer
+with the hook running the plan (B), in blocks of `BLOCK` iterations, A B B A
+(`autotune.tuning.blocks`; each switch rebuilds the reducer and registers the hook again for B),
+judged as a first bucket test (`autotune.tuning.buckets.bucket_test`): B is kept only if it is
+faster beyond noise. Kept, the plan runs through the hook and its gain is this test's; lost, the
+job runs plain DDP from there (and DDP's bucket size is tuned next). Measurements behind this
+rule: docs/TUNER.md and docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations

@@ -1,51 +1,24 @@
 """Rank 0's search over whole plans, judged on the training step against the baseline.
 
-A plan (`Arm`) is a choice per size class and a fusion size. The baseline is what the job had
-without autotune: the backend's own all-reduce (`native`) on DDP's own buckets. The plan search
-starts from it and only ever moves to a plan that beat the plan it runs in a paired paired test on
-the step (`autotune.tuning.paired_test`):
+A plan (`Arm`) is a choice per size class and a fusion size. The baseline is the backend's own
+all-reduce on DDP's own buckets. `PlanSearch` starts from it and moves only to a plan that won a
+paired test against the plan it runs (`autotune.tuning.paired_test`), through the phases:
+``fusion`` (fusion sizes), ``screening`` (per class, on message latency, which only shortlists:
+`shortlist`), ``classes`` (each shortlisted choice, then near misses of several classes
+together), ``confirm`` (against the baseline), ``catch`` (a plan that needs the hook against
+plain DDP itself, `autotune.tuning.plain_check`) and ``locked`` (re-checked against the baseline
+every ``recheck_every`` iterations; a re-check that lost starts a new round). A job from a
+stored plan goes straight to ``confirm`` (or ``catch``). A round that keeps the baseline
+remembers its near miss (`autotune.plan.NearMiss`), which the next job tests once more.
 
-1. ``fusion``: each fusion size against the incumbent (classes on ``native``);
-2. ``screening``: per size class, every algorithm x segment on its message latency (the class
-   searches, Optuna studies). Latency only shortlists: a class's fastest choice becomes a
-   challenger if it is faster than what the class runs by `SHORTLIST_BELOW`, and so does the
-   fastest other algorithm when screening cannot tell it from the first (`shortlist`);
-3. ``classes``: each shortlisted class choice against the incumbent, in order of the latency it
-   promises to save. Where two or more classes each had a challenger ahead on the median that
-   did not prove itself, their best ones then meet the incumbent together, once (a
-   ``combined`` paired test): a gain split over several classes, 4% here and 4% there, is too small
-   to show in one class's paired test and shows in their sum (on the emulated 2 x 2 cluster the
-   hierarchical schedules for the 256 KiB and the 2 MiB class each measured 0.96-0.97x alone,
-   where the hierarchical ring for every class ran the job 1.10x faster);
-4. ``confirm``: if the incumbent was last compared with something other than the baseline, it
-   meets the baseline once more;
-5. ``catch``: where the job unhooks for the baseline, a winner that needs the hook meets
-   plain DDP itself, without the hook, in blocks of iterations (`autotune.tuning.plain_check`): the
-   paired tests above ran the baseline through the hook, which costs what DDP without it does not.
-   Lost, the job runs plain DDP; kept, the plan's gain is this one, against plain DDP;
-6. ``locked``: the winner runs. Every ``recheck_every`` iterations it meets the baseline again
-   for a few pairs, and if it is no longer faster the job falls back to the baseline and the
-   search starts over (drift re-tuning, judged against the right reference). A re-check that
-   is not ahead on the median but not slower beyond noise either gets a second look, as long
-   again, before the plan is dropped: ten pairs under a shared machine's noise can put a median
-   above 1 for a plan 12% faster (seen on the emulated cluster), and a fall-back costs the
-   whole search again.
+The tuner drives it once per iteration end::
 
-A job that starts from a stored plan goes straight to ``confirm``: a plan tuned under another
-job's conditions must beat the baseline here before it is locked. Where the job has the check
-against plain DDP, a stored plan that needs the hook goes to the check against plain DDP instead,
-which compares it with the stronger reference.
+    >>> search.start(stored_arm, near_miss)   # or start(None, None) on an empty storage
+    >>> arm = search.next_arm(screening_arm)  # what the next iteration runs
+    >>> search.measure(arm, step_seconds)
+    >>> search.tick(iteration)
 
-A round that keeps the baseline remembers its lead: the plan that came closest to beating it in
-a paired test against the baseline, if that paired test ended ahead on the median by
-`NEAR_MISS_BELOW` or more but not beyond noise. The table stores it (`autotune.plan.NearMiss`), and
-the next job from that table, instead of locking the stored baseline at once, gives the lead one
-more paired test against the baseline (a ``retry``, run as a confirm): won, the lead is locked;
-lost, the baseline is, and the lead is forgotten. A gain of 5% is hard to prove under a shared
-machine's noise within one paired test's pairs (the mlp at 4 ranks kept the baseline once with
-fusion at 0.950-0.957x, where five other runs locked it at 0.80-0.93x); a second paired test costs
-the next job a few dozen iterations, half of them on a plan that measured ahead, where starting the
-search over would cost hundreds.
+The phases, as a diagram, and why each exists: docs/TUNER.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """The tuner's cross-rank exchange: one float64 row per rank, all-reduced with MAX.
 
 Every rank writes its window's measurements; rank 0 also writes its orders, where the other
-ranks write zeros, so the MAX carries rank 0's orders to everyone.
+ranks write zeros, so the MAX carries rank 0's orders to everyone (`write`, `read`, `Orders`,
+`Window`).
 
-- The step: the MAX over ranks (the slowest rank sets DDP's pace). Unmeasured: -1, below any.
+- The step: the MAX over ranks (the slowest rank sets DDP's pace). Unmeasured: -1.
 - A size class's message latency: the MIN over ranks of each rank's fastest message, written
-  negated so that the MAX takes it. A rank's latency for a message is the time from its own
-  start to its own end, and holds the wait for the ranks that came later; the rank that came
-  last waits for nobody, so the least latency is what the message itself costs once every rank
-  is there. The MAX (as the step's) measured mostly the arrival skew where ranks share cores:
-  the transformer's 16 MiB class at 4 ranks on 2 cores screened `shm` at 16-18 ms in jobs with
-  nothing after the step, and at 17-55 ms with a one-element all-reduce after each step, which
-  moves where the ranks start backward (docs/BENCHMARKS.md, "What tuning pays"). What a choice
-  costs the step beyond its message (the CPU it takes from backward, the GIL) neither figure
-  shows; the paired tests on the step decide. Unmeasured: -inf, below any negated latency.
+  negated so that the MAX takes it: what the message costs once every rank is there, without
+  the arrival skew of ranks that share cores. What a choice costs the step beyond its message
+  neither figure shows; the paired tests on the step decide. Unmeasured: -inf.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
 """Whether the ranks on one host ask for more CPU threads than it has cores, said once.
 
-torch gives each process one intra-op thread per core by default, so N ranks started by ``mp.spawn``
-(or any launcher that leaves ``OMP_NUM_THREADS`` unset) on one host run N threads a core between
-them; torchrun sets ``OMP_NUM_THREADS=1`` for this reason. On CPU tensors, backward's compute, the
-optimizer and the backend's all-reduce then compete for the same cores, and OpenMP's threads spin on
-after each parallel region on cores the others wait for. On the example's mlp at 2 ranks on 2 cores,
-plain DDP's step took 53 ms with torch's default (2 threads a rank) against 12.6 ms with one
-(docs/BENCHMARKS.md, "With torch's default intra-op threads: 2 a rank"). No all-reduce plan wins
-that back: the fix is the job's thread count, which is the user's to set, so autotune says so rather
-than setting it (``torch.set_num_threads`` changes the whole process).
+torch gives each process one intra-op thread per core by default, so N ranks started by
+``mp.spawn`` (or any launcher that leaves ``OMP_NUM_THREADS`` unset) run N threads a core
+between them; torchrun sets ``OMP_NUM_THREADS=1`` for this reason. On CPU tensors backward, the
+optimizer and the all-reduce then compete for the same cores, which no all-reduce plan wins
+back (docs/BENCHMARKS.md, "With torch's default intra-op threads"). The thread count is the
+user's to set (``torch.set_num_threads`` changes the whole process), so `oversubscription` says
+what to set instead of setting it; the state's lowest rank on a host logs it at its first CPU
+bucket.
 """
 
 from __future__ import annotations
