@@ -92,7 +92,7 @@ def log_values(state: AutotuneState) -> dict[str, float]:
     }
     if state.tuner is None:
         return values
-    now = status(state.tuner, state.aside)
+    now = status(state.tuner, state.unhooking)
     values["autotune/locked"] = float(now.plan_locked)
     gain = now.gain
     if gain is not None and math.isfinite(gain.ratio):

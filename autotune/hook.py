@@ -83,8 +83,8 @@ def hook(
         if liveness is not None:
             liveness.progress += 1  # an iteration begun (autotune.comm.liveness)
         _check_at_backward_end(future)
-        if state.aside is not None:
-            state.aside.check(state.engine.submitted)
+        if state.unhooking is not None:
+            state.unhooking.check(state.engine.submitted)
     state.recorder.add_hook_call(start, time.perf_counter() - start)
     return future
 
@@ -106,8 +106,8 @@ def register(
     except BaseException:
         state.close()
         raise
-    if state.aside is not None:
-        state.aside.attach(ddp_model)
+    if state.unhooking is not None:
+        state.unhooking.attach(ddp_model)
     return state
 
 

@@ -72,7 +72,6 @@ class AutotuneState:
         "__weakref__",
         "_algorithms",
         "_cores_warning",
-        "aside",
         "board",
         "config",
         "engine",
@@ -82,6 +81,7 @@ class AutotuneState:
         "process_group",
         "recorder",
         "tuner",
+        "unhooking",
         "world_size",
     )
 
@@ -123,7 +123,7 @@ class AutotuneState:
         #: The Prometheus exporter (``Config.metrics_port``), else None.
         self.exporter: Exporter | None = None
         #: Takes the hook out of DDP once the tuner keeps the baseline (`autotune.ddp.unhook`).
-        self.aside: Unhooking | None = None
+        self.unhooking: Unhooking | None = None
         #: The fault contract where DDP runs without the hook (`autotune.ddp.guard`), wherever it
         #: may.
         self.guard: Guard | None = None
@@ -165,19 +165,21 @@ class AutotuneState:
             if tuned:
                 self.tuner = Tuner(self.engine, group, self.config)
             if table is not None and table.buckets is not None:
-                self.aside = plan_file_buckets(table.buckets, self.config, _owner(self), self.guard)
+                self.unhooking = plan_file_buckets(
+                    table.buckets, self.config, _owner(self), self.guard
+                )
             live = self.tuner
             if live is not None and live.unhooks:
                 buckets = bucket_tuner(live, self.config) if live.tune_fusion else None
                 catch = catch_hooks(live, self.engine, self.config)
-                self.aside = Unhooking(
+                self.unhooking = Unhooking(
                     lambda: live.unhook_from, _owner(self), buckets, catch=catch, guard=self.guard
                 )
             if self.config.metrics_port is not None:
                 from autotune import metrics  # prometheus_client only where wanted
 
                 self.exporter = metrics.Exporter(
-                    self.config, group, self.engine, self.tuner, aside=self.aside
+                    self.config, group, self.engine, self.tuner, unhooking=self.unhooking
                 )
         except BaseException as exc:
             self.board.agree("ready", exc, {})
@@ -216,7 +218,7 @@ class AutotuneState:
         whose backward() returned: the engine settled first, so every rank reads the same after
         the same iteration."""
         self.engine.settle(self.config.timeout_s)
-        return status(self.tuner, self.aside)
+        return status(self.tuner, self.unhooking)
 
     @property
     def settled(self) -> bool:
@@ -239,7 +241,7 @@ class AutotuneState:
     def verdict(self) -> str:
         """One line for a job's summary: its training step against plain DDP's, as the tuner
         measured it (on rank 0, which decides), and whether the hook unhooked."""
-        return status(self.tuner, self.aside).verdict
+        return status(self.tuner, self.unhooking).verdict
 
     def stats(self) -> dict[tuple[int, str], Summary]:
         """(size class, algorithm) -> count, bytes, median and p99 seconds, busbw.
@@ -303,6 +305,17 @@ class AutotuneState:
         if algo is None:
             algo = self._algorithms[name] = get_algorithm(name, timeout_s=self.config.timeout_s)
         return algo
+
+    @property
+    def aside(self) -> Unhooking | None:
+        """Deprecated, goes in the next release: `unhooking`."""
+        warnings.warn(
+            "AutotuneState.aside is deprecated and goes in the next release: use "
+            "AutotuneState.unhooking",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.unhooking
 
     def __repr__(self) -> str:
         return (

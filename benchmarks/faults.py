@@ -103,9 +103,9 @@ def nccl_rows() -> None:
     makes no NCCL group of its own), whose timeout here is launch's 60 s."""
     seen = lambda s: (s.kind, s.message, s.seconds)  # noqa: E731
     with tempfile.TemporaryDirectory() as tmp:
-        aside = {"plan_file": plan_that_steps_aside(Path(tmp) / "plan.json"), "timeout_s": 4.0}
+        unhooking = {"plan_file": plan_that_steps_aside(Path(tmp) / "plan.json"), "timeout_s": 4.0}
         native = {"algorithm": "native", "timeout_s": 4.0}
-        for name, config in (("native (hooked)", native), ("unhooked", aside)):
+        for name, config in (("native (hooked)", native), ("unhooked", unhooking)):
             for fault, wake in (("exit", False), ("stop", True)):
                 results = launch(
                     train_until_it_fails, 2, {1: fault}, config, "8", wake, False, "cuda",
@@ -119,11 +119,11 @@ def contract_rows() -> None:
     native, and rank 0 serving the store (tests/ddp/test_faults_unhooked.py runs the same)."""
     seen = lambda s: (s.kind, s.message, s.seconds)  # noqa: E731
     with tempfile.TemporaryDirectory() as tmp:
-        aside = {"plan_file": plan_that_steps_aside(Path(tmp) / "plan.json"), "timeout_s": 4.0}
+        unhooking = {"plan_file": plan_that_steps_aside(Path(tmp) / "plan.json"), "timeout_s": 4.0}
         for fault, culprit, wake in (("exit", 1, False), ("stop", 1, True), ("sleep", 2, False)):
             what = {"exit": "exits", "stop": "is stopped (SIGSTOP)", "sleep": "hangs in Python"}
             results = launch(
-                train_until_it_fails, 3, {culprit: fault}, aside, "8", wake, timeout_s=120
+                train_until_it_fails, 3, {culprit: fault}, unhooking, "8", wake, timeout_s=120
             )
             row(
                 f"unhooked: rank {culprit} of 3 {what[fault]} (timeout_s=4)",

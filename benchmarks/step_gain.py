@@ -168,18 +168,18 @@ def alone(rank: int, world_size: int, args: argparse.Namespace, storage: str) ->
         # same step on every rank (`AutotuneState.locked`); rank 0's is reported.
         locked_at = (locked_at if locked_at is not None else step) if state.locked else None
         # Unhooked and decided: nothing is measured or changed from here (no re-checks).
-        aside = state.aside
-        final = aside is not None and aside.at is not None and state.settled
+        unhooking = state.unhooking
+        final = unhooking is not None and unhooking.at is not None and state.settled
         if everywhere(final and step >= (locked_at or 0) + AFTER_DECIDED):
             break
     times = _slowest(times)
-    aside = state.aside
-    tuner = None if aside is None else aside.buckets
+    unhooking = state.unhooking
+    tuner = None if unhooking is None else unhooking.buckets
     search = None if tuner is None else tuner.search
     out: dict[str, Any] = {
         "steps": times,
         "locked_at": locked_at,
-        "aside_at": None if aside is None else aside.at,
+        "aside_at": None if unhooking is None else unhooking.at,
         "bucket_iterations": None if tuner is None else tuner.iterations,
         "bucket_duels": None
         if search is None
@@ -248,7 +248,7 @@ def paired(
         step += 1
     out: dict[str, Any] = {k: _slowest(v) for k, v in times.items()}
     out["settled_at"] = settled_at
-    out["aside_at"] = None if state.aside is None else state.aside.at
+    out["aside_at"] = None if state.unhooking is None else state.unhooking.at
     if rank == 0:
         out["verdict"] = state.verdict()
     state.close()

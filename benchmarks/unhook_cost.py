@@ -44,7 +44,7 @@ def _job(rank: int, world_size: int, args: argparse.Namespace, plan: str) -> dic
     plain = DDP(copy.deepcopy(base), bucket_cap_mb=cap)
     ours = DDP(copy.deepcopy(base), bucket_cap_mb=cap)
     state = autotune.register(ours, autotune.Config(plan_file=plan))
-    models = {"plain": plain, "aside": ours}
+    models = {"plain": plain, "unhooked": ours}
     opts = {k: torch.optim.SGD(m.parameters(), lr=0.01) for k, m in models.items()}
     teacher, g = Teacher(), torch.Generator().manual_seed(rank)
     times: dict[str, list[float]] = {k: [] for k in models}
@@ -63,7 +63,7 @@ def _job(rank: int, world_size: int, args: argparse.Namespace, plan: str) -> dic
         mine = torch.tensor(t, dtype=torch.float64)
         dist.all_reduce(mine, op=dist.ReduceOp.MAX)
         slowest[k] = mine.tolist()
-    aside_at = None if state.aside is None else state.aside.at
+    aside_at = None if state.unhooking is None else state.unhooking.at
     group = ours.process_group.group_desc
     state.close()
     return {"times": slowest, "aside_at": aside_at, "ddp_group": group}
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         plan.write_text(json.dumps(Table({}, 0, buckets=Buckets(1 << 20, None)).to_json()))
         result = run_local(_job, args.world_size, args, str(plan), timeout_s=3600)[0]
     times = result["times"]
-    pairs = list(zip(times["aside"], times["plain"], strict=True))[args.warmup :]
+    pairs = list(zip(times["unhooked"], times["plain"], strict=True))[args.warmup :]
     ratios = [a / b for a, b in pairs if b > 0]
     q1, median, q3 = quartiles(ratios)
     low, high = _median_interval(ratios)

@@ -40,7 +40,7 @@ class Exporter:
         engine: Engine,
         tuner: Tuner | None = None,
         nvml: NvmlQuery | None = None,
-        aside: Unhooking | None = None,
+        unhooking: Unhooking | None = None,
     ) -> None:
         assert config.metrics_port is not None
         rank = dist.get_rank(group)
@@ -50,7 +50,7 @@ class Exporter:
             labels["job"] = config.job
         self.engine = engine
         self.registry = CollectorRegistry()
-        self.hook = HookMetrics(engine, tuner, labels, aside)
+        self.hook = HookMetrics(engine, tuner, labels, unhooking)
         self.registry.register(self.hook)
         self.registry.register(HostMetrics(labels))
         self.registry.register(NvmlMetrics(nvml, labels, select=self._own_gpu))

@@ -89,11 +89,11 @@ class HookMetrics(Collector):
         engine: Engine,
         tuner: Tuner | None,
         labels: Mapping[str, str],
-        aside: Unhooking | None = None,
+        unhooking: Unhooking | None = None,
     ) -> None:
         self.engine = engine
         self.tuner = tuner
-        self.aside = aside
+        self.unhooking = unhooking
         self.labels = dict(labels)
         self._messages: dict[tuple[int, str], _Messages] = {}
         self._first_wait = _Histogram()
@@ -224,7 +224,7 @@ class HookMetrics(Collector):
         yield pairs
 
     def _tuner(self, names: list[str], values: list[str]) -> Iterator[Metric]:
-        now = status(self.tuner, self.aside)
+        now = status(self.tuner, self.unhooking)
         state = GaugeMetricFamily(
             "autotune_tuner_state",
             "Per size class, 1 for the tuner's state (exploring or locked), 0 for the other.",

@@ -59,11 +59,11 @@ class Status:
         return self.gain is not None or (self.plan_locked and self.phase == "locked")
 
 
-def status(tuner: Tuner | None, aside: Unhooking | None) -> Status:
+def status(tuner: Tuner | None, unhooking: Unhooking | None) -> Status:
     """The snapshot, from what this rank knows now (settle the engine first for a reading that
     is the same on every rank after the same iteration)."""
-    settled = _settled(tuner, aside)
-    unhooked_at = None if aside is None else aside.at
+    settled = _settled(tuner, unhooking)
+    unhooked_at = None if unhooking is None else unhooking.at
     if tuner is None:
         return Status(
             tuning=False,
@@ -73,65 +73,65 @@ def status(tuner: Tuner | None, aside: Unhooking | None) -> Status:
             locked=settled,
             gain=None,
             unhooked_at=unhooked_at,
-            verdict=_verdict(None, aside),
+            verdict=_verdict(None, unhooking),
         )
     return Status(
         tuning=True,
         phase=tuner.phase,
         plan_locked=tuner.settled,
         settled=settled,
-        locked=_locked(tuner, aside, settled),
+        locked=_locked(tuner, unhooking, settled),
         gain=tuner.gain,
         unhooked_at=unhooked_at,
-        verdict=_verdict(tuner, aside),
+        verdict=_verdict(tuner, unhooking),
         states=dict(tuner.states),
         progress=tuner.progress(),
     )
 
 
-def _settled(tuner: Tuner | None, aside: Unhooking | None) -> bool:
+def _settled(tuner: Tuner | None, unhooking: Unhooking | None) -> bool:
     if tuner is None:
-        return aside is None or aside.at is not None or aside.refused is not None
+        return unhooking is None or unhooking.at is not None or unhooking.refused is not None
     if not tuner.settled or tuner.check_from is not None:
         return False
-    if aside is None or aside.refused is not None or tuner.unhook_from is None:
+    if unhooking is None or unhooking.refused is not None or tuner.unhook_from is None:
         return True
-    if aside.at is None:
+    if unhooking.at is None:
         return False  # unhooks before the next forward
-    return aside.buckets is None or aside.buckets.done
+    return unhooking.buckets is None or unhooking.buckets.done
 
 
-def _locked(tuner: Tuner, aside: Unhooking | None, settled: bool) -> bool:
+def _locked(tuner: Tuner, unhooking: Unhooking | None, settled: bool) -> bool:
     """`settled`, or re-checking the locked plan against the baseline; where autotune unhooks,
     `settled`. Reads what rank 0 broadcast, so the same on every rank after the same iteration."""
     if tuner.unhook_from is None:
         return tuner.locked
-    if aside is not None and aside.at is None and aside.refused is None:
+    if unhooking is not None and unhooking.at is None and unhooking.refused is None:
         return True  # the baseline, locked: DDP takes over at the next forward
     return settled
 
 
-def _verdict(tuner: Tuner | None, aside: Unhooking | None) -> str:
+def _verdict(tuner: Tuner | None, unhooking: Unhooking | None) -> str:
     """The job's training step against plain DDP's, as the tuner measured it (on rank 0, which
     decides), and whether autotune unhooked."""
     if tuner is None:
         line = "autotune vs plain DDP: not compared (a fixed plan runs without the tuner)"
-        if aside is not None and aside.at is not None:
+        if unhooking is not None and unhooking.at is not None:
             line += (
-                f"; autotune unhooked after iteration {aside.at}: DDP runs its own "
+                f"; autotune unhooked after iteration {unhooking.at}: DDP runs its own "
                 "all-reduce in the plan file's buckets, without the hook"
             )
         return line
-    if aside is None or aside.at is None:
+    if unhooking is None or unhooking.at is None:
         return tuner_verdict(tuner)
     after = (
-        f"autotune unhooked after iteration {aside.at}: DDP runs its own all-reduce, "
+        f"autotune unhooked after iteration {unhooking.at}: DDP runs its own all-reduce, "
         "without the hook"
     )
-    if aside.buckets is None:
+    if unhooking.buckets is None:
         return f"{tuner_verdict(tuner)}; {after}"
-    search = aside.buckets.search
-    if search is None or not aside.buckets.done:
+    search = unhooking.buckets.search
+    if search is None or not unhooking.buckets.done:
         pairs = 0 if search is None else search.pairs
         return (
             f"{tuner_verdict(tuner)}; {after}, and compares bucket sizes on it ({pairs} "

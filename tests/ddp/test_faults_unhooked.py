@@ -58,12 +58,12 @@ def named(seen: Seen | None, culprit: int, within_s: float = TIMEOUT_S + MARGIN_
 
 
 @pytest.fixture
-def aside(tmp_path: Path) -> dict[str, Any]:
+def unhooking(tmp_path: Path) -> dict[str, Any]:
     return {"plan_file": plan_that_steps_aside(tmp_path / "plan.json")}
 
 
-def test_stepped_aside_a_killed_rank_is_named_on_every_survivor(aside: dict[str, Any]) -> None:
-    seen = run(3, {1: "exit"}, aside)
+def test_stepped_aside_a_killed_rank_is_named_on_every_survivor(unhooking: dict[str, Any]) -> None:
+    seen = run(3, {1: "exit"}, unhooking)
     for s in (seen[0], seen[2]):
         s = named(s, 1, within_s=TIMEOUT_S)  # closed connections: no timeout to wait out
         assert s.aside_at == 1 and s.ddp_group.startswith("autotune_ddp"), s
@@ -71,12 +71,12 @@ def test_stepped_aside_a_killed_rank_is_named_on_every_survivor(aside: dict[str,
 
 
 def test_where_ddps_forward_fails_first_the_next_call_names_the_culprit(
-    aside: dict[str, Any],
+    unhooking: dict[str, Any],
 ) -> None:
     # The documented exception (docs/FAULTS.md): DDP broadcasts its buffers in forward(); rank
     # 0, broadcasting to the dead rank 1, gets gloo's error from forward() itself (a forward
     # hook cannot replace it), diagnosed at once: its next call raises the PeerError.
-    seen = run(3, {1: "exit"}, aside, buffers=True)
+    seen = run(3, {1: "exit"}, unhooking, buffers=True)
     s0, s2 = seen[0], seen[2]
     assert s0 is not None and s0.in_forward and s0.kind == "RuntimeError", s0
     assert s0.then == ("PeerError", 1), s0
@@ -87,7 +87,7 @@ def test_stepped_aside_by_the_tuner_a_killed_rank_is_named(tmp_path: Path) -> No
     # The usual way to unhook: the tuner kept the baseline (native only, quick trials).
     keeps_baseline = {"algorithms": ("native",), "fusion_bytes": 0, "tune_warmup": 0}
     config = {**keeps_baseline, "tune_samples": 1, "storage": f"sqlite:///{tmp_path / 't.db'}"}
-    seen = run(3, {1: "exit"}, config, when="aside")
+    seen = run(3, {1: "exit"}, config, when="unhooked")
     for s in (seen[0], seen[2]):
         s = named(s, 1, within_s=TIMEOUT_S)
         assert s.aside_at is not None and s.ddp_group.startswith("autotune_ddp"), s
@@ -103,9 +103,9 @@ def test_in_the_catchs_blocks_of_plain_ddp_a_stopped_rank_is_named(tmp_path: Pat
 
 
 def test_stepped_aside_a_stopped_rank_is_named_at_the_timeout_and_agrees_once_woken(
-    aside: dict[str, Any],
+    unhooking: dict[str, Any],
 ) -> None:
-    seen = run(3, {1: "stop"}, aside, wake=True)
+    seen = run(3, {1: "stop"}, unhooking, wake=True)
     for s in (seen[0], seen[2]):
         s = named(s, 1)
         assert s.seconds > TIMEOUT_S - 0.5, s  # a stop is a hang: it fails at timeout_s
@@ -114,9 +114,9 @@ def test_stepped_aside_a_stopped_rank_is_named_at_the_timeout_and_agrees_once_wo
 
 
 def test_stepped_aside_a_rank_hung_in_python_is_named_by_its_progress(
-    aside: dict[str, Any],
+    unhooking: dict[str, Any],
 ) -> None:
-    seen = run(3, {2: "sleep"}, aside)
+    seen = run(3, {2: "sleep"}, unhooking)
     for s in seen[:2]:
         assert "it had begun" in named(s, 2).message  # its heartbeat went on; it fell behind
 

@@ -41,6 +41,6 @@ def test_a_tuned_job_with_sparse_gradients_trains_and_steps_aside(tmp_path: Path
         "storage": f"sqlite:///{tmp_path / 't.db'}",
     }
     runs = run_local(sparse_beside_plain, 2, config, 200, timeout_s=300)
-    for rel, layouts, aside in runs:
+    for rel, layouts, unhooking in runs:
         assert rel < 1e-5, rel
-        assert layouts[0] == "torch.sparse_coo" and aside is not None
+        assert layouts[0] == "torch.sparse_coo" and unhooking is not None

@@ -437,7 +437,7 @@ def compiled_training(
         state.engine.settle(timeout_s=10.0)
         out["messages"] = len(state.recorder.records())
         out["iterations"] = state.engine.iteration
-        out["aside_at"] = None if state.aside is None else state.aside.at
+        out["aside_at"] = None if state.unhooking is None else state.unhooking.at
         out["hook_calls"] = len(state.recorder.hook_calls())
         state.close()
     return out

@@ -97,7 +97,7 @@ def train_until_it_fails(
     killed), "stop" (SIGSTOP itself: hung, alive) or "sleep" (hung in Python, its heartbeat
     going on, for 3 timeouts; then it exits).
     Every other rank reports the error it gets. ``when``: a step ("8"), 3 steps after autotune
-    unhooked ("aside"), or the second step of the check's first block of plain DDP
+    unhooked ("unhooked"), or the second step of the check's first block of plain DDP
     ("catch"); every rank reaches these at the same step. ``wake``: the lowest surviving rank,
     once it has its error, wakes the stopped ranks (SIGCONT), which then report theirs.
     ``buffers``: train `BufferNet`, whose forward runs a collective of DDP's. ``device``:
@@ -113,11 +113,13 @@ def train_until_it_fails(
     fault_at = int(when) if when.isdigit() else None
     for step in range(1500):
         start = time.monotonic()
-        aside = state.aside
-        if fault_at is None and aside is not None:
-            if when == "aside" and aside.at is not None:
+        unhooking = state.unhooking
+        if fault_at is None and unhooking is not None:
+            if when == "unhooked" and unhooking.at is not None:
                 fault_at = step + 3
-            plain = aside.catch is not None and not aside.catch.over and not model._comm_hooks
+            plain = (
+                unhooking.catch is not None and not unhooking.catch.over and not model._comm_hooks
+            )
             if when == "catch" and plain:
                 fault_at = step + 1
         if step == fault_at and rank in faults:
@@ -143,7 +145,7 @@ def train_until_it_fails(
                 getattr(exc, "rank", None),
                 str(exc),
                 time.monotonic() - start,
-                None if state.aside is None else state.aside.at,
+                None if state.unhooking is None else state.unhooking.at,
                 model.process_group.group_desc,
                 in_forward,
             )
@@ -219,7 +221,11 @@ def storage_fails(
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     locked: list[bool] = []
     for step in range(steps):
-        if locked[-5:] == [True] * 5 and state.aside is not None and state.aside.at is not None:
+        if (
+            locked[-5:] == [True] * 5
+            and state.unhooking is not None
+            and state.unhooking.at is not None
+        ):
             break  # locked and aside for 5 steps: every rank reads the same (`state.locked`)
         if step == break_at and rank == 0:
             _break(url, how, pid)
@@ -231,7 +237,7 @@ def storage_fails(
     assert state.tuner is not None
     run = StorageRun(
         locked,
-        None if state.aside is None else state.aside.at,
+        None if state.unhooking is None else state.unhooking.at,
         logged,
         state.verdict(),
         state.tuner.frozen,
@@ -297,6 +303,6 @@ def sparse_beside_plain(
         float((a.double() - b.double()).norm() / b.double().norm())
         for a, b in zip(ours.parameters(), plain.parameters(), strict=True)
     )
-    aside = None if state.aside is None else state.aside.at
+    unhooking = None if state.unhooking is None else state.unhooking.at
     state.close()
-    return rel, layouts, aside
+    return rel, layouts, unhooking

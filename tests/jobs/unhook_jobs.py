@@ -138,15 +138,15 @@ def beside_plain(
             opt.zero_grad()
         calls.append(len(state.recorder.hook_calls()) - before)
         synced.append(not accumulate)
-    aside = state.aside
-    search = None if aside is None or aside.buckets is None else aside.buckets.search
+    unhooking = state.unhooking
+    search = None if unhooking is None or unhooking.buckets is None else unhooking.buckets.search
     rel = max(
         float((a.double() - b.double()).norm() / b.double().norm())
         for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True)
     )
     result = Aside(
-        aside_at=None if aside is None else aside.at,
-        refused=None if aside is None else aside.refused,
+        aside_at=None if unhooking is None else unhooking.at,
+        refused=None if unhooking is None else unhooking.refused,
         calls=calls,
         synced=synced,
         hooked=digest(list(models[0].parameters())),
@@ -171,7 +171,7 @@ def beside_plain(
         bucket_kept=None if search is None else search.kept,
         bucket_cap=models[0].bucket_bytes_cap,
     )
-    catch = None if aside is None else aside.catch
+    catch = None if unhooking is None else unhooking.catch
     if catch is not None:
         result.catch_kept = catch.hooked
         result.catch_pairs = 0 if catch.outcome is None else catch.outcome.gain.pairs
@@ -187,16 +187,20 @@ def beside_plain(
 
 def _catch_over(state: autotune.AutotuneState) -> bool:
     """Whether this rank's catch (`autotune.tuning.plain_check`) has decided."""
-    aside = state.aside
-    return aside is not None and aside.catch is not None and aside.catch.outcome is not None
+    unhooking = state.unhooking
+    return (
+        unhooking is not None
+        and unhooking.catch is not None
+        and unhooking.catch.outcome is not None
+    )
 
 
 def _all_done(state: autotune.AutotuneState, synced: list[bool], after_aside: int) -> bool:
     """Whether every rank unhooked ``after_aside`` synced steps ago or more, and has
     decided DDP's bucket size where it tunes it (agreed)."""
-    aside = state.aside
-    at = None if aside is None else aside.at
-    tuner = None if aside is None else aside.buckets
+    unhooking = state.unhooking
+    at = None if unhooking is None else unhooking.at
+    tuner = None if unhooking is None else unhooking.buckets
     decided = tuner is None or tuner.done
     return everywhere(at is not None and decided and sum(synced) >= at + after_aside)
 

@@ -194,10 +194,10 @@ def test_a_plan_a_later_job_dropped_does_not_come_back() -> None:
 
 
 def test_the_bucket_size_is_the_newest_tables() -> None:
-    aside = Table({1024: entry("native", 1e-3)}, 0, buckets=Buckets(4 << 20, None))
+    unhooking = Table({1024: entry("native", 1e-3)}, 0, buckets=Buckets(4 << 20, None))
     later = Table({1024: entry("native", 1e-3)}, 0, buckets=Buckets(16 << 20, None))
-    assert merge_tables([(1.0, aside), (2.0, later)]).buckets == Buckets(16 << 20, None)
-    assert merge_tables([(2.0, aside), (1.0, later)]).buckets == Buckets(4 << 20, None)
+    assert merge_tables([(1.0, unhooking), (2.0, later)]).buckets == Buckets(16 << 20, None)
+    assert merge_tables([(2.0, unhooking), (1.0, later)]).buckets == Buckets(4 << 20, None)
 
 
 def test_a_bucket_size_is_not_merged_beside_a_python_driven_class() -> None:
@@ -205,11 +205,11 @@ def test_a_bucket_size_is_not_merged_beside_a_python_driven_class() -> None:
     # never saw: the merged plan runs shm there, through the hook, so no bucket size applies
     # (a table with both does not load: `Table.from_json`).
     older = Table({4096: entry("shm", 1e-3)}, 0)
-    aside = Table({1024: entry("native", 1e-3)}, 0, buckets=Buckets(4 << 20, None))
-    merged = merge_tables([(1.0, older), (2.0, aside)])
+    unhooking = Table({1024: entry("native", 1e-3)}, 0, buckets=Buckets(4 << 20, None))
+    merged = merge_tables([(1.0, older), (2.0, unhooking)])
     assert merged.classes[4096].choice == Choice("shm") and merged.buckets is None
     assert Table.from_json(merged.to_json()) == merged
-    assert merge_tables([(1.0, aside)]).buckets == Buckets(4 << 20, None)
+    assert merge_tables([(1.0, unhooking)]).buckets == Buckets(4 << 20, None)
 
 
 def test_the_lead_is_the_newest_tables_settled_or_not() -> None:
