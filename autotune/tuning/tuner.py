@@ -13,7 +13,6 @@ ask, tell and storage writes run on a worker thread on rank 0, off the training'
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import statistics
 import threading
@@ -45,6 +44,7 @@ from autotune.tuning.plan_search import PlanSearch, shortlist
 from autotune.tuning.search import NOT_MEASURED, ClassSearch, Progress
 from autotune.tuning.space import search_space
 from autotune.tuning.status import tuner_progress, tuner_table
+from autotune.tuning.stored import read_stored, stored_arm
 from autotune.tuning.worker import Worker
 from autotune.util.units import format_bytes
 
@@ -401,17 +401,7 @@ class Tuner:
 
     def _load(self) -> None:
         """On the worker: the stored plan, and the cost model's prior if a sweep stored one."""
-        store = self.store()
-        # Trials that jobs now gone left running, in any of this fingerprint's studies: a job
-        # that runs the stored plan may never open those studies itself.
-        store.fail_stale(self.key)
-        table = store.load_table(self.key)
-        raw = store.load_prior(self.key)
-        prior = None
-        if raw is not None:
-            # An unreadable prior is no prior: tuning goes on without one.
-            with contextlib.suppress(ValueError):
-                prior = Prior.from_json(raw)
+        table, prior = read_stored(self.store(), self.key)
         self.post(lambda: self._loaded(table, prior))
 
     def _loaded(self, table: Table | None, prior: Prior | None) -> None:
@@ -421,16 +411,12 @@ class Tuner:
         self.prior = prior
         stored = None
         if table is not None:
-            choices = {
-                cls: e.choice
-                for cls, e in table.classes.items()
-                if e.state == "locked" and e.choice in self._space(cls)
-            }
-            fusion = self.plan_search.baseline.fusion_bytes
-            if self.tune_fusion and table.fusion_bytes in FUSION_OPTIONS:
-                fusion = table.fusion_bytes or 0
-            if choices or fusion != self.plan_search.baseline.fusion_bytes or table.gain is None:
-                stored = Arm.of(choices, fusion)
+            stored = stored_arm(
+                table,
+                self.plan_search.baseline,
+                lambda cls, choice: choice in self._space(cls),
+                FUSION_OPTIONS if self.tune_fusion else None,
+            )
             for cls, e in table.classes.items():
                 if e.state == "locked":
                     search = self._class_search(cls)

@@ -47,6 +47,7 @@ def check_stepped_aside(runs: list[Aside]) -> None:
         assert r.calls == expected, (r.calls, r.synced)
         assert seen >= aside_at + AFTER, "too few steps after unhooking to check them"
         assert r.reducer_replaced and r.hooks_left == 0
+        assert r.old_name == (True, True)  # state.aside, deprecated, for one release
         if len(runs) == 2:
             assert r.hooked == r.plain, "the model that unhooked left plain DDP's training"
         else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,8 @@ class Aside:
     plain_rel: float  # largest relative distance from plain DDP's, per parameter
     reducer_replaced: bool
     hooks_left: int  # what DDP's _comm_hooks lists at the end
+    # state.aside, the deprecated name of state.unhooking: (the same object, warned)
+    old_name: tuple[bool, bool]
     verdict: str
     # The exporter's autotune_hook_unhooked and, for a release, its old name, if it ran.
     unhooked_gauge: float | None
@@ -154,6 +157,7 @@ def beside_plain(
         plain_rel=rel,
         reducer_replaced=models[0].reducer is not first_reducer,
         hooks_left=len(models[0]._comm_hooks),
+        old_name=_old_name(state),
         verdict=state.verdict(),
         unhooked_gauge=None
         if state.exporter is None
@@ -212,3 +216,11 @@ def _stored_buckets(config: dict[str, Any]) -> dict[str, Any] | None:
         return None
     stored: dict[str, Any] = tables[0].buckets.to_json()
     return stored
+
+
+def _old_name(state: Any) -> tuple[bool, bool]:
+    """Whether ``state.aside`` is ``state.unhooking``, and said it is deprecated."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        same = state.aside is state.unhooking
+    return same, any(issubclass(w.category, DeprecationWarning) for w in caught)

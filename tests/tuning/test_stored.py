@@ -1,0 +1,52 @@
+"""What a job takes from a stored plan (`autotune.tuning.stored`): the part it can run, confirmed
+before it is locked, or nothing where the stored plan is the measured baseline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autotune.plan import Arm, Choice, Entry, Gain, Table
+from autotune.storage import Store
+from autotune.tuning.stored import read_stored, stored_arm
+
+RING, TREE, NATIVE = Choice("ring", 1 << 20), Choice("tree"), Choice("native")
+FUSIONS = (0, 1 << 20, 4 << 20, 16 << 20)
+GAIN = Gain(0.9, 0.85, 0.95, 24)
+
+
+def test_only_locked_classes_this_job_can_run_are_taken() -> None:
+    table = Table(
+        {
+            1 << 20: Entry(RING, 1e-3, 5, "locked"),
+            2 << 20: Entry(TREE, 2e-3, 5, "exploring"),  # not locked: screened again
+            4 << 20: Entry(Choice("shm"), 3e-3, 5, "locked"),  # not in this job's space
+        },
+        4 << 20,
+        gain=GAIN,
+    )
+    arm = stored_arm(table, Arm(), lambda cls, c: c != Choice("shm"), FUSIONS)
+    assert arm == Arm.of({1 << 20: RING}, 4 << 20)
+    # A job that does not tune the fusion size keeps the baseline's.
+    assert stored_arm(table, Arm(), lambda cls, c: True, None) == Arm.of(
+        {1 << 20: RING, 4 << 20: Choice("shm")}, 0
+    )
+    # A stored fusion size this job may not tune to is not taken either.
+    odd = Table({1 << 20: Entry(RING, state="locked")}, 3 << 20, gain=GAIN)
+    assert stored_arm(odd, Arm(), lambda cls, c: True, FUSIONS) == Arm.of({1 << 20: RING}, 0)
+
+
+def test_a_measured_baseline_has_nothing_to_confirm_an_unmeasured_one_has() -> None:
+    baseline = Table({1 << 20: Entry(NATIVE, state="locked")}, 0, gain=GAIN)
+    assert stored_arm(baseline, Arm(), lambda cls, c: c != NATIVE, FUSIONS) is None
+    unmeasured = Table({1 << 20: Entry(NATIVE, state="locked")}, 0)
+    assert stored_arm(unmeasured, Arm(), lambda cls, c: c != NATIVE, FUSIONS) == Arm()
+
+
+def test_read_stored_reads_the_plan_and_ignores_an_unreadable_prior(tmp_path: Path) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'tuning.db'}")
+    assert read_stored(store, "k") == (None, None)
+    table = Table({1 << 20: Entry(RING, 1e-3, 5, "locked")}, 0, gain=GAIN)
+    store.save_table("k", table)
+    store.save_prior("k", {"not": "a prior"})
+    got, prior = read_stored(store, "k")
+    assert got is not None and got.classes == table.classes and prior is None
