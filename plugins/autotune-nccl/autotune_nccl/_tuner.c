@@ -3,11 +3,19 @@
  * that autotune's Python side opens by the same path (ctypes), so both share the state below
  * (dlopen returns the same handle for the same file). See docs/NCCL_TUNER.md.
  *
- * It exports ncclTunerPlugin_v7, _v6 and _v5. The layouts are written from NCCL's
- * plugins/tuner/example/nccl/tuner.h (NVIDIA/nccl at 2449986f): v5 is name, init, getCollInfo,
- * finalize; v6 and v7 add getChunkSize. Their init takes (ctx, commId, nRanks, nNodes, logger,
- * NVLink domain info, constants); v7 differs from v6 only in the constants' size, which this
- * plugin never reads. The cost table is NCCL's float[numAlgo][numProto], passed as float**.
+ * It exports ncclTunerPlugin_v7 down to _v2, so that every NCCL from 2.21 on finds the newest
+ * one it knows (docs/NCCL_TUNER.md has the table of NCCL releases and symbols). The layouts are
+ * written from NCCL's own headers of each release (src/include/plugin/tuner/tuner_v*.h,
+ * plugins/tuner/example/nccl/tuner.h): v5 is name, init, getCollInfo, finalize; v6 and v7 add
+ * getChunkSize. Their init takes (ctx, commId, nRanks, nNodes, logger, NVLink domain info,
+ * constants); v7 differs from v6 only in the constants' size, which this plugin never reads.
+ * v2 to v4 have init(nRanks, nNodes, logger, ctx): no communicator id, so a choice armed for
+ * one communicator never applies there (arm it for any). v4's getCollInfo is v5's; v3's has no
+ * regBuff; v2's has no cost table at all: NCCL passes whether CollNet and NVLS are supported and
+ * takes the algorithm and protocol the plugin writes, unchecked, so under v2 the plugin offers
+ * only cells NCCL 2.21 can always run (ring and tree with LL or Simple; CollNet and NVLS where
+ * NCCL says they are supported) and reports the rest unusable. The cost table is NCCL's
+ * float[numAlgo][numProto], passed as float**.
  *
  * Two sources of a choice, for all-reduce only (every other collective is left to NCCL):
  *  - driven: a thread arms a choice (at_arm) for the next all-reduce it launches; the first
@@ -314,6 +322,75 @@ __attribute__((visibility("default"))) const at_tuner_v6 ncclTunerPlugin_v6 = {
     "autotune", at_init, at_get_coll_info, at_finalize, at_get_chunk_size};
 __attribute__((visibility("default"))) const at_tuner_v5 ncclTunerPlugin_v5 = {
     "autotune", at_init, at_get_coll_info, at_finalize};
+
+/* -- NCCL 2.21 to 2.27: tuner v2, v3, v4 (init without a communicator id) ------------------- */
+
+static ncclResult_t at_init_legacy(size_t n_ranks, size_t n_nodes, at_logger_t log, void **ctx) {
+    return at_init(ctx, 0, n_ranks, n_nodes, log, NULL, NULL);
+}
+
+static ncclResult_t at_get_coll_info_v3(void *ctx, int coll_type, size_t n_bytes,
+                                        int num_pipe_ops, float **cost_table, int num_algo,
+                                        int num_proto, int *n_channels) {
+    return at_get_coll_info(ctx, coll_type, n_bytes, num_pipe_ops, cost_table, num_algo,
+                            num_proto, 0, n_channels);
+}
+
+/* v2: no cost table. A table of the cells NCCL 2.21 can run whatever the machine (ring and tree
+ * with LL or Simple; LL128 depends on the GPU and is left out), CollNet and NVLS where NCCL says
+ * so, goes through the same choice as v3+; the cell the choice set to 0 becomes the output. */
+static ncclResult_t at_get_coll_info_v2(void *ctx, int coll_type, size_t n_bytes,
+                                        int coll_net_support, int nvls_support, int num_pipe_ops,
+                                        int *algorithm, int *protocol, int *n_channels) {
+    if (ctx == NULL || algorithm == NULL || protocol == NULL) return AT_INVALID_ARGUMENT;
+    enum { V2_ALGOS = 6 }; /* NCCL 2.21: tree, ring, collnet direct, collnet chain, nvls, nvls tree */
+    float table[V2_ALGOS][AT_MAX_PROTOS];
+    for (int a = 0; a < V2_ALGOS; a++) {
+        int usable = a <= 1 || (a <= 3 && coll_net_support) || (a >= 4 && nvls_support);
+        for (int p = 0; p < AT_MAX_PROTOS; p++)
+            table[a][p] = usable && p != 1 /* LL128 */ ? 1.0f : AT_IGNORE;
+    }
+    int channels = n_channels != NULL ? *n_channels : 0;
+    ncclResult_t rc = at_get_coll_info(ctx, coll_type, n_bytes, num_pipe_ops, (float **)table,
+                                       V2_ALGOS, AT_MAX_PROTOS, 0, &channels);
+    if (rc != AT_SUCCESS) return rc;
+    for (int a = 0; a < V2_ALGOS; a++)
+        for (int p = 0; p < AT_MAX_PROTOS; p++)
+            if (table[a][p] == 0.0f) {
+                *algorithm = a;
+                *protocol = p;
+                if (n_channels != NULL) *n_channels = channels;
+            }
+    return AT_SUCCESS;
+}
+
+typedef struct {
+    const char *name;
+    ncclResult_t (*init)(size_t, size_t, at_logger_t, void **);
+    ncclResult_t (*getCollInfo)(void *, int, size_t, int, int, int, int *, int *, int *);
+    ncclResult_t (*destroy)(void *);
+} at_tuner_v2;
+
+typedef struct {
+    const char *name;
+    ncclResult_t (*init)(size_t, size_t, at_logger_t, void **);
+    ncclResult_t (*getCollInfo)(void *, int, size_t, int, float **, int, int, int *);
+    ncclResult_t (*destroy)(void *);
+} at_tuner_v3;
+
+typedef struct {
+    const char *name;
+    ncclResult_t (*init)(size_t, size_t, at_logger_t, void **);
+    ncclResult_t (*getCollInfo)(void *, int, size_t, int, float **, int, int, int, int *);
+    ncclResult_t (*destroy)(void *);
+} at_tuner_v4;
+
+__attribute__((visibility("default"))) const at_tuner_v4 ncclTunerPlugin_v4 = {
+    "autotune", at_init_legacy, at_get_coll_info, at_finalize};
+__attribute__((visibility("default"))) const at_tuner_v3 ncclTunerPlugin_v3 = {
+    "autotune", at_init_legacy, at_get_coll_info_v3, at_finalize};
+__attribute__((visibility("default"))) const at_tuner_v2 ncclTunerPlugin_v2 = {
+    "autotune", at_init_legacy, at_get_coll_info_v2, at_finalize};
 
 /* -- what autotune calls (ctypes) ----------------------------------------------------------- */
 

@@ -102,3 +102,113 @@ def cheapest(table: Table) -> tuple[str, str]:
 def v6() -> V6:
     """The v6 struct the library exports, as NCCL 2.30 finds it."""
     return V6.in_dll(ctypes.CDLL(library_path()), "ncclTunerPlugin_v6")
+
+
+# NCCL 2.21 to 2.27: the tuner structs v2, v3 and v4, whose init has no communicator id.
+_INIT_LEGACY = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p,
+    ctypes.POINTER(ctypes.c_void_p),
+)  # fmt: skip
+_COLL_INFO_V2 = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+    ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int),
+    ctypes.POINTER(ctypes.c_int),
+)  # fmt: skip
+_COLL_INFO_V3 = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
+    ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+)  # fmt: skip
+
+
+class V2(ctypes.Structure):
+    """NCCL 2.21's tuner (and 2.22-2.31's oldest): no cost table; the plugin writes the cell."""
+
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("init", _INIT_LEGACY),
+        ("getCollInfo", _COLL_INFO_V2),
+        ("destroy", _FINALIZE),
+    ]
+
+
+class V3(ctypes.Structure):
+    """NCCL 2.22-2.23: the cost table, without regBuff."""
+
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("init", _INIT_LEGACY),
+        ("getCollInfo", _COLL_INFO_V3),
+        ("destroy", _FINALIZE),
+    ]
+
+
+class V4(ctypes.Structure):
+    """NCCL 2.24-2.27: v5's getCollInfo, v3's init."""
+
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("init", _INIT_LEGACY),
+        ("getCollInfo", _COLL_INFO),
+        ("destroy", _FINALIZE),
+    ]
+
+
+#: NCCL 2.21's algorithms in v2's outputs: tree, ring, collnet direct, collnet chain, nvls,
+#: nvls tree (no pat).
+V2_ALGOS = 6
+UNDEF = -1
+
+
+class LegacyComm:
+    """One communicator as NCCL 2.21 to 2.27 drive the plugin: init without an id."""
+
+    def __init__(self, api: V2 | V3 | V4, ranks: int = 8, nodes: int = 1) -> None:
+        self.api = api
+        self.ctx = ctypes.c_void_p()
+        assert api.init(ranks, nodes, None, ctypes.byref(self.ctx)) == 0
+
+    def coll_info(
+        self, nbytes: int, table: Table | None = None, func: int = ALLREDUCE
+    ) -> tuple[Table, int]:
+        """v3 and v4: NCCL's cost table in, the table and the channels out."""
+        assert not isinstance(self.api, V2)
+        table = table if table is not None else nccl_table()
+        channels = ctypes.c_int(-1)
+        if isinstance(self.api, V3):
+            rc = self.api.getCollInfo(
+                self.ctx, func, nbytes, 1, ctypes.addressof(table), NUM_ALGO, NUM_PROTO,
+                ctypes.byref(channels),
+            )  # fmt: skip
+        else:
+            rc = self.api.getCollInfo(
+                self.ctx, func, nbytes, 1, ctypes.addressof(table), NUM_ALGO, NUM_PROTO, 0,
+                ctypes.byref(channels),
+            )  # fmt: skip
+        assert rc == 0
+        return table, channels.value
+
+    def cell(
+        self, nbytes: int, collnet: bool = False, nvls: bool = False, func: int = ALLREDUCE
+    ) -> tuple[int, int, int]:
+        """v2: the algorithm, protocol and channels the plugin wrote (-1, -1, 0: NCCL's own),
+        as NCCL 2.21 calls it (outputs preset to undefined and 0)."""
+        assert isinstance(self.api, V2)
+        algo, proto, channels = ctypes.c_int(UNDEF), ctypes.c_int(UNDEF), ctypes.c_int(0)
+        rc = self.api.getCollInfo(
+            self.ctx, func, nbytes, int(collnet), int(nvls), 1, ctypes.byref(algo),
+            ctypes.byref(proto), ctypes.byref(channels),
+        )  # fmt: skip
+        assert rc == 0
+        return algo.value, proto.value, channels.value
+
+    def close(self) -> None:
+        assert self.api.destroy(self.ctx) == 0
+
+
+def legacy(version: str) -> V2 | V3 | V4:
+    """The legacy struct the library exports, as that NCCL finds it."""
+    lib = ctypes.CDLL(library_path())
+    symbol = f"ncclTunerPlugin_{version}"
+    if version == "v2":
+        return V2.in_dll(lib, symbol)
+    return V3.in_dll(lib, symbol) if version == "v3" else V4.in_dll(lib, symbol)
