@@ -42,7 +42,7 @@ from autotune.ddp.unhook import Unhooking
 from autotune.plan import BASELINE_CHOICE, Choice, Entry, Plan, Table, load_table
 from autotune.storage import elastic_attempt
 from autotune.tuning import Tuner
-from autotune.tuning.status import Status, status
+from autotune.tuning.status import Status, is_locked, is_settled, status
 from autotune.tuning.unhooked import bucket_tuner, catch_hooks, plan_file_buckets
 from autotune.util.cores import oversubscription, usable_cores
 from autotune.util.redact import redact
@@ -225,7 +225,8 @@ class AutotuneState:
         """Whether autotune has decided what this job runs: the tuner's plan, locked, and where
         it unhooks, DDP's bucket size (`autotune.tuning.buckets`). As of the last iteration
         whose backward() returned, the same on every rank (see `locked`)."""
-        return self.status().settled
+        self.engine.settle(self.config.timeout_s)
+        return is_settled(self.tuner, self.unhooking)
 
     @property
     def locked(self) -> bool:
@@ -236,7 +237,8 @@ class AutotuneState:
         deadlock: it reads what rank 0 broadcast (not rank 0's own plan search, which knows a step
         or two earlier), once the engine has taken in that iteration's end, where the orders
         arrive (a bucket's future may complete before that)."""
-        return self.status().locked
+        self.engine.settle(self.config.timeout_s)
+        return is_locked(self.tuner, self.unhooking)
 
     def verdict(self) -> str:
         """One line for a job's summary: its training step against plain DDP's, as the tuner

@@ -23,7 +23,15 @@ if TYPE_CHECKING:
     from autotune.ddp.unhook import Unhooking
     from autotune.tuning.tuner import Tuner
 
-__all__ = ["Status", "status", "tuner_progress", "tuner_table", "tuner_verdict"]
+__all__ = [
+    "Status",
+    "is_locked",
+    "is_settled",
+    "status",
+    "tuner_progress",
+    "tuner_table",
+    "tuner_verdict",
+]
 
 
 @dataclass(frozen=True)
@@ -62,7 +70,7 @@ class Status:
 def status(tuner: Tuner | None, unhooking: Unhooking | None) -> Status:
     """The snapshot, from what this rank knows now (settle the engine first for a reading that
     is the same on every rank after the same iteration)."""
-    settled = _settled(tuner, unhooking)
+    settled = is_settled(tuner, unhooking)
     unhooked_at = None if unhooking is None else unhooking.at
     if tuner is None:
         return Status(
@@ -80,7 +88,7 @@ def status(tuner: Tuner | None, unhooking: Unhooking | None) -> Status:
         phase=tuner.phase,
         plan_locked=tuner.settled,
         settled=settled,
-        locked=_locked(tuner, unhooking, settled),
+        locked=is_locked(tuner, unhooking, settled),
         gain=tuner.gain,
         unhooked_at=unhooked_at,
         verdict=_verdict(tuner, unhooking),
@@ -89,7 +97,9 @@ def status(tuner: Tuner | None, unhooking: Unhooking | None) -> Status:
     )
 
 
-def _settled(tuner: Tuner | None, unhooking: Unhooking | None) -> bool:
+def is_settled(tuner: Tuner | None, unhooking: Unhooking | None) -> bool:
+    """`Status.settled` alone, without the rest of the snapshot (the verdict's text, the
+    progress): what a job that asks every step reads."""
     if tuner is None:
         return unhooking is None or unhooking.at is not None or unhooking.refused is not None
     if not tuner.settled or tuner.check_from is not None:
@@ -101,9 +111,16 @@ def _settled(tuner: Tuner | None, unhooking: Unhooking | None) -> bool:
     return unhooking.buckets is None or unhooking.buckets.done
 
 
-def _locked(tuner: Tuner, unhooking: Unhooking | None, settled: bool) -> bool:
-    """`settled`, or re-checking the locked plan against the baseline; where autotune unhooks,
-    `settled`. Reads what rank 0 broadcast, so the same on every rank after the same iteration."""
+def is_locked(
+    tuner: Tuner | None, unhooking: Unhooking | None, settled: bool | None = None
+) -> bool:
+    """`Status.locked` alone: `settled`, or re-checking the locked plan against the baseline;
+    where autotune unhooks, `settled`. Reads what rank 0 broadcast, so the same on every rank
+    after the same iteration. ``settled``: `is_settled`'s answer, where the caller has it."""
+    if settled is None:
+        settled = is_settled(tuner, unhooking)
+    if tuner is None:
+        return settled
     if tuner.unhook_from is None:
         return tuner.locked
     if unhooking is not None and unhooking.at is None and unhooking.refused is None:
