@@ -62,6 +62,17 @@ def nccl_table(unusable: tuple[tuple[int, int], ...] = ((NVLS, LL), (NVLS, LL128
     return t
 
 
+def changed(table: Table) -> dict[tuple[int, int], float]:
+    """The cells that differ from an untouched `nccl_table`."""
+    ref = nccl_table()
+    return {
+        (a, p): table[a][p]
+        for a in range(NUM_ALGO)
+        for p in range(NUM_PROTO)
+        if table[a][p] != ref[a][p]
+    }
+
+
 class NcclComm:
     """One communicator's view of the plugin: what NCCL does with it."""
 

@@ -22,23 +22,12 @@ from nccl_abi import (
     V5,
     V6,
     NcclComm,
-    Table,
+    changed,
     nccl_table,
     v6,
 )
 
 from autotune_nccl import Tuner, library_path
-
-
-def changed(table: Table) -> dict[tuple[int, int], float]:
-    """The cells that differ from an untouched `nccl_table`."""
-    ref = nccl_table()
-    return {
-        (a, p): table[a][p]
-        for a in range(NUM_ALGO)
-        for p in range(NUM_PROTO)
-        if table[a][p] != ref[a][p]
-    }
 
 
 @pytest.fixture

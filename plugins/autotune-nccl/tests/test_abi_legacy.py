@@ -23,23 +23,12 @@ from nccl_abi import (
     LegacyComm,
     NcclComm,
     Table,
+    changed,
     legacy,
     nccl_table,
 )
 
 from autotune_nccl import Tuner, library_path
-
-COLLNET_DIRECT, NVLS = 2, 4
-
-
-def changed(table: Table) -> dict[tuple[int, int], float]:
-    ref = nccl_table()
-    return {
-        (a, p): table[a][p]
-        for a in range(NUM_ALGO)
-        for p in range(NUM_PROTO)
-        if table[a][p] != ref[a][p]
-    }
 
 
 @pytest.fixture
@@ -50,6 +39,9 @@ def tuner() -> Iterator[Tuner]:
     yield t
     t.disarm()
     t.load_table(None)
+
+
+COLLNET_DIRECT, NVLS = 2, 4
 
 
 @pytest.mark.parametrize("version", ["v2", "v3", "v4", "v5", "v6", "v7"])
