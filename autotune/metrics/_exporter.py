@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 from autotune.comm import topology
 from autotune.metrics._hook import HookMetrics
 from autotune.metrics._host import HostMetrics
+from autotune.metrics._nccl import NcclMetrics, NcclSource, nccl_source
 from autotune.metrics._nvml import GpuReading, NvmlMetrics, NvmlQuery
 from autotune.metrics._server import Server
 
@@ -41,6 +42,7 @@ class Exporter:
         tuner: Tuner | None = None,
         nvml: NvmlQuery | None = None,
         unhooking: Unhooking | None = None,
+        nccl: NcclSource | None = None,
     ) -> None:
         assert config.metrics_port is not None
         rank = dist.get_rank(group)
@@ -54,6 +56,11 @@ class Exporter:
         self.registry.register(self.hook)
         self.registry.register(HostMetrics(labels))
         self.registry.register(NvmlMetrics(nvml, labels, select=self._own_gpu))
+        # NCCL's own collectives, where NCCL loaded autotune's profiler plugin in this process.
+        source = nccl if nccl is not None else nccl_source()
+        self.nccl = NcclMetrics(source, labels).start() if source is not None else None
+        if self.nccl is not None:
+            self.registry.register(self.nccl)
         port = config.metrics_port + local_rank if config.metrics_port else 0
         setting = (
             f"Config.metrics_port / AUTOTUNE_METRICS_PORT (now {config.metrics_port}; this rank "
@@ -68,6 +75,8 @@ class Exporter:
 
     def close(self) -> None:
         self.server.close()
+        if self.nccl is not None:
+            self.nccl.close()
 
     def _own_gpu(self, reading: GpuReading) -> bool:
         device = self.engine.device

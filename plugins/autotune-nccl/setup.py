@@ -6,7 +6,7 @@ setup(
     ext_modules=[
         Extension(
             "autotune_nccl._tuner",
-            sources=["autotune_nccl/_tuner.c"],
+            sources=["autotune_nccl/_tuner.c", "autotune_nccl/_profiler.c"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-fvisibility=hidden"],
             libraries=["pthread"],
         )

@@ -11,30 +11,40 @@ a process). Two ways to steer NCCL's own all-reduce (docs/NCCL_TUNER.md):
 
 A choice NCCL marked unusable (-1 in its cost table) is never forced; `Tuner.last` reports what
 the last all-reduce on this thread did, and which combinations NCCL offered for it.
+`Tuner.predictions` is NCCL's own cost model for every (communicator, collective, size) it asked
+about; `Profiler` (the same library, as ``NCCL_PROFILER_PLUGIN``) what each collective took, and
+`autotune_nccl.collectives` joins the two (docs/NCCL_PROFILER.md).
 """
 
 from __future__ import annotations
 
 import ctypes
-import importlib
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
-__all__ = ["ALGORITHMS", "PROTOCOLS", "Report", "Tuner", "library_path"]
+from autotune_nccl._library import library_path
+from autotune_nccl.profiler import Profiler, ProfilerStats, Record
+
+__all__ = [
+    "ALGORITHMS",
+    "FUNCTIONS",
+    "PROTOCOLS",
+    "Prediction",
+    "Profiler",
+    "ProfilerStats",
+    "Record",
+    "Report",
+    "Tuner",
+    "library_path",
+]
 
 #: NCCL's algorithms, in its cost table's order (NCCL_ALGO_*).
 ALGORITHMS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat")
 #: NCCL's protocols, in its cost table's order (NCCL_PROTO_*).
 PROTOCOLS = ("LL", "LL128", "Simple")
+#: NCCL's collectives, by ncclFunc_t (the tuner's collType), in the names its profiler gives.
+FUNCTIONS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
 _SOURCES = ("none", "driven", "table")
-
-
-def library_path() -> str:
-    """The shared library to give NCCL as ``NCCL_TUNER_PLUGIN``."""
-    path = importlib.import_module("autotune_nccl._tuner").__file__
-    assert path is not None
-    return str(Path(path).resolve())
 
 
 class _Report(ctypes.Structure):
@@ -51,6 +61,38 @@ class _Report(ctypes.Structure):
         ("comm_id", ctypes.c_uint64),
         ("n_bytes", ctypes.c_ulonglong),
     ]
+
+
+class _Prediction(ctypes.Structure):
+    _fields_ = [
+        ("comm_id", ctypes.c_uint64),
+        ("n_bytes", ctypes.c_ulonglong),
+        ("func", ctypes.c_int),
+        ("n_ranks", ctypes.c_int),
+        ("n_nodes", ctypes.c_int),
+        ("nccl_algo", ctypes.c_int),
+        ("nccl_proto", ctypes.c_int),
+        ("steered_algo", ctypes.c_int),
+        ("steered_proto", ctypes.c_int),
+        ("calls", ctypes.c_ulonglong),
+        ("cost", (ctypes.c_float * len(PROTOCOLS)) * len(ALGORITHMS)),
+    ]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """NCCL's cost model for one (communicator, collective, size), as its tuner call saw it."""
+
+    comm_id: int  # NCCL's commHash (0 under NCCL 2.27 and older: their tuner gets none)
+    func: str  # as FUNCTIONS names it
+    nbytes: int  # NCCL's nBytes: the larger of send and receive (all-gather: the gathered)
+    nranks: int
+    nnodes: int
+    calls: int
+    #: NCCL's predicted time per usable cell, microseconds, before any steering.
+    cost_us: dict[tuple[str, str], float]
+    nccl_choice: tuple[str, str] | None  # the cell NCCL's model picks (None: nothing usable)
+    steered: tuple[str, str] | None  # the cell the last call was steered to (None: NCCL's own)
 
 
 @dataclass(frozen=True)
@@ -88,6 +130,10 @@ class Tuner:
         lib.at_table_load.restype = ctypes.c_int
         lib.at_table_rows.restype = ctypes.c_int
         lib.at_error.restype = ctypes.c_char_p
+        lib.at_predictions.argtypes = [
+            ctypes.POINTER(_Prediction), ctypes.c_int, ctypes.POINTER(ctypes.c_ulonglong)
+        ]  # fmt: skip
+        lib.at_predictions.restype = ctypes.c_int
         self._lib = lib
 
     def environ(self) -> dict[str, str]:
@@ -149,6 +195,43 @@ class Tuner:
     @property
     def table_rows(self) -> int:
         return int(self._lib.at_table_rows())
+
+    def predictions(self) -> tuple[list[Prediction], int]:
+        """NCCL's cost model for every (communicator, collective, size) asked about so far, and
+        how many such keys did not fit the library's table (512)."""
+        dropped = ctypes.c_ulonglong()
+        n = self._lib.at_predictions(None, 0, ctypes.byref(dropped))
+        raw = (_Prediction * max(n, 1))()
+        n = min(n, self._lib.at_predictions(raw, n, ctypes.byref(dropped)))
+        return [_prediction(raw[i]) for i in range(n)], int(dropped.value)
+
+    def clear_predictions(self) -> None:
+        self._lib.at_predictions_clear()
+
+
+def _cell(algo: int, proto: int) -> tuple[str, str] | None:
+    if 0 <= algo < len(ALGORITHMS) and 0 <= proto < len(PROTOCOLS):
+        return ALGORITHMS[algo], PROTOCOLS[proto]
+    return None
+
+
+def _prediction(p: _Prediction) -> Prediction:
+    return Prediction(
+        comm_id=p.comm_id,
+        func=FUNCTIONS[p.func] if 0 <= p.func < len(FUNCTIONS) else str(p.func),
+        nbytes=p.n_bytes,
+        nranks=p.n_ranks,
+        nnodes=p.n_nodes,
+        calls=p.calls,
+        cost_us={
+            (a, pr): float(p.cost[i][j])
+            for i, a in enumerate(ALGORITHMS)
+            for j, pr in enumerate(PROTOCOLS)
+            if p.cost[i][j] >= 0
+        },
+        nccl_choice=_cell(p.nccl_algo, p.nccl_proto),
+        steered=_cell(p.steered_algo, p.steered_proto),
+    )
 
 
 def _index(name: str, names: tuple[str, ...]) -> int:

@@ -27,6 +27,12 @@
  * and, if given, the channel count; a cell NCCL marked -1 (unusable) is never forced: the call
  * is left to NCCL and reported as refused. getChunkSize applies a chosen chunk size to the call
  * that chose it.
+ *
+ * Every call (v3 on: v2 has no cost table) also keeps NCCL's own prediction: its table before
+ * any steering, per (communicator, collective, bytes), read back with at_predictions and joined
+ * with the profiler's measured kernel times (_profiler.c, autotune_nccl.collectives). Nothing here
+ * returns an error to NCCL, which wraps these calls in NCCLCHECK: what the plugin cannot use is
+ * left to NCCL.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -38,10 +44,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef int ncclResult_t; /* ncclSuccess = 0, ncclInternalError = 3, ncclInvalidArgument = 4 */
+typedef int ncclResult_t; /* ncclSuccess = 0: the only value this plugin returns */
 #define AT_SUCCESS 0
-#define AT_INTERNAL_ERROR 3
-#define AT_INVALID_ARGUMENT 4
 
 typedef void (*at_logger_t)(int level, unsigned long flags, const char *file, int line,
                             const char *fmt, ...);
@@ -52,6 +56,7 @@ typedef void (*at_logger_t)(int level, unsigned long flags, const char *file, in
 #define AT_MAX_PROTOS 3    /* LL, LL128, Simple */
 #define AT_IGNORE -1.0f    /* NCCL_ALGO_PROTO_IGNORE */
 #define AT_MAX_ROWS 256
+#define AT_MAX_PREDICTIONS 512
 
 enum { AT_NONE = 0, AT_DRIVEN = 1, AT_TABLE = 2 };
 
@@ -94,7 +99,25 @@ static __thread at_choice t_next;
 static __thread at_choice t_used; /* the choice the last applied call took, for getChunkSize */
 static __thread at_report t_last = {.algo = -1, .proto = -1, .channels = -1};
 
+/* NCCL's own prediction for one (communicator, collective, size): its cost table before any
+ * steering (microseconds per cell, -1 unusable), the cell it would have taken, and the cell the
+ * last call ran (-1: NCCL's own). Read back with at_predictions, joined with the profiler's
+ * measured kernel times in autotune_nccl.collectives. */
+typedef struct {
+    uint64_t comm_id;
+    unsigned long long n_bytes;
+    int func;
+    int n_ranks, n_nodes;
+    int nccl_algo, nccl_proto;
+    int steered_algo, steered_proto;
+    unsigned long long calls;
+    float cost[AT_MAX_ALGOS][AT_MAX_PROTOS];
+} at_prediction;
+
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static at_prediction g_preds[AT_MAX_PREDICTIONS];
+static int g_npreds;
+static unsigned long long g_preds_dropped;
 static at_row g_rows[AT_MAX_ROWS];
 static int g_nrows;
 static int g_env_loaded;
@@ -196,6 +219,51 @@ static int table_lookup(const at_context *c, int func, size_t n_bytes, int pipe_
     return found;
 }
 
+/* Keep NCCL's table for this call (before the choice touches it). One entry per (communicator,
+ * collective, bytes): NCCL's model gives the same table each time for those. */
+static void predict(const at_context *c, int func, size_t n_bytes, const float *table,
+                    int num_algo, int num_proto, int steered_algo, int steered_proto) {
+    pthread_mutex_lock(&g_lock);
+    at_prediction *e = NULL;
+    for (int i = 0; i < g_npreds; i++) {
+        at_prediction *p = &g_preds[i];
+        if (p->comm_id == c->comm_id && p->func == func && p->n_bytes == n_bytes &&
+            p->n_ranks == (int)c->n_ranks && p->n_nodes == (int)c->n_nodes) {
+            e = p;
+            break;
+        }
+    }
+    if (e == NULL && g_npreds < AT_MAX_PREDICTIONS) {
+        e = &g_preds[g_npreds++];
+        memset(e, 0, sizeof *e);
+        e->comm_id = c->comm_id;
+        e->func = func;
+        e->n_bytes = n_bytes;
+        e->n_ranks = (int)c->n_ranks;
+        e->n_nodes = (int)c->n_nodes;
+    }
+    if (e == NULL) {
+        g_preds_dropped++;
+    } else {
+        float best = -1.0f;
+        e->nccl_algo = e->nccl_proto = -1;
+        for (int a = 0; a < AT_MAX_ALGOS; a++)
+            for (int p = 0; p < AT_MAX_PROTOS; p++) {
+                float v = a < num_algo && p < num_proto ? table[a * num_proto + p] : AT_IGNORE;
+                e->cost[a][p] = v;
+                if (v >= 0.0f && (best < 0.0f || v < best)) {
+                    best = v;
+                    e->nccl_algo = a;
+                    e->nccl_proto = p;
+                }
+            }
+        e->steered_algo = steered_algo;
+        e->steered_proto = steered_proto;
+        e->calls++;
+    }
+    pthread_mutex_unlock(&g_lock);
+}
+
 /* -- what NCCL calls ------------------------------------------------------------------------ */
 
 static ncclResult_t at_init(void **ctx, uint64_t comm_id, size_t n_ranks, size_t n_nodes,
@@ -203,7 +271,8 @@ static ncclResult_t at_init(void **ctx, uint64_t comm_id, size_t n_ranks, size_t
     (void)nvl_domain_info;
     (void)constants;
     at_context *c = calloc(1, sizeof *c);
-    if (c == NULL) return AT_INTERNAL_ERROR;
+    *ctx = c;
+    if (c == NULL) return AT_SUCCESS; /* an error would fail NCCL's init: steer nothing instead */
     c->comm_id = comm_id;
     c->n_ranks = n_ranks;
     c->n_nodes = n_nodes;
@@ -221,11 +290,14 @@ static ncclResult_t at_init(void **ctx, uint64_t comm_id, size_t n_ranks, size_t
     return AT_SUCCESS;
 }
 
-static ncclResult_t at_get_coll_info(void *ctx, int coll_type, size_t n_bytes, int num_pipe_ops,
-                                     float **cost_table, int num_algo, int num_proto,
-                                     int reg_buff, int *n_channels) {
+/* NCCL wraps getCollInfo in NCCLCHECK: an error fails the user's collective. So nothing here
+ * returns one; whatever the plugin cannot use (no context, no table, an unknown collective) is
+ * left to NCCL. `keep` is 0 where the table is not NCCL's (v2's stand-in). */
+static ncclResult_t coll_info(void *ctx, int coll_type, size_t n_bytes, int num_pipe_ops,
+                              float **cost_table, int num_algo, int num_proto, int reg_buff,
+                              int *n_channels, int keep) {
     const at_context *c = ctx;
-    if (c == NULL || cost_table == NULL) return AT_INVALID_ARGUMENT;
+    if (c == NULL || cost_table == NULL || num_algo <= 0 || num_proto <= 0) return AT_SUCCESS;
     if (coll_type < 0 || coll_type >= AT_NUM_FUNCS) return AT_SUCCESS;
     float *table = (float *)cost_table; /* float[num_algo][num_proto], as NCCL lays it out */
     at_report rep = {.calls = t_last.calls, .algo = -1, .proto = -1, .channels = -1,
@@ -236,6 +308,12 @@ static ncclResult_t at_get_coll_info(void *ctx, int coll_type, size_t n_bytes, i
             for (int p = 0; p < num_proto && p < AT_MAX_PROTOS; p++)
                 if (table[a * num_proto + p] != AT_IGNORE) rep.usable |= 1u << (a * AT_MAX_PROTOS + p);
     }
+    float before[AT_MAX_ALGOS * AT_MAX_PROTOS];
+    int cells = num_algo * num_proto;
+    if (keep && cells <= AT_MAX_ALGOS * AT_MAX_PROTOS)
+        memcpy(before, table, sizeof(float) * (size_t)cells);
+    else
+        keep = 0;
     at_choice choice = {0};
     if (coll_type == AT_ALLREDUCE && t_next.armed &&
         (t_next.any_comm || t_next.comm_id == c->comm_id)) {
@@ -278,7 +356,17 @@ static ncclResult_t at_get_coll_info(void *ctx, int coll_type, size_t n_bytes, i
         t_used.armed = 0;
     }
     if (coll_type == AT_ALLREDUCE || rep.source != AT_NONE) t_last = rep;
+    if (keep)
+        predict(c, coll_type, n_bytes, before, num_algo, num_proto,
+                rep.applied ? choice.algo : -1, rep.applied ? choice.proto : -1);
     return AT_SUCCESS;
+}
+
+static ncclResult_t at_get_coll_info(void *ctx, int coll_type, size_t n_bytes, int num_pipe_ops,
+                                     float **cost_table, int num_algo, int num_proto,
+                                     int reg_buff, int *n_channels) {
+    return coll_info(ctx, coll_type, n_bytes, num_pipe_ops, cost_table, num_algo, num_proto,
+                     reg_buff, n_channels, 1);
 }
 
 static ncclResult_t at_get_chunk_size(void *ctx, int coll_type, size_t n_bytes, int algo,
@@ -286,7 +374,7 @@ static ncclResult_t at_get_chunk_size(void *ctx, int coll_type, size_t n_bytes, 
     (void)n_bytes;
     (void)n_channels;
     const at_context *c = ctx;
-    if (c == NULL || chunk_size == NULL) return AT_INVALID_ARGUMENT;
+    if (c == NULL || chunk_size == NULL) return AT_SUCCESS; /* NCCL keeps its own chunk */
     if (t_used.armed && coll_type == AT_ALLREDUCE && t_used.comm_id == c->comm_id &&
         t_used.algo == algo && t_used.proto == proto && t_used.chunk > 0) {
         *chunk_size = (size_t)t_used.chunk;
@@ -342,7 +430,7 @@ static ncclResult_t at_get_coll_info_v3(void *ctx, int coll_type, size_t n_bytes
 static ncclResult_t at_get_coll_info_v2(void *ctx, int coll_type, size_t n_bytes,
                                         int coll_net_support, int nvls_support, int num_pipe_ops,
                                         int *algorithm, int *protocol, int *n_channels) {
-    if (ctx == NULL || algorithm == NULL || protocol == NULL) return AT_INVALID_ARGUMENT;
+    if (ctx == NULL || algorithm == NULL || protocol == NULL) return AT_SUCCESS;
     enum { V2_ALGOS = 6 }; /* NCCL 2.21: tree, ring, collnet direct, collnet chain, nvls, nvls tree */
     float table[V2_ALGOS][AT_MAX_PROTOS];
     for (int a = 0; a < V2_ALGOS; a++) {
@@ -351,8 +439,8 @@ static ncclResult_t at_get_coll_info_v2(void *ctx, int coll_type, size_t n_bytes
             table[a][p] = usable && p != 1 /* LL128 */ ? 1.0f : AT_IGNORE;
     }
     int channels = n_channels != NULL ? *n_channels : 0;
-    ncclResult_t rc = at_get_coll_info(ctx, coll_type, n_bytes, num_pipe_ops, (float **)table,
-                                       V2_ALGOS, AT_MAX_PROTOS, 0, &channels);
+    ncclResult_t rc = coll_info(ctx, coll_type, n_bytes, num_pipe_ops, (float **)table,
+                                V2_ALGOS, AT_MAX_PROTOS, 0, &channels, 0);
     if (rc != AT_SUCCESS) return rc;
     for (int a = 0; a < V2_ALGOS; a++)
         for (int p = 0; p < AT_MAX_PROTOS; p++)
@@ -431,6 +519,24 @@ __attribute__((visibility("default"))) int at_table_rows(void) {
 }
 
 __attribute__((visibility("default"))) const char *at_error(void) { return g_error; }
+
+/* Copy up to `max` of NCCL's predictions into `out`; returns how many there are in all. */
+__attribute__((visibility("default"))) int at_predictions(at_prediction *out, int max,
+                                                          unsigned long long *dropped) {
+    pthread_mutex_lock(&g_lock);
+    int n = g_npreds;
+    if (out != NULL) memcpy(out, g_preds, sizeof(at_prediction) * (size_t)(n < max ? n : max));
+    if (dropped != NULL) *dropped = g_preds_dropped;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+__attribute__((visibility("default"))) void at_predictions_clear(void) {
+    pthread_mutex_lock(&g_lock);
+    g_npreds = 0;
+    g_preds_dropped = 0;
+    pthread_mutex_unlock(&g_lock);
+}
 
 /* -- a Python module, so that pip builds and installs it like any extension ------------------ */
 

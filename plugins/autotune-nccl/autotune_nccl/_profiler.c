@@ -1,0 +1,689 @@
+/*
+ * autotune's NCCL profiler plugin, in the same library as its tuner (_tuner.c): NCCL loads it
+ * through NCCL_PROFILER_PLUGIN=<the library>, autotune's Python side drains what it kept through
+ * ctypes (autotune_nccl.Profiler). See docs/NCCL_PROFILER.md.
+ *
+ * It exports ncclProfiler_v6 down to _v3, so NCCL 2.26 to 2.30 each find the newest one they know
+ * (2.26: v3; 2.27: v4; 2.28: v5; 2.29 and 2.30: v6). The layouts are written from NCCL's headers
+ * of each release (src/include/plugin/profiler/profiler_v*.h); the parts read here:
+ *  - v3: the descriptor's type is a uint8_t; the collective carries its communicator's name and
+ *    hash; init(ctx, mask) has no communicator; the kernel-channel events carry no GPU timer, so
+ *    a channel's time is taken on the host when NCCL's proxy thread starts and stops the event.
+ *  - v4: init(ctx, mask, commName, commHash, nNodes, nranks, rank, logfn); kernel channels carry
+ *    the GPU's globaltimer (ns) at start, and at stop through recordEventState(KernelChStop).
+ *  - v5, v6: the type is a uint64_t, init(ctx, commId, mask, commName, nNodes, nranks, rank,
+ *    logfn); the collective gains parentGroup; v6 adds copy-engine events (not asked for).
+ *
+ * It asks for collective and kernel-channel events only (the activation mask). Per collective it
+ * keeps the communicator, sequence number, function, bytes, algorithm, protocol and channels, and
+ * the kernel time: the first channel's start to the last channel's stop, on the GPU's timer where
+ * NCCL gives one. A collective is complete when as many channels stopped as it announced; its
+ * record then goes into a bounded ring. Nothing here takes a lock or calls into Python on NCCL's
+ * threads: collectives live in a fixed pool claimed with compare-and-swap, channels in a fixed
+ * array beside it, and the ring is a bounded multi-producer queue (one sequence number per cell).
+ * A full ring, a full pool, an event whose handle or parent is not one of ours, and events after
+ * finalize are each counted (ap_stats): nothing is dropped silently.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef int ncclResult_t;
+typedef void (*ap_logger_t)(int level, unsigned long flags, const char *file, int line,
+                            const char *fmt, ...);
+
+#define AP_SUCCESS 0
+#define AP_EVENT_COLL (1 << 1)     /* ncclProfileColl */
+#define AP_EVENT_KERNEL_CH (1 << 6) /* ncclProfileKernelCh */
+#define AP_STATE_KERNEL_CH_STOP 22 /* ncclProfilerKernelChStop (v4+) */
+#define AP_MAX_CHANNELS 64         /* MAXCHANNELS */
+#define AP_POOL 1024               /* collectives in flight */
+#define AP_RING 8192               /* completed records not yet drained (a power of two) */
+#define AP_MAX_COMMS 256
+#define AP_STALE_NS 10000000000ull /* a collective whose channels stopped coming, after 10 s */
+
+enum { AP_CLOCK_NONE = 0, AP_CLOCK_GPU = 1, AP_CLOCK_HOST = 2 };
+enum { AP_FLAG_INCOMPLETE = 1 }; /* reclaimed stale: fewer channels stopped than announced */
+
+/* -- what Python reads (autotune_nccl/profiler.py mirrors these two structs) ---------------- */
+
+typedef struct {
+    uint64_t comm_id;
+    uint64_t seq;
+    uint64_t count;
+    uint64_t bytes;
+    uint64_t kernel_ns;  /* first channel start to last channel stop */
+    uint64_t longest_ns; /* the longest single channel (NCCL Inspector's figure) */
+    uint64_t end_ns;     /* host CLOCK_MONOTONIC when the record completed */
+    int32_t rank, nranks, nnodes;
+    int32_t channels;      /* announced by NCCL */
+    int32_t channels_seen; /* channels that stopped */
+    int32_t clock;         /* AP_CLOCK_* */
+    int32_t version;       /* the profiler symbol NCCL loaded for this communicator */
+    int32_t flags;
+    char func[16], algo[16], proto[8], dtype[16];
+} ap_record;
+
+typedef struct {
+    int32_t version;      /* the symbol of the last communicator NCCL initialised (0: none) */
+    int32_t comms;        /* communicators initialised and not finalised */
+    uint64_t comms_total; /* communicators initialised */
+    uint64_t records;     /* records written into the ring */
+    uint64_t drained;     /* records read out */
+    uint64_t ring_full;   /* complete records dropped: the ring was full */
+    uint64_t pool_full;   /* collectives not tracked: every slot was in flight */
+    uint64_t stale;       /* collectives reclaimed after AP_STALE_NS (recorded, flagged) */
+    uint64_t orphans;     /* events whose handle or parent was not a live collective of ours */
+    uint64_t late;        /* events on a finalised communicator */
+    uint64_t ignored;     /* events of a type not asked for */
+    int32_t in_flight;    /* collectives started and not yet recorded */
+    int32_t mask;         /* the activation mask given to NCCL */
+} ap_stats_t;
+
+/* -- state ---------------------------------------------------------------------------------- */
+
+typedef struct {
+    _Atomic int state; /* 0 free, 1 live, 2 finalised */
+    int version;
+    uint64_t comm_id;
+    int rank, nranks, nnodes;
+    ap_logger_t log;
+} ap_comm;
+
+typedef struct {
+    _Atomic uint64_t start, stop;   /* GPU timer (v4+) */
+    _Atomic uint64_t hstart, hstop; /* host clock */
+} ap_chan;
+
+typedef struct {
+    _Atomic int refs; /* 0: free. Self (until NCCL stops it), completion, one per open channel */
+    _Atomic int recorded;
+    int comm; /* index in g_comms */
+    ap_record rec;
+    _Atomic int ch_started, ch_stopped;
+    _Atomic uint64_t touched; /* host clock of the last event */
+    _Atomic int self_released;
+} ap_coll;
+
+static ap_comm g_comms[AP_MAX_COMMS];
+static ap_coll g_pool[AP_POOL];
+static ap_chan g_chans[AP_POOL][AP_MAX_CHANNELS];
+static _Atomic unsigned g_next_slot;
+
+typedef struct {
+    _Atomic uint64_t seq;
+    ap_record rec;
+} ap_cell;
+static ap_cell g_ring[AP_RING];
+static _Atomic uint64_t g_head, g_tail;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static _Atomic int g_version, g_live_comms, g_in_flight;
+static _Atomic uint64_t g_comms_total, g_records, g_drained, g_ring_full, g_pool_full, g_stale,
+    g_orphans, g_late, g_ignored;
+static int g_mask = AP_EVENT_COLL | AP_EVENT_KERNEL_CH;
+
+#define RELAXED memory_order_relaxed
+#define bump(counter) atomic_fetch_add_explicit(&(counter), 1, RELAXED)
+
+static void ring_init(void) {
+    for (uint64_t i = 0; i < AP_RING; i++) atomic_store_explicit(&g_ring[i].seq, i, RELAXED);
+    const char *off = getenv("AUTOTUNE_NCCL_PROFILER");
+    if (off != NULL && strcmp(off, "0") == 0) g_mask = 0; /* loaded, asks NCCL for nothing */
+}
+
+static uint64_t host_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Vyukov's bounded queue: a producer claims a cell by CAS on the head, writes, then publishes
+ * the cell's sequence; a full ring is counted, never waited on. */
+static void ring_push(const ap_record *r) {
+    uint64_t pos = atomic_load_explicit(&g_head, RELAXED);
+    for (;;) {
+        ap_cell *cell = &g_ring[pos & (AP_RING - 1)];
+        uint64_t seq = atomic_load_explicit(&cell->seq, memory_order_acquire);
+        int64_t dif = (int64_t)seq - (int64_t)pos;
+        if (dif == 0) {
+            if (atomic_compare_exchange_weak_explicit(&g_head, &pos, pos + 1, RELAXED, RELAXED)) {
+                cell->rec = *r;
+                atomic_store_explicit(&cell->seq, pos + 1, memory_order_release);
+                bump(g_records);
+                return;
+            }
+        } else if (dif < 0) {
+            bump(g_ring_full);
+            return;
+        } else {
+            pos = atomic_load_explicit(&g_head, RELAXED);
+        }
+    }
+}
+
+static int ring_pop(ap_record *out) {
+    uint64_t pos = atomic_load_explicit(&g_tail, RELAXED);
+    for (;;) {
+        ap_cell *cell = &g_ring[pos & (AP_RING - 1)];
+        uint64_t seq = atomic_load_explicit(&cell->seq, memory_order_acquire);
+        int64_t dif = (int64_t)seq - (int64_t)(pos + 1);
+        if (dif == 0) {
+            if (atomic_compare_exchange_weak_explicit(&g_tail, &pos, pos + 1, RELAXED, RELAXED)) {
+                *out = cell->rec;
+                atomic_store_explicit(&cell->seq, pos + AP_RING, memory_order_release);
+                return 1;
+            }
+        } else if (dif < 0) {
+            return 0;
+        } else {
+            pos = atomic_load_explicit(&g_tail, RELAXED);
+        }
+    }
+}
+
+/* -- collectives and channels --------------------------------------------------------------- */
+
+static ap_coll *as_coll(void *h) {
+    uintptr_t p = (uintptr_t)h, base = (uintptr_t)g_pool;
+    if (p < base || p >= base + sizeof g_pool || (p - base) % sizeof(ap_coll) != 0) return NULL;
+    return (ap_coll *)h;
+}
+
+static ap_chan *as_chan(void *h, ap_coll **coll) {
+    uintptr_t p = (uintptr_t)h, base = (uintptr_t)g_chans;
+    if (p < base || p >= base + sizeof g_chans || (p - base) % sizeof(ap_chan) != 0) return NULL;
+    size_t i = (p - base) / sizeof(ap_chan);
+    *coll = &g_pool[i / AP_MAX_CHANNELS];
+    return (ap_chan *)h;
+}
+
+static void release(ap_coll *c) {
+    if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1)
+        atomic_fetch_sub_explicit(&g_in_flight, 1, RELAXED);
+}
+
+static void min_into(_Atomic uint64_t *v, uint64_t x) {
+    uint64_t cur = atomic_load_explicit(v, RELAXED);
+    while ((cur == 0 || x < cur) &&
+           !atomic_compare_exchange_weak_explicit(v, &cur, x, RELAXED, RELAXED)) {
+    }
+}
+
+static void max_into(_Atomic uint64_t *v, uint64_t x) {
+    uint64_t cur = atomic_load_explicit(v, RELAXED);
+    while (x > cur && !atomic_compare_exchange_weak_explicit(v, &cur, x, RELAXED, RELAXED)) {
+    }
+}
+
+/* The collective's kernel time, from its channels: the GPU's timer where every channel that
+ * stopped has both stamps, else the host's. */
+static void finish(ap_coll *c, int flags) {
+    if (atomic_exchange_explicit(&c->recorded, 1, memory_order_acq_rel)) return;
+    size_t i = (size_t)(c - g_pool);
+    uint64_t gfirst = 0, glast = 0, glong = 0, hfirst = 0, hlast = 0, hlong = 0;
+    int gpu = 1, seen = 0;
+    for (int ch = 0; ch < AP_MAX_CHANNELS; ch++) {
+        ap_chan *k = &g_chans[i][ch];
+        uint64_t s = atomic_load(&k->start), e = atomic_load(&k->stop);
+        uint64_t hs = atomic_load(&k->hstart), he = atomic_load(&k->hstop);
+        if (hs == 0 || he == 0) continue;
+        seen++;
+        if (s == 0 || e <= s) gpu = 0;
+        else {
+            if (gfirst == 0 || s < gfirst) gfirst = s;
+            if (e > glast) glast = e;
+            if (e - s > glong) glong = e - s;
+        }
+        if (hfirst == 0 || hs < hfirst) hfirst = hs;
+        if (he > hlast) hlast = he;
+        if (he > hs && he - hs > hlong) hlong = he - hs;
+    }
+    ap_record r = c->rec;
+    r.channels_seen = seen;
+    r.flags = flags;
+    r.end_ns = host_ns();
+    if (seen > 0 && gpu) {
+        r.clock = AP_CLOCK_GPU;
+        r.kernel_ns = glast - gfirst;
+        r.longest_ns = glong;
+    } else if (seen > 0) {
+        r.clock = AP_CLOCK_HOST;
+        r.kernel_ns = hlast > hfirst ? hlast - hfirst : 0;
+        r.longest_ns = hlong;
+    } else {
+        r.clock = AP_CLOCK_NONE;
+    }
+    ring_push(&r);
+}
+
+/* Reclaim collectives whose channels stopped coming (NCCL announced more than it ran), so the
+ * pool never fills for good; each is recorded with what arrived, flagged incomplete. */
+static void reclaim_stale(uint64_t now) {
+    for (int i = 0; i < AP_POOL; i++) {
+        ap_coll *c = &g_pool[i];
+        if (atomic_load(&c->refs) != 1 || !atomic_load(&c->self_released)) continue;
+        if (now - atomic_load(&c->touched) < AP_STALE_NS) continue;
+        if (atomic_load(&c->ch_started) != atomic_load(&c->ch_stopped)) continue;
+        int one = 1;
+        if (!atomic_compare_exchange_strong(&c->refs, &one, 2)) continue;
+        finish(c, AP_FLAG_INCOMPLETE);
+        bump(g_stale);
+        release(c);
+        release(c);
+    }
+}
+
+static ap_coll *claim(void) {
+    for (int pass = 0; pass < 2; pass++) {
+        for (int tries = 0; tries < AP_POOL; tries++) {
+            unsigned i = atomic_fetch_add_explicit(&g_next_slot, 1, RELAXED) % AP_POOL;
+            int zero = 0;
+            if (atomic_compare_exchange_strong(&g_pool[i].refs, &zero, 2)) return &g_pool[i];
+        }
+        if (pass == 0) reclaim_stale(host_ns());
+    }
+    return NULL;
+}
+
+static void copy_name(char *dst, size_t n, const char *src) {
+    if (src == NULL) src = "";
+    strncpy(dst, src, n - 1);
+    dst[n - 1] = '\0';
+}
+
+static int dtype_size(const char *t) {
+    if (t == NULL) return 0;
+    static const struct {
+        const char *name;
+        int size;
+    } sizes[] = {{"ncclInt8", 1},     {"ncclUint8", 1},     {"ncclFloat8e4m3", 1},
+                 {"ncclFloat8e5m2", 1}, {"ncclFloat16", 2}, {"ncclBfloat16", 2},
+                 {"ncclInt32", 4},    {"ncclUint32", 4},    {"ncclFloat32", 4},
+                 {"ncclInt64", 8},    {"ncclUint64", 8},    {"ncclFloat64", 8}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (strcmp(t, sizes[i].name) == 0) return sizes[i].size;
+    return 0;
+}
+
+/* What a collective's descriptor says, whatever the version. */
+typedef struct {
+    uint64_t comm_hash; /* v3 only (0: unknown) */
+    uint64_t seq;
+    const char *func, *dtype, *algo, *proto;
+    size_t count;
+    int channels;
+    int rank;
+} ap_coll_descr;
+
+static ap_comm *live_comm(void *ctx) {
+    uintptr_t p = (uintptr_t)ctx, base = (uintptr_t)g_comms;
+    if (p < base || p >= base + sizeof g_comms || (p - base) % sizeof(ap_comm) != 0) {
+        bump(g_orphans);
+        return NULL;
+    }
+    ap_comm *c = ctx;
+    if (atomic_load(&c->state) != 1) {
+        bump(g_late);
+        return NULL;
+    }
+    return c;
+}
+
+static void start_coll(ap_comm *comm, void **handle, const ap_coll_descr *d) {
+    ap_coll *c = claim();
+    if (c == NULL) {
+        bump(g_pool_full);
+        return;
+    }
+    atomic_fetch_add_explicit(&g_in_flight, 1, RELAXED);
+    size_t i = (size_t)(c - g_pool);
+    memset(g_chans[i], 0, sizeof g_chans[i]);
+    if (comm->comm_id == 0 && d->comm_hash != 0) comm->comm_id = d->comm_hash; /* v3 */
+    ap_record r = {0};
+    r.comm_id = comm->comm_id;
+    r.seq = d->seq;
+    r.count = d->count;
+    r.bytes = (uint64_t)d->count * (uint64_t)dtype_size(d->dtype);
+    r.rank = comm->rank >= 0 ? comm->rank : d->rank;
+    r.nranks = comm->nranks;
+    r.nnodes = comm->nnodes;
+    r.channels = d->channels;
+    r.version = comm->version;
+    copy_name(r.func, sizeof r.func, d->func);
+    copy_name(r.algo, sizeof r.algo, d->algo);
+    copy_name(r.proto, sizeof r.proto, d->proto);
+    copy_name(r.dtype, sizeof r.dtype, d->dtype);
+    c->rec = r;
+    c->comm = (int)(comm - g_comms);
+    atomic_store(&c->recorded, 0);
+    atomic_store(&c->ch_started, 0);
+    atomic_store(&c->ch_stopped, 0);
+    atomic_store(&c->self_released, 0);
+    atomic_store(&c->touched, host_ns());
+    if (d->channels <= 0) release(c); /* no channels to wait for: done when NCCL stops it */
+    *handle = c;
+}
+
+static void start_channel(void *parent, void **handle, int channel, uint64_t gpu_start) {
+    ap_coll *c = as_coll(parent);
+    if (c == NULL || atomic_load(&c->refs) == 0 || atomic_load(&c->recorded) ||
+        channel < 0 || channel >= AP_MAX_CHANNELS) {
+        bump(g_orphans);
+        return;
+    }
+    atomic_fetch_add(&c->refs, 1);
+    ap_chan *k = &g_chans[c - g_pool][channel];
+    atomic_store(&k->start, gpu_start);
+    atomic_store(&k->hstart, host_ns());
+    atomic_fetch_add(&c->ch_started, 1);
+    atomic_store(&c->touched, host_ns());
+    *handle = k;
+}
+
+static ncclResult_t ap_stop(void *handle) {
+    if (handle == NULL) return AP_SUCCESS;
+    ap_coll *c = as_coll(handle);
+    if (c != NULL) {
+        int zero = 0;
+        if (atomic_load(&c->refs) == 0 ||
+            !atomic_compare_exchange_strong(&c->self_released, &zero, 1)) {
+            bump(g_orphans); /* stopped twice, or never started */
+            return AP_SUCCESS;
+        }
+        atomic_store(&c->touched, host_ns());
+        if (c->rec.channels <= 0) finish(c, 0);
+        release(c);
+        return AP_SUCCESS;
+    }
+    ap_chan *k = as_chan(handle, &c);
+    if (k == NULL || atomic_load(&c->refs) == 0 || atomic_load(&k->hstart) == 0 ||
+        atomic_load(&k->hstop) != 0) {
+        bump(g_orphans);
+        return AP_SUCCESS;
+    }
+    atomic_store(&k->hstop, host_ns());
+    atomic_store(&c->touched, host_ns());
+    int stopped = atomic_fetch_add(&c->ch_stopped, 1) + 1;
+    if (stopped == c->rec.channels) {
+        finish(c, 0);
+        release(c); /* the completion reference */
+    }
+    release(c); /* this channel's */
+    return AP_SUCCESS;
+}
+
+static ncclResult_t ap_record_state(void *handle, int state, void *args) {
+    if (handle == NULL || state != AP_STATE_KERNEL_CH_STOP || args == NULL) return AP_SUCCESS;
+    ap_coll *c;
+    ap_chan *k = as_chan(handle, &c);
+    if (k == NULL || atomic_load(&c->refs) == 0) {
+        bump(g_orphans);
+        return AP_SUCCESS;
+    }
+    atomic_store(&k->stop, *(const uint64_t *)args); /* kernelCh.pTimer: the union's first */
+    return AP_SUCCESS;
+}
+
+/* -- init and finalize ---------------------------------------------------------------------- */
+
+static ncclResult_t init_comm(void **ctx, int *mask, int version, uint64_t comm_id, int nnodes,
+                              int nranks, int rank, ap_logger_t log) {
+    pthread_once(&g_once, ring_init);
+    ap_comm *slot = NULL;
+    for (int pass = 0; pass < 2 && slot == NULL; pass++) {
+        for (int i = 0; i < AP_MAX_COMMS && slot == NULL; i++) {
+            int want = pass == 0 ? 0 : 2; /* a free slot first, then a finalised one */
+            if (atomic_compare_exchange_strong(&g_comms[i].state, &want, 3)) slot = &g_comms[i];
+        }
+    }
+    if (mask != NULL) *mask = g_mask;
+    if (slot == NULL) { /* 256 live communicators: this one goes unprofiled, not NCCL's load */
+        *ctx = NULL;
+        bump(g_orphans);
+        return AP_SUCCESS;
+    }
+    slot->version = version;
+    slot->comm_id = comm_id;
+    slot->rank = rank;
+    slot->nranks = nranks;
+    slot->nnodes = nnodes;
+    slot->log = log;
+    atomic_store(&slot->state, 1);
+    atomic_store(&g_version, version);
+    atomic_fetch_add(&g_live_comms, 1);
+    bump(g_comms_total);
+    if (log != NULL)
+        log(3 /* NCCL_LOG_INFO */, 1 /* NCCL_INIT */, __FILE__, __LINE__,
+            "autotune profiler (v%d): communicator %llx, rank %d of %d, mask 0x%x", version,
+            (unsigned long long)comm_id, rank, nranks, g_mask);
+    *ctx = slot;
+    return AP_SUCCESS;
+}
+
+static ncclResult_t ap_finalize(void *ctx) {
+    ap_comm *c = live_comm(ctx);
+    if (c == NULL) return AP_SUCCESS;
+    int live = 1;
+    if (atomic_compare_exchange_strong(&c->state, &live, 2)) atomic_fetch_sub(&g_live_comms, 1);
+    return AP_SUCCESS;
+}
+
+/* -- the descriptors, per version ----------------------------------------------------------- */
+
+typedef struct {
+    uint8_t type;
+    void *parentObj;
+    int rank;
+    union {
+        struct {
+            const char *name;
+            uint64_t commHash;
+            uint64_t seqNumber;
+            const char *func;
+            void const *sendBuff;
+            void *recvBuff;
+            size_t count;
+            int root;
+            const char *datatype;
+            uint8_t nMaxChannels;
+            uint8_t nWarps;
+            const char *algo;
+            const char *proto;
+        } coll;
+        struct {
+            uint8_t channelId;
+        } kernelCh;
+    };
+} ap_descr_v3;
+
+typedef struct {
+    uint64_t seqNumber;
+    const char *func;
+    void const *sendBuff;
+    void *recvBuff;
+    size_t count;
+    int root;
+    const char *datatype;
+    uint8_t nChannels;
+    uint8_t nWarps;
+    const char *algo;
+    const char *proto;
+} ap_coll_v4;
+
+typedef struct {
+    uint8_t channelId;
+    uint64_t pTimer;
+} ap_kernel_ch_v4;
+
+typedef struct {
+    uint8_t type;
+    void *parentObj;
+    int rank;
+    union {
+        ap_coll_v4 coll;
+        ap_kernel_ch_v4 kernelCh;
+    };
+} ap_descr_v4;
+
+typedef struct {
+    uint64_t type;
+    void *parentObj;
+    int rank;
+    union {
+        struct {
+            ap_coll_v4 base;
+            void *parentGroup;
+        } coll;
+        ap_kernel_ch_v4 kernelCh;
+    };
+} ap_descr_v5; /* v6 adds members to the union, none before or inside these two */
+
+static ncclResult_t start_event(void *ctx, void **handle, uint64_t type, void *parent, int rank,
+                                const ap_coll_descr *coll, int channel, uint64_t timer) {
+    if (handle == NULL) return AP_SUCCESS;
+    *handle = NULL;
+    ap_comm *comm = live_comm(ctx);
+    if (comm == NULL) return AP_SUCCESS;
+    if (type == AP_EVENT_COLL && coll != NULL) {
+        ap_coll_descr d = *coll;
+        d.rank = rank;
+        start_coll(comm, handle, &d);
+    } else if (type == AP_EVENT_KERNEL_CH) {
+        start_channel(parent, handle, channel, timer);
+    } else {
+        bump(g_ignored);
+    }
+    return AP_SUCCESS;
+}
+
+static ncclResult_t ap_start_v3(void *ctx, void **handle, ap_descr_v3 *e) {
+    if (e == NULL) return AP_SUCCESS;
+    ap_coll_descr d = {0};
+    if (e->type == AP_EVENT_COLL)
+        d = (ap_coll_descr){e->coll.commHash, e->coll.seqNumber, e->coll.func, e->coll.datatype,
+                            e->coll.algo, e->coll.proto, e->coll.count, e->coll.nMaxChannels, 0};
+    return start_event(ctx, handle, e->type, e->parentObj, e->rank, &d,
+                       e->type == AP_EVENT_KERNEL_CH ? e->kernelCh.channelId : -1, 0);
+}
+
+static ap_coll_descr from_v4(const ap_coll_v4 *c) {
+    return (ap_coll_descr){0,       c->seqNumber, c->func, c->datatype, c->algo,
+                           c->proto, c->count,    c->nChannels, 0};
+}
+
+static ncclResult_t ap_start_v4(void *ctx, void **handle, ap_descr_v4 *e) {
+    if (e == NULL) return AP_SUCCESS;
+    ap_coll_descr d = e->type == AP_EVENT_COLL ? from_v4(&e->coll) : (ap_coll_descr){0};
+    int kc = e->type == AP_EVENT_KERNEL_CH;
+    return start_event(ctx, handle, e->type, e->parentObj, e->rank, &d,
+                       kc ? e->kernelCh.channelId : -1, kc ? e->kernelCh.pTimer : 0);
+}
+
+static ncclResult_t ap_start_v5(void *ctx, void **handle, ap_descr_v5 *e) {
+    if (e == NULL) return AP_SUCCESS;
+    ap_coll_descr d = e->type == AP_EVENT_COLL ? from_v4(&e->coll.base) : (ap_coll_descr){0};
+    int kc = e->type == AP_EVENT_KERNEL_CH;
+    return start_event(ctx, handle, e->type, e->parentObj, e->rank, &d,
+                       kc ? e->kernelCh.channelId : -1, kc ? e->kernelCh.pTimer : 0);
+}
+
+static ncclResult_t ap_init_v3(void **ctx, int *mask) {
+    return init_comm(ctx, mask, 3, 0, 0, 0, -1, NULL);
+}
+
+static ncclResult_t ap_init_v4(void **ctx, int *mask, const char *name, uint64_t comm_hash,
+                               int nnodes, int nranks, int rank, ap_logger_t log) {
+    (void)name;
+    return init_comm(ctx, mask, 4, comm_hash, nnodes, nranks, rank, log);
+}
+
+static ncclResult_t ap_init_v5(void **ctx, uint64_t comm_id, int *mask, const char *name,
+                               int nnodes, int nranks, int rank, ap_logger_t log) {
+    (void)name;
+    return init_comm(ctx, mask, 5, comm_id, nnodes, nranks, rank, log);
+}
+
+static ncclResult_t ap_init_v6(void **ctx, uint64_t comm_id, int *mask, const char *name,
+                               int nnodes, int nranks, int rank, ap_logger_t log) {
+    (void)name;
+    return init_comm(ctx, mask, 6, comm_id, nnodes, nranks, rank, log);
+}
+
+typedef struct {
+    const char *name;
+    ncclResult_t (*init)(void **, int *);
+    ncclResult_t (*startEvent)(void *, void **, ap_descr_v3 *);
+    ncclResult_t (*stopEvent)(void *);
+    ncclResult_t (*recordEventState)(void *, int, void *);
+    ncclResult_t (*finalize)(void *);
+} ap_profiler_v3;
+
+typedef struct {
+    const char *name;
+    ncclResult_t (*init)(void **, int *, const char *, uint64_t, int, int, int, ap_logger_t);
+    ncclResult_t (*startEvent)(void *, void **, ap_descr_v4 *);
+    ncclResult_t (*stopEvent)(void *);
+    ncclResult_t (*recordEventState)(void *, int, void *);
+    ncclResult_t (*finalize)(void *);
+} ap_profiler_v4;
+
+typedef struct {
+    const char *name;
+    ncclResult_t (*init)(void **, uint64_t, int *, const char *, int, int, int, ap_logger_t);
+    ncclResult_t (*startEvent)(void *, void **, ap_descr_v5 *);
+    ncclResult_t (*stopEvent)(void *);
+    ncclResult_t (*recordEventState)(void *, int, void *);
+    ncclResult_t (*finalize)(void *);
+} ap_profiler_v5;
+
+__attribute__((visibility("default"))) const ap_profiler_v5 ncclProfiler_v6 = {
+    "autotune", ap_init_v6, ap_start_v5, ap_stop, ap_record_state, ap_finalize};
+__attribute__((visibility("default"))) const ap_profiler_v5 ncclProfiler_v5 = {
+    "autotune", ap_init_v5, ap_start_v5, ap_stop, ap_record_state, ap_finalize};
+__attribute__((visibility("default"))) const ap_profiler_v4 ncclProfiler_v4 = {
+    "autotune", ap_init_v4, ap_start_v4, ap_stop, ap_record_state, ap_finalize};
+__attribute__((visibility("default"))) const ap_profiler_v3 ncclProfiler_v3 = {
+    "autotune", ap_init_v3, ap_start_v3, ap_stop, ap_record_state, ap_finalize};
+
+/* -- what autotune calls (ctypes) ----------------------------------------------------------- */
+
+/* Move up to `max` completed records into `out`; returns how many. One reader at a time. */
+__attribute__((visibility("default"))) int ap_drain(ap_record *out, int max) {
+    pthread_once(&g_once, ring_init);
+    int n = 0;
+    while (n < max && ring_pop(&out[n])) n++;
+    atomic_fetch_add_explicit(&g_drained, (uint64_t)n, RELAXED);
+    return n;
+}
+
+__attribute__((visibility("default"))) void ap_stats(ap_stats_t *out) {
+    ap_stats_t s = {0};
+    s.version = atomic_load(&g_version);
+    s.comms = atomic_load(&g_live_comms);
+    s.comms_total = atomic_load(&g_comms_total);
+    s.records = atomic_load(&g_records);
+    s.drained = atomic_load(&g_drained);
+    s.ring_full = atomic_load(&g_ring_full);
+    s.pool_full = atomic_load(&g_pool_full);
+    s.stale = atomic_load(&g_stale);
+    s.orphans = atomic_load(&g_orphans);
+    s.late = atomic_load(&g_late);
+    s.ignored = atomic_load(&g_ignored);
+    s.in_flight = atomic_load(&g_in_flight);
+    s.mask = g_mask;
+    *out = s;
+}
+
+__attribute__((visibility("default"))) int ap_ring_capacity(void) { return AP_RING; }
+
+__attribute__((visibility("default"))) int ap_pool_capacity(void) { return AP_POOL; }
+
+/* Reclaim stale collectives now, as if `age_ns` had passed (tests; a drain does not need it). */
+__attribute__((visibility("default"))) void ap_reclaim(uint64_t age_ns) {
+    reclaim_stale(host_ns() + age_ns);
+}

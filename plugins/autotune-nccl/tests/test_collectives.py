@@ -1,0 +1,180 @@
+"""The per-collective sums, NCCL's model error and the regret of its choice: records played
+through the profiler's C ABI, predictions through the tuner's, joined in autotune_nccl.collectives
+and served by autotune's collector (checked by prometheus_client's parser, and promtool's where
+Prometheus is installed)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+from nccl_abi import LL, RING, SIMPLE, TREE, NcclComm, nccl_table, v6
+from profiler_abi import ProfiledComm
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from autotune.metrics import NcclMetrics, nccl_source
+from autotune_nccl import Prediction, Profiler, ProfilerStats, Record, Tuner, library_path
+from autotune_nccl.collectives import Collectives, bus_factor, size_class
+
+
+@pytest.fixture
+def plugins() -> Iterator[tuple[Profiler, Tuner]]:
+    p, t = Profiler(), Tuner()
+    for clear in (p.reclaim, p.drain, t.clear_predictions, t.disarm):
+        clear()
+    t.load_table(None)
+    yield p, t
+    for clear in (p.reclaim, p.drain, t.clear_predictions, t.disarm):
+        clear()
+
+
+class Library:
+    """The real library as the collector's source."""
+
+    def __init__(self, profiler: Profiler, tuner: Tuner) -> None:
+        self.profiler, self.tuner = profiler, tuner
+
+    def drain(self) -> list[Record]:
+        return self.profiler.drain()
+
+    def stats(self) -> ProfilerStats:
+        return self.profiler.stats()
+
+    def predictions(self) -> list[Prediction]:
+        return self.tuner.predictions()[0]
+
+
+def test_bus_factors_are_nccl_tests() -> None:
+    assert bus_factor("AllReduce", 4) == 1.5 and bus_factor("AllReduce", 1) == 1.0
+    assert bus_factor("AllGather", 4) == 3.0 and bus_factor("Broadcast", 8) == 1.0
+    assert size_class(1 << 20) == 1 << 20 and size_class((1 << 20) + 1) == 2 << 20
+
+
+def play_step(comm: ProfiledComm, tuner_comm: NcclComm, tuner: Tuner, cell: tuple[str, str],
+              kernel_ns: int) -> None:  # fmt: skip
+    """One all-reduce of 1 MiB: NCCL asks the tuner (which steers it to ``cell`` unless None),
+    then runs it on 2 channels that take ``kernel_ns`` first start to last stop."""
+    table = nccl_table()
+    table[TREE][LL] = 5.0  # NCCL's model: tree/LL is the cheapest, 5 us (nccl_table: the rest)
+    tuner.arm(*cell)
+    tuner_comm.coll_info(1 << 20, table)
+    algo, proto = cell[0].upper(), cell[1].upper()
+    timers = [(1_000, kernel_ns + 995), (1_005, kernel_ns + 1_000)]
+    comm.collective("AllReduce", 1 << 18, timers=timers, algo=algo, proto=proto)
+
+
+def test_model_error_and_regret_from_played_nccl(plugins: tuple[Profiler, Tuner]) -> None:
+    profiler, tuner = plugins
+    comm = ProfiledComm("v6", comm_id=0x77, nranks=4)
+    tuner_comm = NcclComm(v6(), comm_id=0x77, ranks=4)
+    # NCCL's own choice (tree/LL, 5 us in its model) takes 200 us; ring/Simple (its model:
+    # 15 us) 100 us.
+    for _ in range(3):
+        play_step(comm, tuner_comm, tuner, ("tree", "LL"), 200_000)
+        play_step(comm, tuner_comm, tuner, ("ring", "Simple"), 100_000)
+    metrics = NcclMetrics(Library(profiler, tuner), {"rank": "0"})
+    registry = CollectorRegistry()
+    registry.register(metrics)
+    text = generate_latest(registry).decode()
+    got = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+
+    def value(name: str, **labels: str) -> float:
+        return got[(name, tuple(sorted({"rank": "0", **labels}.items())))]
+
+    ring = {"collective": "AllReduce", "size_class": str(1 << 20), "algorithm": "ring",
+            "protocol": "Simple"}  # fmt: skip
+    tree = {**ring, "algorithm": "tree", "protocol": "LL"}
+    assert value("autotune_nccl_collective_seconds_count", **ring) == 3
+    assert value("autotune_nccl_collective_seconds_sum", **ring) == pytest.approx(3e-4)
+    assert value("autotune_nccl_collective_bytes_total", **ring) == 3 << 20
+    assert value("autotune_nccl_busbw_bytes_per_second", **ring) == pytest.approx(
+        (1 << 20) * 1.5 / 1e-4
+    )
+    ring_predicted_us = 10.0 + RING * 3 + SIMPLE
+    assert value("autotune_nccl_model_error_ratio", **ring) == pytest.approx(
+        ring_predicted_us / 100.0
+    )
+    assert value("autotune_nccl_model_error_ratio", **tree) == pytest.approx(5.0 / 200.0)
+    assert value("autotune_nccl_predicted_seconds_total", **tree) == pytest.approx(3 * 5e-6)
+    # NCCL chose tree/LL (its cheapest prediction); the best measured is ring/Simple: 2x.
+    assert value(
+        "autotune_nccl_choice_regret_ratio", collective="AllReduce", size_class=str(1 << 20),
+        nccl_choice="tree/LL", best="ring/Simple",
+    ) == pytest.approx(2.0)  # fmt: skip
+    assert value("autotune_nccl_profiler_info", version="6") == 1
+    assert value("autotune_nccl_profiler_records_total", clock="gpu") == 6
+    assert value("autotune_nccl_profiler_lost_total", reason="ring_full") == 0
+    promtool = shutil.which("promtool")
+    if promtool is not None:
+        out = subprocess.run(
+            [promtool, "check", "metrics"], input=text, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+    metrics.close()
+    comm.finalize()
+    tuner_comm.close()
+
+
+def test_without_a_prediction_there_is_no_model_error_and_no_regret(
+    plugins: tuple[Profiler, Tuner],
+) -> None:
+    profiler, _ = plugins
+    comm = ProfiledComm("v4", comm_id=0x78, nranks=2)  # NCCL 2.27, no tuner plugin
+    for ns in (10_000, 20_000, 30_000):
+        comm.collective("AllGather", 1000, timers=[(1, ns + 1)], algo="RING", proto="LL")
+    c = Collectives()
+    assert c.add(profiler.drain()) == 3
+    [(key, cell)] = c.cells.items()
+    assert key == ("AllGather", 4096, "ring", "LL")
+    assert cell.joined == 0 and cell.model_error is None and c.regret() == {}
+    assert cell.busbw == pytest.approx(3 * 4000 * 1.0 / 60e-6)  # (n-1) x bytes over the time
+    comm.finalize()
+
+
+def test_a_gather_joins_nccls_bytes_which_count_every_rank(
+    plugins: tuple[Profiler, Tuner],
+) -> None:
+    profiler, tuner = plugins
+    comm = ProfiledComm("v6", comm_id=0x79, nranks=4)
+    tuner_comm = NcclComm(v6(), comm_id=0x79, ranks=4)
+    tuner_comm.coll_info(4 * 4096, func=2)  # NCCL asks about the gathered 16 KiB
+    comm.collective("AllGather", 1024, timers=[(1, 40_001)], algo="RING", proto="SIMPLE")
+    c = Collectives()
+    c.add(profiler.drain(), tuner.predictions()[0])
+    cell = c.cells[("AllGather", 4096, "ring", "Simple")]
+    assert cell.joined == 1 and cell.predicted_s == pytest.approx((10 + RING * 3 + SIMPLE) / 1e6)
+    comm.finalize()
+    tuner_comm.close()
+
+
+def test_the_exporter_reads_the_library_only_where_nccl_was_told_to_load_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("NCCL_PROFILER_PLUGIN", raising=False)
+    assert nccl_source() is None
+    monkeypatch.setenv("NCCL_PROFILER_PLUGIN", "/opt/nccl/libnccl-profiler-inspector.so")
+    assert nccl_source() is None  # someone else's profiler
+    monkeypatch.setenv("NCCL_PROFILER_PLUGIN", library_path())
+    assert nccl_source() is not None
+    assert Profiler().environ() == {
+        "NCCL_PROFILER_PLUGIN": library_path(), "NCCL_TUNER_PLUGIN": library_path(),
+    }  # fmt: skip
+
+
+def test_the_drain_thread_is_a_daemon_and_stops(plugins: tuple[Profiler, Tuner]) -> None:
+    profiler, tuner = plugins
+    metrics = NcclMetrics(Library(profiler, tuner), interval_s=0.01).start()
+    comm = ProfiledComm("v5", comm_id=0x80)
+    comm.collective("AllReduce", 256)
+    assert metrics._thread is not None and metrics._thread.daemon
+    metrics.close()
+    assert not metrics._thread.is_alive()
+    assert sum(c.count for c in metrics.collectives.cells.values()) == 1
+    comm.finalize()
