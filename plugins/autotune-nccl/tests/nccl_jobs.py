@@ -10,8 +10,10 @@ tuner driving the plugin can reach `FAST`.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -19,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from nccl_abi import NcclComm, cheapest, nccl_table, v6
+from profiler_abi import ProfiledComm
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
@@ -32,7 +35,7 @@ from autotune.algorithms import (
     register,
 )
 from autotune.testing.settled import all_settled
-from autotune_nccl import ALGORITHMS, PROTOCOLS
+from autotune_nccl import ALGORITHMS, PROTOCOLS, library_path
 from autotune_nccl.algorithms import COMBINATIONS, NcclAllReduce, controls
 
 FAST = ("ring", "LL128")
@@ -44,18 +47,29 @@ UNUSABLE = frozenset((a, p) for a in ("nvls", "nvls_tree", "pat") for p in PROTO
 class FakeNccl:
     """One rank's NCCL communicator, as far as its tuner plugin sees it."""
 
-    def __init__(self, ranks: int, unusable: frozenset[tuple[str, str]]) -> None:
+    def __init__(
+        self, ranks: int, unusable: frozenset[tuple[str, str]], profiled: bool = False
+    ) -> None:
         self.comm = NcclComm(v6(), comm_id=0xA7, ranks=ranks)
         self.cells = tuple((ALGORITHMS.index(a), PROTOCOLS.index(p)) for a, p in unusable)
         #: (thread name, bytes, (algorithm, protocol) NCCL ran), every all-reduce.
         self.calls: list[tuple[str, int, tuple[str, str]]] = []
+        #: The same communicator as NCCL 2.30 reports it to the profiler plugin, if asked.
+        self.profiled = ProfiledComm("v6", comm_id=0xA7, nranks=ranks) if profiled else None
 
     def all_reduce(self, nbytes: int) -> tuple[str, str]:
         table, _ = self.comm.coll_info(nbytes, nccl_table(self.cells))
         ran = cheapest(table)
         self.calls.append((threading.current_thread().name, nbytes, ran))
+        start = time.monotonic_ns()
         if ran != FAST:
             time.sleep(DELAY_S)
+        if self.profiled is not None:  # the kernel's one channel, timed by the host's clock
+            stop = max(time.monotonic_ns(), start + 1_000)
+            self.profiled.collective(
+                "AllReduce", nbytes // 4, timers=[(start, stop)], algo=ran[0].upper(),
+                proto=ran[1].upper(),
+            )  # fmt: skip
         return ran
 
 
@@ -88,10 +102,10 @@ def _played(cls: type[NcclAllReduce]) -> type[NcclAllReduce]:
     return Played
 
 
-def play_nccl(unusable: frozenset[tuple[str, str]] = UNUSABLE) -> None:
+def play_nccl(unusable: frozenset[tuple[str, str]] = UNUSABLE, profiled: bool = False) -> None:
     """Make this rank's NCCL the fake one, for every nccl.* algorithm and `native`."""
     available()  # the installed plugins first, so that these replace theirs
-    NCCL[:] = [FakeNccl(dist.get_world_size(), unusable)]
+    NCCL[:] = [FakeNccl(dist.get_world_size(), unusable, profiled)]
     for name, cls in COMBINATIONS.items():
         register(name, _played(cls), replace=True)
     register("native", FakeNative, replace=True)
@@ -195,3 +209,38 @@ def tune_on_fake_nccl(rank: int, world_size: int, storage: str, cap: int) -> Dri
     )
     state.close()
     return result
+
+
+def exported_on_fake_nccl(
+    rank: int, world_size: int, storage: str, iterations: int
+) -> dict[str, Any]:
+    """Train with the hook and the exporter on, on a fake NCCL that loaded both plugins (as
+    NCCL_PROFILER_PLUGIN and NCCL_TUNER_PLUGIN name them); scrape this rank's exporter."""
+    os.environ["NCCL_PROFILER_PLUGIN"] = library_path()  # what the exporter looks for
+    play_nccl(profiled=True)
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 4)))
+    config = autotune.Config(
+        algorithms=("nccl.ring.ll128", "nccl.tree.simple"),
+        fusion_bytes=0,
+        tune_warmup=1,
+        tune_samples=2,
+        timeout_s=60,
+        unhook=False,
+        storage=storage,
+        metrics_port=0,
+    )
+    state = autotune.register(model, config)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for _ in range(iterations):
+        model(torch.randn(8, 64)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    state.engine.settle(30)
+    assert state.exporter is not None
+    url = f"http://127.0.0.1:{state.exporter.port}/metrics"
+    with urllib.request.urlopen(url, timeout=30) as response:
+        text = response.read().decode()
+    calls = [cell for _, _, cell in NCCL[0].calls]
+    state.close()
+    return {"text": text, "calls": calls}

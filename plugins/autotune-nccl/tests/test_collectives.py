@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from nccl_abi import LL, RING, SIMPLE, TREE, NcclComm, nccl_table, v6
+from nccl_jobs import exported_on_fake_nccl
 from profiler_abi import ProfiledComm
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from autotune.comm.launch import run_local
 from autotune.metrics import NcclMetrics, nccl_source
 from autotune_nccl import Prediction, Profiler, ProfilerStats, Record, Tuner, library_path
 from autotune_nccl.collectives import Collectives, bus_factor, size_class
@@ -178,3 +182,30 @@ def test_the_drain_thread_is_a_daemon_and_stops(plugins: tuple[Profiler, Tuner])
     assert not metrics._thread.is_alive()
     assert sum(c.count for c in metrics.collectives.cells.values()) == 1
     comm.finalize()
+
+
+@pytest.mark.distributed
+def test_a_job_on_a_played_nccl_exports_every_collective(tmp_path: Path) -> None:
+    # 2 gloo ranks, the hook and the exporter on; each rank's "NCCL" asks the tuner plugin and
+    # reports every all-reduce to the profiler plugin through their C ABIs, as NCCL 2.30 does.
+    storage = f"sqlite:///{tmp_path / 'tuning.db'}"
+    got = run_local(exported_on_fake_nccl, 2, storage, 12, timeout_s=300)
+    for rank, r in enumerate(got):
+        families = {f.name: f for f in text_string_to_metric_families(r["text"])}
+        count: Counter[tuple[str, str]] = Counter()
+        for s in families["autotune_nccl_collective_seconds"].samples:
+            if s.name.endswith("_count"):  # one series per size class: summed per cell
+                count[(s.labels["algorithm"], s.labels["protocol"])] += int(s.value)
+        ran = Counter((a, p) for a, p in r["calls"])
+        assert count == ran and sum(ran.values()) >= 12, rank
+        # Every run joined NCCL's prediction (same communicator, size): a model error per cell.
+        errors = families["autotune_nccl_model_error_ratio"].samples
+        assert {(s.labels["algorithm"], s.labels["protocol"]) for s in errors} == set(ran)
+        assert all(s.value > 0 for s in errors)
+        info = families["autotune_nccl_profiler_info"].samples
+        assert [(s.labels["version"], s.value) for s in info] == [("6", 1.0)]
+        if shutil.which("promtool") is not None:
+            out = subprocess.run(
+                ["promtool", "check", "metrics"], input=r["text"], capture_output=True, text=True
+            )
+            assert out.returncode == 0, out.stdout + out.stderr
