@@ -6,7 +6,8 @@
 #   OUT=DIR bash benchmarks/gpu_checks.sh [PHASE ...]    # on the GPU machine (default: all)
 #
 # Phases: env (the machine, torch, CUDA, NCCL, and the GPU series as a scrape of real NVML
-# shows them), tests (tests/algorithms/test_cuda.py), example (the example at world size 1 on NCCL and at 2
+# shows them), plugins (autotune-nccl's tuner and profiler under the image's NCCL at world size 1,
+# then at 2 ranks on the NCCL 2.30.7 build: benchmarks/nccl_plugins.py), tests (tests/algorithms/test_cuda.py), example (the example at world size 1 on NCCL and at 2
 # on gloo with CUDA tensors), gain-gloo (benchmarks/step_gain.py on CUDA tensors over gloo, 2
 # ranks), gain-nccl (the same on NCCL; 2 ranks on one GPU need NCCL 2.30 or newer, which it
 # checks first), faults-nccl (the fault contract on NCCL at 2 ranks, benchmarks/faults.py
@@ -21,6 +22,12 @@
 # ended with SIGABRT, so every Python process of it (faulthandler is on) prints where each of its
 # threads was; a test is failed after 75 s (pytest-timeout), so its report is printed in time
 # (nine tests, three at a time: within the phase's 240 s even if every one hung).
+#
+# Two NCCL ranks on the one GPU need NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1; the image has
+# 2.28.9. Copy the build from ../shared/gpu into the checkout's ignored .gpu/ first and carry it:
+#   mkdir -p .gpu && cp ../shared/gpu/libnccl.so.2.30.7-sm90.* .gpu/
+# setup unpacks it, checks its sha256 and that torch then reports 2.30.7 (nccl-2.30.txt says what
+# failed if not), and the phases that run 2 NCCL ranks preload it.
 #
 # For a machine with no package index: `wheels` downloads optuna and what it needs that a CUDA
 # image with torch lacks into .whl/ (ignored by git); the phases install .whl/ into a scratch
@@ -54,6 +61,57 @@ setup() {
     "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --target "$site" \
         plugins/autotune-nccl || echo "plugins/autotune-nccl did not build: tests/algorithms/test_cuda.py cannot load it"
     export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    nccl230_setup
+}
+
+NCCL230=""  # the path of NCCL 2.30.7 once torch has been seen to load it
+nccl230_setup() {
+    local xz=.gpu/libnccl.so.2.30.7-sm90.xz lib=/tmp/autotune-nccl-2.30.7/libnccl.so.2
+    {
+        if [ ! -f "$xz" ]; then
+            echo "no $xz: 2 NCCL ranks on one GPU only where the image's NCCL is 2.30 or newer"
+            return 0
+        fi
+        mkdir -p "$(dirname "$lib")"
+        "$PY" -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$xz" "$lib" || { echo "unpacking $xz failed"; return 0; }
+        if [ -f .gpu/libnccl.so.2.30.7-sm90.sha256 ]; then
+            local want got
+            want=$(awk '{print $1}' .gpu/libnccl.so.2.30.7-sm90.sha256)
+            got=$(sha256sum "$lib" | awk '{print $1}')
+            [ "$want" = "$got" ] || { echo "sha256 of $lib is $got, expected $want: not used"; return 0; }
+        fi
+        local seen
+        seen=$(LD_PRELOAD="$lib" NCCL_MULTI_RANK_GPU_ENABLE=1 "$PY" -c 'import torch; print(".".join(map(str, torch.cuda.nccl.version())))' 2>&1)
+        echo "torch with LD_PRELOAD=$lib reports NCCL: $seen"
+        if [ "$seen" = "2.30.7" ]; then
+            NCCL230="$lib"
+        else
+            echo "not 2.30.7: torch keeps its own NCCL (statically linked or loaded by path); 2 NCCL ranks on one GPU are skipped"
+        fi
+    } 2>&1 | tee "$OUT/nccl-2.30.txt"
+    grep -q "reports NCCL: 2.30.7$" "$OUT/nccl-2.30.txt" && NCCL230="$lib"
+    return 0
+}
+
+two_nccl_ranks() {  # two_nccl_ranks COMMAND...: on 2 ranks of NCCL, preloading 2.30.7 if needed
+    if [ -n "$NCCL230" ]; then
+        LD_PRELOAD="$NCCL230" NCCL_MULTI_RANK_GPU_ENABLE=1 "$@"
+    elif "$PY" -c 'import sys, torch; sys.exit(torch.cuda.device_count() < 2 and torch.cuda.nccl.version()[:2] < (2, 30))'; then
+        NCCL_MULTI_RANK_GPU_ENABLE=1 "$@"
+    else
+        echo "skipped: 2 ranks on one GPU need NCCL >= 2.30 (see nccl-2.30.txt): $*"
+        return 1
+    fi
+}
+
+plugins_phase() {  # NCCL loading both plugins; each steered cell read back from the profiler
+    {
+        NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING,PROFILE capped 60 "$PY" \
+            benchmarks/nccl_plugins.py --world-size 1 --json "$OUT/plugins-1.json"
+        two_nccl_ranks capped 120 "$PY" benchmarks/nccl_plugins.py --world-size 2 \
+            --json "$OUT/plugins-2.json"
+    } 2>&1 | tee "$OUT/plugins.log" | grep -v "NCCL INFO" | tail -80
+    grep -E "PROFILER|TUNER|Profiler|Tuner|autotune" "$OUT/plugins.log" | head -40
 }
 
 capped() {  # capped SECONDS COMMAND...: COMMAND, ended at SECONDS or where the budget ends
@@ -103,6 +161,8 @@ example_phase() {
         capped 45 "$PY" examples/train_ddp.py --world-size 1 --device cuda --steps 300
         capped 90 "$PY" examples/train_ddp.py --world-size 2 --device cuda --backend gloo \
             --steps 300
+        two_nccl_ranks capped 90 "$PY" examples/train_ddp.py --world-size 2 --device cuda \
+            --backend nccl --steps 300
     } 2>&1 | tee "$OUT/example.log"
 }
 
@@ -113,20 +173,11 @@ gain() {  # gain BACKEND
 }
 
 faults_phase() {  # the fault contract on NCCL, 2 ranks: NCCL's watchdog against autotune's
-    if "$PY" -c 'import sys, torch; sys.exit(torch.cuda.device_count() < 2 and torch.cuda.nccl.version()[:2] < (2, 30))'; then
-        NCCL_MULTI_RANK_GPU_ENABLE=1 capped 240 "$PY" benchmarks/faults.py --nccl 2>&1 \
-            | tee "$OUT/faults-nccl.md"
-    else
-        echo "faults-nccl skipped: 2 ranks on one GPU need NCCL >= 2.30" | tee "$OUT/faults-nccl.md"
-    fi
+    two_nccl_ranks capped 240 "$PY" benchmarks/faults.py --nccl 2>&1 | tee "$OUT/faults-nccl.md"
 }
 
 nccl_phase() {
-    if "$PY" -c 'import sys, torch; sys.exit(torch.cuda.device_count() < 2 and torch.cuda.nccl.version()[:2] < (2, 30))'; then
-        NCCL_MULTI_RANK_GPU_ENABLE=1 gain nccl
-    else
-        echo "gain-nccl skipped: 2 ranks on one GPU need NCCL >= 2.30" | tee "$OUT/step-gain-cuda-nccl.log"
-    fi
+    two_nccl_ranks gain nccl 2>&1 | tail -3
 }
 
 if [ "${1:-}" = wheels ]; then
@@ -136,16 +187,17 @@ fi
 mkdir -p "$OUT"
 setup || exit 1
 status=0
-for phase in "${@:-env tests example gain-gloo gain-nccl}"; do
+for phase in "${@:-env plugins tests example gain-gloo gain-nccl}"; do
     for p in $phase; do
         case "$p" in
             env) env_phase ;;
+            plugins) plugins_phase ;;
             tests) tests_phase ;;
             example) example_phase ;;
             gain-gloo) gain gloo ;;
             gain-nccl) nccl_phase ;;
             faults-nccl) faults_phase ;;
-            *) echo "unknown phase $p (env, tests, example, gain-gloo, gain-nccl, faults-nccl)" >&2; exit 2 ;;
+            *) echo "unknown phase $p (env, plugins, tests, example, gain-gloo, gain-nccl, faults-nccl)" >&2; exit 2 ;;
         esac || status=1
     done
 done
