@@ -34,9 +34,11 @@ from autotune.algorithms import (
     p2p_group,
 )
 from autotune.comm.faults import FailureBoard, release
+from autotune.comm.nccl_feed import feed
 from autotune.config import Config
 from autotune.ddp.engine import Engine
 from autotune.ddp.guard import Guard, guarded_group
+from autotune.ddp.kernel_clock import KernelClock
 from autotune.ddp.stats import Recorder, Summary, summarize
 from autotune.ddp.unhook import Unhooking
 from autotune.plan import BASELINE_CHOICE, Choice, Entry, Plan, Table, load_table
@@ -73,6 +75,7 @@ class AutotuneState:
         "_algorithms",
         "_cores_warning",
         "board",
+        "clock",
         "config",
         "engine",
         "exporter",
@@ -129,6 +132,11 @@ class AutotuneState:
         self.guard: Guard | None = None
         #: The job's failure, once diagnosed: every later error of this state is this one.
         self.failure: PeerError | None = None
+        #: NCCL's own clock for the messages NCCL runs, where NCCL loaded autotune's profiler.
+        nccl_feed = feed() if dist.get_backend(group) == "nccl" else None
+        self.clock = KernelClock(nccl_feed, self.world_size) if nccl_feed is not None else None
+        if self.clock is not None and dist.get_rank(group) == 0:
+            _log.info("autotune: NCCL's messages timed on NCCL's own clock (its profiler plugin)")
         self.engine = Engine(
             group=group,
             world_size=self.world_size,
@@ -136,6 +144,7 @@ class AutotuneState:
             algorithm_for=self._algorithm,
             fusion_bytes=self.config.fusion_bytes or 0,
             diagnose=self._diagnose,
+            clock=self.clock,
         )
         # This state builds every part and hands each what it uses; they hear the engine's
         # events (autotune.ddp.events) rather than reaching into the state.
@@ -256,6 +265,8 @@ class AutotuneState:
     def close(self) -> None:
         """Stop the engine's workers (after they run what is queued) and the tuner's."""
         self.engine.close()
+        if self.clock is not None:
+            self.clock.close()
         if self.tuner is not None:
             self.tuner.close()
         if self.exporter is not None:

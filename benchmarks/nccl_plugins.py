@@ -124,6 +124,7 @@ def _report(tuner: Any) -> dict[str, Any]:
 def _prometheus(records: list[Any], predictions: list[Any], profiler: Any) -> str:
     from prometheus_client import CollectorRegistry, generate_latest
 
+    from autotune.comm.nccl_feed import NcclFeed
     from autotune.metrics import NcclMetrics
 
     class Drained:
@@ -141,7 +142,7 @@ def _prometheus(records: list[Any], predictions: list[Any], profiler: Any) -> st
             return predictions
 
     registry = CollectorRegistry()
-    registry.register(NcclMetrics(Drained()))
+    registry.register(NcclMetrics(NcclFeed(Drained())))
     return generate_latest(registry).decode()
 
 

@@ -32,6 +32,7 @@ from torch.distributed import ProcessGroup
 
 from autotune.algorithms import AllReduceAlgorithm, Comm, Pending, check_tensor, split
 from autotune.ddp.events import Event, Failure, IterationDone, IterationEnd, Listener
+from autotune.ddp.kernel_clock import KernelClock, Ticket
 from autotune.ddp.stats import IterationRecord, MessageRecord
 from autotune.plan import BASELINE_CHOICE, Choice, Plan, size_class
 
@@ -60,6 +61,7 @@ class _Piece:
     first_wait_s: float | None
     sent_bytes: int | None
     early: bool = False  # the backend's callback completes the bucket's future (and sets finished)
+    ticket: Ticket | None = None  # timed by NCCL's kernel time (`KernelClock`), not the host
 
 
 @dataclass(slots=True)
@@ -92,9 +94,14 @@ class Engine:
         algorithm_for: Callable[[str], AllReduceAlgorithm],
         fusion_bytes: int = 0,
         diagnose: Callable[[BaseException, str | None], BaseException] | None = None,
+        clock: KernelClock | None = None,
     ) -> None:
         """``diagnose(error, algorithm)``: turns the first failure into the error every bucket
-        fails with (the state names the rank that failed first); None keeps it as raised."""
+        fails with (the state names the rank that failed first); None keeps it as raised.
+        ``clock``: NCCL's own clock, where NCCL loaded autotune's profiler; a CUDA message that
+        NCCL runs (an `asynchronous` algorithm on it) is then timed by its kernel time, and the
+        completing thread never synchronizes a stream for it."""
+        self.clock = clock
         self.group = group
         self.world_size = world_size
         self.plan = plan
@@ -400,8 +407,8 @@ class Engine:
         with self._stream_for(started.flat.device) as stream:
             if stream is not None:
                 for b in buckets:
-                    assert b.ready is not None
-                    stream.wait_event(b.ready)
+                    if b.ready is not None:  # recorded on the stream that produced it (CUDA)
+                        stream.wait_event(b.ready)
             if len(buckets) > 1:
                 started.flat = torch.cat([b.buffer for b in buckets])
             # Average: scale first, as DDP does without a hook, since the sum of N fp16 gradients
@@ -419,6 +426,9 @@ class Engine:
                 folded = {"scale": scale} if algo.folds_scale else {}
                 if not folded:
                     piece.mul_(scale)
+                ticket = None
+                if stream is not None and self.clock is not None and algo.asynchronous:
+                    ticket = self.clock.expect(nbytes)
                 begin = time.perf_counter()
                 pending = algo.start(
                     piece, self.group, segment_bytes=choice.segment_bytes, **folded
@@ -430,7 +440,7 @@ class Engine:
                 # the wait behind earlier messages. (On CUDA only the stream knows.)
                 done = time.perf_counter() if pending.done and stream is None else None
                 started.pieces.append(
-                    _Piece(nbytes, choice, pending, begin, done, first_wait, sent)
+                    _Piece(nbytes, choice, pending, begin, done, first_wait, sent, ticket=ticket)
                 )
 
     def _complete_early(self, bucket: _Bucket, piece: _Piece) -> None:
@@ -485,30 +495,21 @@ class Engine:
         with self._stream_for(started.flat.device) as stream:
             buckets = started.buckets
             finished = 0.0
+            on_nccl_clock: list[tuple[_Piece, int]] = []
             for piece in started.pieces:
                 started.algorithm = piece.choice.algorithm
-                piece.pending.wait()
-                if stream is not None:
+                piece.pending.wait()  # on CUDA: the stream waits for NCCL's, the host does not
+                if stream is not None and piece.ticket is None:
                     stream.synchronize()  # time the transfer, not the launch; surface errors here
                 if piece.early:
                     buckets[0].future.wait()  # the callback has run: it timed the message
                 finished = piece.finished or time.perf_counter()
                 if started.sparse:
                     continue
-                self._emit(
-                    MessageRecord(
-                        iteration=self.iteration,
-                        size_class=size_class(piece.nbytes),
-                        nbytes=piece.nbytes,
-                        algorithm=piece.choice.algorithm,
-                        segment_bytes=piece.choice.segment_bytes,
-                        seconds=finished - piece.started,
-                        first_wait_s=piece.first_wait_s,
-                        world_size=self.world_size,
-                        started=piece.started,
-                        sent_bytes=piece.sent_bytes,
-                    )
-                )
+                if piece.ticket is not None:  # timed once NCCL's record is in, futures first
+                    on_nccl_clock.append((piece, self.iteration))
+                    continue
+                self._emit(self._record(piece, finished - piece.started, self.iteration))
             if len(buckets) > 1:
                 offset = 0
                 for b in buckets:
@@ -544,11 +545,37 @@ class Engine:
                 self._completed_at = time.perf_counter()
             else:
                 self._completed_at = max(self._completed_at, finished)
+            for piece, iteration in on_nccl_clock:
+                assert piece.ticket is not None and self.clock is not None
+                seconds = self.clock.seconds(piece.ticket)
+                timer = "nccl"
+                if seconds is None:  # no record in time: the host's time, as without the clock
+                    if stream is not None:
+                        stream.synchronize()
+                    seconds, timer = time.perf_counter() - piece.started, "host"
+                self._emit(self._record(piece, seconds, iteration, timer))
             if buckets[-1].is_last:
                 self._emit(IterationDone(self.iteration))
                 with self._progress:
                     self._done += 1
                     self._progress.notify_all()
+
+    def _record(
+        self, piece: _Piece, seconds: float, iteration: int, timer: str = "host"
+    ) -> MessageRecord:
+        return MessageRecord(
+            iteration=iteration,
+            size_class=size_class(piece.nbytes),
+            nbytes=piece.nbytes,
+            algorithm=piece.choice.algorithm,
+            segment_bytes=piece.choice.segment_bytes,
+            seconds=seconds,
+            first_wait_s=piece.first_wait_s,
+            world_size=self.world_size,
+            started=piece.started,
+            sent_bytes=piece.sent_bytes,
+            timer=timer,
+        )
 
     def _pieces(self, flat: torch.Tensor) -> list[torch.Tensor]:
         bounds = self._piece_bounds(flat.numel(), flat.element_size())

@@ -46,6 +46,9 @@ class MessageRecord:
     world_size: int
     started: float  # time.perf_counter() at its start, for timelines
     sent_bytes: int | None = None  # what this rank put on the wire (None: the backend's business)
+    #: How ``seconds`` was taken: "host" (launch to completion, as the host saw it) or "nccl"
+    #: (the kernel's time on NCCL's clock, from its profiler: autotune.ddp.kernel_clock).
+    timer: str = "host"
 
     @property
     def busbw_gbps(self) -> float:

@@ -10,7 +10,7 @@ from autotune.metrics._daemon import run_daemon
 from autotune.metrics._exporter import Exporter
 from autotune.metrics._hook import LATENCY_BUCKETS_S, HookMetrics
 from autotune.metrics._host import HostMetrics
-from autotune.metrics._nccl import NcclMetrics, NcclSource, nccl_source
+from autotune.metrics._nccl import NcclMetrics
 from autotune.metrics._nvml import GpuReading, NvmlMetrics, NvmlQuery, NvmlUnavailable, PynvmlQuery
 from autotune.metrics._server import Server
 
@@ -21,12 +21,10 @@ __all__ = [
     "HookMetrics",
     "HostMetrics",
     "NcclMetrics",
-    "NcclSource",
     "NvmlMetrics",
     "NvmlQuery",
     "NvmlUnavailable",
     "PynvmlQuery",
     "Server",
-    "nccl_source",
     "run_daemon",
 ]

@@ -9,9 +9,10 @@ import torch.distributed as dist
 from prometheus_client import CollectorRegistry
 
 from autotune.comm import topology
+from autotune.comm.nccl_feed import NcclFeed, feed
 from autotune.metrics._hook import HookMetrics
 from autotune.metrics._host import HostMetrics
-from autotune.metrics._nccl import NcclMetrics, NcclSource, nccl_source
+from autotune.metrics._nccl import NcclMetrics
 from autotune.metrics._nvml import GpuReading, NvmlMetrics, NvmlQuery
 from autotune.metrics._server import Server
 
@@ -42,7 +43,7 @@ class Exporter:
         tuner: Tuner | None = None,
         nvml: NvmlQuery | None = None,
         unhooking: Unhooking | None = None,
-        nccl: NcclSource | None = None,
+        nccl: NcclFeed | None = None,
     ) -> None:
         assert config.metrics_port is not None
         rank = dist.get_rank(group)
@@ -57,8 +58,8 @@ class Exporter:
         self.registry.register(HostMetrics(labels))
         self.registry.register(NvmlMetrics(nvml, labels, select=self._own_gpu))
         # NCCL's own collectives, where NCCL loaded autotune's profiler plugin in this process.
-        source = nccl if nccl is not None else nccl_source()
-        self.nccl = NcclMetrics(source, labels).start() if source is not None else None
+        source = nccl if nccl is not None else feed()
+        self.nccl = NcclMetrics(source, labels) if source is not None else None
         if self.nccl is not None:
             self.registry.register(self.nccl)
         port = config.metrics_port + local_rank if config.metrics_port else 0

@@ -10,11 +10,9 @@ docs/NCCL_PROFILER.md lists the series and their NCCL Inspector equivalents.
 
 from __future__ import annotations
 
-import logging
-import os
 import threading
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -24,99 +22,42 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from autotune.comm.nccl_feed import NcclFeed
+
 if TYPE_CHECKING:
-    from autotune_nccl import Prediction, ProfilerStats, Record
+    from autotune_nccl import Record
     from autotune_nccl.collectives import Collectives
 
-__all__ = ["NcclMetrics", "NcclSource", "nccl_source"]
-
-log = logging.getLogger("autotune.metrics")
-
-
-class NcclSource(Protocol):
-    """What the collector reads: the plugin library (or a stand-in in tests)."""
-
-    def drain(self) -> list[Record]: ...
-
-    def stats(self) -> ProfilerStats: ...
-
-    def predictions(self) -> list[Prediction]: ...
-
-
-class _Library:
-    def __init__(self) -> None:
-        from autotune_nccl import Profiler, Tuner
-
-        self.profiler, self.tuner = Profiler(), Tuner()
-
-    def drain(self) -> list[Record]:
-        return self.profiler.drain()
-
-    def stats(self) -> ProfilerStats:
-        return self.profiler.stats()
-
-    def predictions(self) -> list[Prediction]:
-        return self.tuner.predictions()[0]
-
-
-def nccl_source() -> NcclSource | None:
-    """The plugin library, where NCCL_PROFILER_PLUGIN names it in this process (else None)."""
-    named = os.environ.get("NCCL_PROFILER_PLUGIN")
-    if not named:
-        return None
-    try:
-        from autotune_nccl import library_path
-    except ImportError:
-        return None
-    if os.path.realpath(named) != library_path():
-        return None  # another profiler (NCCL's Inspector, say): not ours to read
-    return _Library()
+__all__ = ["NcclMetrics"]
 
 
 class NcclMetrics(Collector):
-    """Drains the profiler on its own daemon thread; serves the sums at scrape time."""
+    """Sums what the feed hands it (`autotune.comm.nccl_feed`); serves them at scrape time."""
 
-    def __init__(
-        self, source: NcclSource, labels: Mapping[str, str] | None = None, interval_s: float = 0.5
-    ) -> None:
+    def __init__(self, feed: NcclFeed, labels: Mapping[str, str] | None = None) -> None:
         from autotune_nccl.collectives import Collectives
 
-        self.source = source
+        self.feed = feed
+        self.source = feed.source
         self.labels = dict(labels or {})
         self.collectives: Collectives = Collectives()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._interval_s = interval_s
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> NcclMetrics:
-        self._thread = threading.Thread(target=self._run, name="autotune-nccl-drain", daemon=True)
-        self._thread.start()
-        return self
+        feed.subscribe(self._add)
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self.poll()
+        self.feed.poll()
+        self.feed.unsubscribe(self._add)
 
-    def poll(self) -> int:
-        """Drain what NCCL recorded since the last call; returns how many records."""
-        records = self.source.drain()
-        predictions = self.source.predictions() if records else []
+    def _add(self, records: Sequence[Record]) -> None:
         with self._lock:
-            return self.collectives.add(records, predictions)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            try:
-                self.poll()
-            except Exception:  # an observer never stops training; say it once
-                log.warning("autotune: draining NCCL's profiler failed; stopped", exc_info=True)
-                return
+            known = self.collectives.knows(records)
+        # NCCL's predictions are read again only for a collective and size not joined yet.
+        predictions = [] if known else self.source.predictions()
+        with self._lock:
+            self.collectives.add(records, predictions)
 
     def collect(self) -> Iterator[Metric]:
-        self.poll()
+        self.feed.poll()
         names, values = list(self.labels), list(self.labels.values())
         per = [*names, "collective", "size_class", "algorithm", "protocol"]
         seconds = HistogramMetricFamily(

@@ -154,6 +154,11 @@ class Collectives:
                 cell.measured_s += seconds
         return n
 
+    def knows(self, records: Iterable[Record]) -> bool:
+        """Whether every record's (collective, NCCL bytes) has a prediction indexed already
+        (else the caller refreshes them before `add`)."""
+        return all(self._prediction(r) is not None for r in records)
+
     def regret(self) -> dict[tuple[str, int], Regret]:
         """Per (collective, size class) where NCCL's choice and another cell were measured."""
         medians: dict[tuple[str, int], dict[tuple[str, str], float]] = {}

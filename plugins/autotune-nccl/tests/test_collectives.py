@@ -19,7 +19,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from autotune.comm.launch import run_local
-from autotune.metrics import NcclMetrics, nccl_source
+from autotune.comm.nccl_feed import NcclFeed, nccl_source
+from autotune.metrics import NcclMetrics
 from autotune_nccl import Prediction, Profiler, ProfilerStats, Record, Tuner, library_path
 from autotune_nccl.collectives import Collectives, bus_factor, size_class
 
@@ -72,6 +73,7 @@ def play_step(comm: ProfiledComm, tuner_comm: NcclComm, tuner: Tuner, cell: tupl
 
 def test_model_error_and_regret_from_played_nccl(plugins: tuple[Profiler, Tuner]) -> None:
     profiler, tuner = plugins
+    dropped_before = profiler.stats().ring_full  # the library's counters are the process's
     comm = ProfiledComm("v6", comm_id=0x77, nranks=4)
     tuner_comm = NcclComm(v6(), comm_id=0x77, ranks=4)
     # NCCL's own choice (tree/LL, 5 us in its model) takes 200 us; ring/Simple (its model:
@@ -79,7 +81,8 @@ def test_model_error_and_regret_from_played_nccl(plugins: tuple[Profiler, Tuner]
     for _ in range(3):
         play_step(comm, tuner_comm, tuner, ("tree", "LL"), 200_000)
         play_step(comm, tuner_comm, tuner, ("ring", "Simple"), 100_000)
-    metrics = NcclMetrics(Library(profiler, tuner), {"rank": "0"})
+    feed = NcclFeed(Library(profiler, tuner))
+    metrics = NcclMetrics(feed, {"rank": "0"})
     registry = CollectorRegistry()
     registry.register(metrics)
     text = generate_latest(registry).decode()
@@ -114,7 +117,7 @@ def test_model_error_and_regret_from_played_nccl(plugins: tuple[Profiler, Tuner]
     ) == pytest.approx(2.0)  # fmt: skip
     assert value("autotune_nccl_profiler_info", version="6") == 1
     assert value("autotune_nccl_profiler_records_total", clock="gpu") == 6
-    assert value("autotune_nccl_profiler_lost_total", reason="ring_full") == 0
+    assert value("autotune_nccl_profiler_lost_total", reason="ring_full") == dropped_before
     promtool = shutil.which("promtool")
     if promtool is not None:
         out = subprocess.run(
@@ -122,6 +125,7 @@ def test_model_error_and_regret_from_played_nccl(plugins: tuple[Profiler, Tuner]
         )
         assert out.returncode == 0, out.stdout + out.stderr
     metrics.close()
+    feed.close()
     comm.finalize()
     tuner_comm.close()
 
@@ -172,15 +176,23 @@ def test_the_exporter_reads_the_library_only_where_nccl_was_told_to_load_it(
     }  # fmt: skip
 
 
-def test_the_drain_thread_is_a_daemon_and_stops(plugins: tuple[Profiler, Tuner]) -> None:
+def test_the_feed_hands_every_batch_to_each_reader_on_a_daemon_thread_that_stops(
+    plugins: tuple[Profiler, Tuner],
+) -> None:
     profiler, tuner = plugins
-    metrics = NcclMetrics(Library(profiler, tuner), interval_s=0.01).start()
+    feed = NcclFeed(Library(profiler, tuner), interval_s=0.01)
+    metrics = NcclMetrics(feed)
+    seen: list[int] = []
+    feed.subscribe(lambda records: seen.extend(r.seq for r in records))
     comm = ProfiledComm("v5", comm_id=0x80)
-    comm.collective("AllReduce", 256)
-    assert metrics._thread is not None and metrics._thread.daemon
-    metrics.close()
-    assert not metrics._thread.is_alive()
-    assert sum(c.count for c in metrics.collectives.cells.values()) == 1
+    for _ in range(3):
+        comm.collective("AllReduce", 256)
+    thread = feed._thread
+    assert thread is not None and thread.daemon
+    feed.close()
+    assert not thread.is_alive()
+    assert seen == [0, 1, 2]  # in order, each once, whichever thread drained it
+    assert sum(c.count for c in metrics.collectives.cells.values()) == 3
     comm.finalize()
 
 

@@ -1,0 +1,179 @@
+"""A CUDA message NCCL runs is timed by NCCL's own clock where its profiler is loaded: the engine
+takes a ticket per message at launch, completes the buckets' futures without synchronizing a
+stream, then emits each message's record with the kernel time of the profiler record matched to
+it. Played on CPU: a stand-in stream (counting synchronizations) and a stand-in profiler."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from test_engine import Backend
+
+from autotune.comm.nccl_feed import NcclFeed
+from autotune.ddp.engine import Engine
+from autotune.ddp.kernel_clock import KernelClock
+from autotune.ddp.stats import Recorder
+from autotune.plan import Choice, Plan
+
+COMM = 0xC0
+
+
+def record(nbytes: int, kernel_ns: int, comm_id: int = COMM, nranks: int = 2,
+           func: str = "AllReduce") -> SimpleNamespace:  # fmt: skip
+    """What autotune_nccl.Profiler.drain gives, as far as the clock reads it."""
+    return SimpleNamespace(func=func, nbytes=nbytes, kernel_ns=kernel_ns, comm_id=comm_id,
+                           nranks=nranks)  # fmt: skip
+
+
+class Profiler:
+    """The profiler's ring: the test puts records in, the feed drains them."""
+
+    def __init__(self) -> None:
+        self.ring: list[SimpleNamespace] = []
+        self.lock = threading.Lock()
+
+    def put(self, *records: SimpleNamespace) -> None:
+        with self.lock:
+            self.ring.extend(records)
+
+    def drain(self) -> list[Any]:
+        with self.lock:
+            out, self.ring = self.ring, []
+        return out
+
+    def stats(self) -> Any:
+        return None
+
+    def predictions(self) -> list[Any]:
+        return []
+
+
+class Nccl(Backend):
+    """An all-reduce NCCL runs: launched, and completed when the test says NCCL finished."""
+
+    def connect(self, group, device, *, dedicated=True):  # type: ignore[no-untyped-def]
+        return SimpleNamespace(size=2, backend="nccl", traffic=None)
+
+    def _start(self, buf: torch.Tensor, comm: Any, segment_elems: int) -> Any:
+        return self.launch(buf, comm)
+
+
+class Stream:
+    def __init__(self) -> None:
+        self.synchronized = 0
+
+    def synchronize(self) -> None:
+        self.synchronized += 1
+
+    def wait_event(self, event: object) -> None:
+        pass
+
+
+@pytest.fixture
+def played() -> Iterator[tuple[Profiler, NcclFeed]]:
+    profiler = Profiler()
+    feed = NcclFeed(profiler, interval_s=0.01)
+    yield profiler, feed
+    feed.close()
+
+
+def on_cuda(algo: Nccl, clock: KernelClock | None, stream: Stream) -> Engine:
+    """An engine of 2 ranks running ``algo`` whose messages start on ``stream`` (as on CUDA),
+    cutting a 64-byte bucket into two 32-byte messages."""
+    engine = Engine(
+        group=None,  # type: ignore[arg-type]
+        world_size=2,
+        plan=Plan(Choice("a")),
+        algorithm_for=lambda name: algo,
+        fusion_bytes=32,
+        clock=clock,
+    )
+
+    @contextlib.contextmanager
+    def stream_for(device: torch.device) -> Iterator[Stream]:
+        yield stream
+
+    engine._stream_for = stream_for  # type: ignore[method-assign,assignment]
+    return engine
+
+
+def test_nccl_messages_take_the_kernel_time_and_no_stream_is_synchronized(
+    played: tuple[Profiler, NcclFeed],
+) -> None:
+    profiler, feed = played
+    clock = KernelClock(feed, world_size=2)
+    stream, algo = Stream(), Nccl("a", [])
+    engine = on_cuda(algo, clock, stream)
+    recorder = Recorder()
+    engine.subscribe(recorder.record)
+    future = engine.submit(torch.ones(16), is_last=True)
+    for f in algo.futures:  # NCCL has the two messages
+        f.set_result([])
+    future.wait()  # the bucket completes before NCCL's records are in: nothing waits for them
+    assert recorder.records() == []
+    # Another group's all-reduce of the same size, one of the user's of another size, then ours.
+    profiler.put(record(32, 1_000, comm_id=0xD0, nranks=4), record(64, 9_000_000))
+    profiler.put(record(32, 3_000_000), record(32, 5_000_000))
+    assert engine.settle(10)
+    got = [(r.nbytes, r.seconds, r.timer) for r in recorder.records()]
+    assert got == [(32, 0.003, "nccl"), (32, 0.005, "nccl")]
+    assert stream.synchronized == 0
+    assert (clock.matched, clock.missed, clock.comm_id) == (2, 0, COMM)
+    engine.close()
+    clock.close()
+
+
+def test_without_a_record_in_time_the_host_times_it_as_before(
+    played: tuple[Profiler, NcclFeed],
+) -> None:
+    profiler, feed = played
+    clock = KernelClock(feed, world_size=2, wait_s=0.05)
+    stream, algo = Stream(), Nccl("a", [])
+    engine = on_cuda(algo, clock, stream)
+    recorder = Recorder()
+    engine.subscribe(recorder.record)
+    future = engine.submit(torch.ones(16), is_last=True)
+    for f in algo.futures:
+        f.set_result([])
+    future.wait()
+    assert engine.settle(10)
+    assert [r.timer for r in recorder.records()] == ["host", "host"]
+    assert stream.synchronized == 2 and clock.missed == 2
+    # A record that comes late matches no withdrawn ticket.
+    profiler.put(record(32, 1_000))
+    feed.poll()
+    assert clock.matched == 0
+    engine.close()
+    clock.close()
+
+
+def test_without_a_clock_every_cuda_message_synchronizes_its_stream() -> None:
+    stream, algo = Stream(), Nccl("a", [])
+    engine = on_cuda(algo, None, stream)
+    recorder = Recorder()
+    engine.subscribe(recorder.record)
+    future = engine.submit(torch.ones(16), is_last=True)
+    for f in algo.futures:
+        f.set_result([])
+    future.wait()
+    assert engine.settle(10)
+    assert [r.timer for r in recorder.records()] == ["host", "host"]
+    assert stream.synchronized == 2
+    engine.close()
+
+
+def test_tickets_match_in_launch_order_by_size(played: tuple[Profiler, NcclFeed]) -> None:
+    profiler, feed = played
+    clock = KernelClock(feed, world_size=2)
+    small, large, small2 = clock.expect(32), clock.expect(64), clock.expect(32)
+    profiler.put(record(64, 7_000), record(32, 1_000), record(32, 2_000))
+    profiler.put(record(32, 5, func="AllGather"), record(32, 0))  # not all-reduces, or untimed
+    assert clock.seconds(large) == 7e-6
+    assert clock.seconds(small) == 1e-6 and clock.seconds(small2) == 2e-6
+    clock.close()
