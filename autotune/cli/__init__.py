@@ -251,7 +251,7 @@ def _dashboards(args: argparse.Namespace) -> int:
 def _daemon(args: argparse.Namespace) -> int:
     from autotune.metrics import run_daemon
 
-    return run_daemon(args.host, args.port)
+    return run_daemon(args.host, args.port, nccl_dir=args.nccl_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -329,9 +329,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", metavar="FILE", help="write the plan as JSON (for Config.plan_file)")
     p.add_argument("--nccl-csv", metavar="FILE", help="write the plan as NCCL tuner plugin CSV")
     p.set_defaults(func=_show)
-    p = sub.add_parser("daemon", help="serve this node's GPU (NVML) and host metrics")
+    p = sub.add_parser(
+        "daemon",
+        help="serve this node's GPU (NVML) and host metrics, and its NCCL jobs' collectives",
+    )
     p.add_argument("--port", type=int, default=9409, help="port to serve /metrics on (9409)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
+    p.add_argument(
+        "--nccl-dir",
+        default=None,
+        help="where NCCL jobs that loaded autotune's profiler keep their sums "
+        "(AUTOTUNE_NCCL_SHM_DIR, else /dev/shm)",
+    )
     p.set_defaults(func=_daemon)
     args = parser.parse_args(argv)
     try:

@@ -10,7 +10,7 @@ from autotune.metrics._daemon import run_daemon
 from autotune.metrics._exporter import Exporter
 from autotune.metrics._hook import LATENCY_BUCKETS_S, HookMetrics
 from autotune.metrics._host import HostMetrics
-from autotune.metrics._nccl import NcclMetrics
+from autotune.metrics._nccl import NcclMetrics, NcclNodeMetrics
 from autotune.metrics._nvml import GpuReading, NvmlMetrics, NvmlQuery, NvmlUnavailable, PynvmlQuery
 from autotune.metrics._server import Server
 
@@ -21,6 +21,7 @@ __all__ = [
     "HookMetrics",
     "HostMetrics",
     "NcclMetrics",
+    "NcclNodeMetrics",
     "NvmlMetrics",
     "NvmlQuery",
     "NvmlUnavailable",

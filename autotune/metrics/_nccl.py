@@ -26,9 +26,46 @@ from autotune.comm.nccl_feed import NcclFeed
 
 if TYPE_CHECKING:
     from autotune_nccl import Record
-    from autotune_nccl.collectives import Collectives
+    from autotune_nccl.collectives import Cell, Collectives
 
-__all__ = ["NcclMetrics"]
+__all__ = ["CELL_LABELS", "NcclMetrics", "NcclNodeMetrics"]
+
+#: What a per-collective series is labelled by, after the exporter's own labels.
+CELL_LABELS = ("collective", "size_class", "algorithm", "protocol")
+
+
+def _cell_families(
+    labels: list[str],
+) -> tuple[HistogramMetricFamily, CounterMetricFamily, GaugeMetricFamily]:
+    seconds = HistogramMetricFamily(
+        "autotune_nccl_collective_seconds",
+        "Kernel time of each NCCL collective (first channel start to last channel stop, "
+        "NCCL's GPU timer), by collective, size class (bytes), algorithm and protocol.",
+        labels=labels,
+    )
+    nbytes = CounterMetricFamily(
+        "autotune_nccl_collective_bytes",
+        "Bytes of NCCL's collectives (count x type size, per rank), by the same labels.",
+        labels=labels,
+    )
+    busbw = GaugeMetricFamily(
+        "autotune_nccl_busbw_bytes_per_second",
+        "Bus bandwidth of NCCL's collectives over the run (nccl-tests' factors).",
+        labels=labels,
+    )
+    return seconds, nbytes, busbw
+
+
+def _add_cell(
+    seconds: HistogramMetricFamily,
+    nbytes: CounterMetricFamily,
+    busbw: GaugeMetricFamily,
+    key: list[str],
+    cell: Cell,
+) -> None:
+    seconds.add_metric(key, cell.cumulative(), cell.kernel_s)
+    nbytes.add_metric(key, cell.nbytes)
+    busbw.add_metric(key, cell.busbw)
 
 
 class NcclMetrics(Collector):
@@ -59,23 +96,8 @@ class NcclMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         self.feed.poll()
         names, values = list(self.labels), list(self.labels.values())
-        per = [*names, "collective", "size_class", "algorithm", "protocol"]
-        seconds = HistogramMetricFamily(
-            "autotune_nccl_collective_seconds",
-            "Kernel time of each NCCL collective (first channel start to last channel stop, "
-            "NCCL's GPU timer), by collective, size class (bytes), algorithm and protocol.",
-            labels=per,
-        )
-        nbytes = CounterMetricFamily(
-            "autotune_nccl_collective_bytes",
-            "Bytes of NCCL's collectives (count x type size, per rank), by the same labels.",
-            labels=per,
-        )
-        busbw = GaugeMetricFamily(
-            "autotune_nccl_busbw_bytes_per_second",
-            "Bus bandwidth of NCCL's collectives over the run (nccl-tests' factors).",
-            labels=per,
-        )
+        per = [*names, *CELL_LABELS]
+        seconds, nbytes, busbw = _cell_families(per)
         predicted = CounterMetricFamily(
             "autotune_nccl_predicted_seconds",
             "NCCL's own predicted time (its tuner cost table) for the collectives it was known "
@@ -103,9 +125,7 @@ class NcclMetrics(Collector):
             c = self.collectives
             for (func, cls, algo, proto), cell in sorted(c.cells.items()):
                 key = [*values, func, str(cls), algo, proto]
-                seconds.add_metric(key, cell.cumulative(), cell.kernel_s)
-                nbytes.add_metric(key, cell.nbytes)
-                busbw.add_metric(key, cell.busbw)
+                _add_cell(seconds, nbytes, busbw, key, cell)
                 if cell.joined:
                     predicted.add_metric(key, cell.predicted_s)
                     measured.add_metric(key, cell.measured_s)
@@ -155,3 +175,52 @@ class NcclMetrics(Collector):
         for kind, n in (("orphan", s.orphans), ("late", s.late), ("stale", s.stale)):
             odd.add_metric([*values, kind], n)
         yield from (info, records, lost, odd)
+
+
+class NcclNodeMetrics(Collector):
+    """``autotune daemon``'s view of every NCCL process on the node that loaded autotune's
+    profiler: the sums each keeps in its shared file (`autotune_nccl.node`), labelled by the
+    process (``pid``, and ``rank``, ``local_rank``, ``job`` from its environment)."""
+
+    def __init__(self, directory: str | None = None) -> None:
+        self.directory = directory
+
+    def collect(self) -> Iterator[Metric]:
+        from autotune_nccl.collectives import Cell, bus_factor, spelled
+        from autotune_nccl.node import read_node
+
+        procs = ["pid", "rank", "local_rank", "job"]
+        seconds, nbytes, busbw = _cell_families([*procs, *CELL_LABELS])
+        lost = CounterMetricFamily(
+            "autotune_nccl_profiler_lost",
+            "Collectives NCCL ran that no series shows: ring_full, pool_full (as the rank's "
+            "exporter counts them), cells_full (the shared file's 256 cells were taken).",
+            labels=[*procs, "reason"],
+        )
+        info = GaugeMetricFamily(
+            "autotune_nccl_profiler_info",
+            "1 per process whose NCCL loaded autotune's profiler; version: the symbol it loaded.",
+            labels=[*procs, "version"],
+        )
+        for view in read_node(self.directory):
+            who = [str(view.pid), str(view.rank), str(view.local_rank), view.job]
+            info.add_metric([*who, str(view.version)], 1.0)
+            for reason, n in (
+                ("ring_full", view.ring_full),
+                ("pool_full", view.pool_full),
+                ("cells_full", view.cells_full),
+            ):
+                lost.add_metric([*who, reason], n)
+            merged: dict[tuple[str, int, str, str], Cell] = {}
+            for c in view.cells:  # one series per cell, whatever the communicators' sizes
+                algo, proto = spelled(c.algorithm, c.protocol)
+                cell = merged.setdefault((c.func, c.size_class, algo, proto), Cell())
+                cell.count += c.count
+                cell.nbytes += c.nbytes
+                cell.kernel_s += c.kernel_ns / 1e9
+                cell.bus_bytes += c.nbytes * bus_factor(c.func, c.nranks)
+                for i, n in enumerate(c.buckets):
+                    cell.buckets[i] += n
+            for (func, cls, algo, proto), cell in sorted(merged.items()):
+                _add_cell(seconds, nbytes, busbw, [*who, func, str(cls), algo, proto], cell)
+        yield from (seconds, nbytes, busbw, info, lost)

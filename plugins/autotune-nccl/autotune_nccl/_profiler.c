@@ -23,14 +23,25 @@
  * array beside it, and the ring is a bounded multi-producer queue (one sequence number per cell).
  * A full ring, a full pool, an event whose handle or parent is not one of ours, and events after
  * finalize are each counted (ap_stats): nothing is dropped silently.
+ *
+ * The node's view: unless AUTOTUNE_NCCL_SHM=0, the library also keeps, in a file of its own in
+ * AUTOTUNE_NCCL_SHM_DIR (default /dev/shm, name autotune-nccl.<pid>), cumulative sums per
+ * (collective, size class, algorithm, protocol, ranks): count, bytes, kernel time and a
+ * kernel-time histogram, updated with atomic adds. `autotune daemon` reads every such file on
+ * the node, so any NCCL job's collectives become series with nothing but NCCL_PROFILER_PLUGIN
+ * set (autotune_nccl.node). The file goes at exit.
  */
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef int ncclResult_t;
 typedef void (*ap_logger_t)(int level, unsigned long flags, const char *file, int line,
@@ -130,6 +141,9 @@ static int g_mask = AP_EVENT_COLL | AP_EVENT_KERNEL_CH;
 #define RELAXED memory_order_relaxed
 #define bump(counter) atomic_fetch_add_explicit(&(counter), 1, RELAXED)
 
+static void shm_count_drop(int pool);
+static void copy_name(char *dst, size_t n, const char *src);
+
 static void ring_init(void) {
     for (uint64_t i = 0; i < AP_RING; i++) atomic_store_explicit(&g_ring[i].seq, i, RELAXED);
     const char *off = getenv("AUTOTUNE_NCCL_PROFILER");
@@ -159,6 +173,7 @@ static void ring_push(const ap_record *r) {
             }
         } else if (dif < 0) {
             bump(g_ring_full);
+            shm_count_drop(0);
             return;
         } else {
             pos = atomic_load_explicit(&g_head, RELAXED);
@@ -186,6 +201,155 @@ static int ring_pop(ap_record *out) {
     }
 }
 
+/* -- the node's view: cumulative sums in a shared file ------------------------------------------ */
+
+#define AS_MAGIC 0x434e5441u /* "ATNC" */
+#define AS_LAYOUT 1
+#define AS_CELLS 256
+#define AS_BOUNDS 28 /* kernel-time bounds, ns: {1, 1.8, 3.2, 5.6} x 10^3..10^9 */
+
+typedef struct {
+    _Atomic uint64_t key; /* 0: empty; else the fields' hash (never 0) */
+    _Atomic uint32_t ready;
+    int32_t nranks;
+    uint64_t size_class;
+    char func[16], algo[16], proto[8];
+    _Atomic uint64_t count, bytes, kernel_ns;
+    _Atomic uint64_t buckets[AS_BOUNDS + 1]; /* per bound (le), then +Inf; not cumulative */
+} as_cell;
+
+typedef struct {
+    uint32_t magic, layout;
+    int32_t pid, rank, local_rank, version;
+    char job[64];
+    uint64_t started_unix_ns;
+    _Atomic uint64_t records, untimed, ring_full, pool_full, cells_full;
+    as_cell cells[AS_CELLS];
+} as_file;
+
+static as_file *g_shm;
+static char g_shm_path[512];
+static pthread_once_t g_shm_once = PTHREAD_ONCE_INIT;
+static uint64_t g_bounds[AS_BOUNDS];
+
+static void shm_remove(void) {
+    if (g_shm != NULL && g_shm->pid == (int32_t)getpid()) unlink(g_shm_path);
+}
+
+static int env_int(const char *name, int dflt) {
+    const char *v = getenv(name);
+    return v != NULL && *v != '\0' ? atoi(v) : dflt;
+}
+
+static void shm_init(void) {
+    static const uint64_t mant[4] = {10, 18, 32, 56};
+    uint64_t scale = 100; /* 10 x 100 = 1000 ns */
+    for (int e = 0; e < AS_BOUNDS / 4; e++, scale *= 10)
+        for (int m = 0; m < 4; m++) g_bounds[e * 4 + m] = mant[m] * scale;
+    const char *off = getenv("AUTOTUNE_NCCL_SHM");
+    if (off != NULL && strcmp(off, "0") == 0) return;
+    const char *dir = getenv("AUTOTUNE_NCCL_SHM_DIR");
+    if (dir == NULL || *dir == '\0') dir = "/dev/shm";
+    snprintf(g_shm_path, sizeof g_shm_path, "%s/autotune-nccl.%d", dir, (int)getpid());
+    int fd = open(g_shm_path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return; /* no node view; the ring and the rank's exporter still work */
+    if (ftruncate(fd, sizeof(as_file)) != 0) {
+        close(fd);
+        unlink(g_shm_path);
+        return;
+    }
+    void *m = mmap(NULL, sizeof(as_file), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) {
+        unlink(g_shm_path);
+        return;
+    }
+    as_file *f = m;
+    f->layout = AS_LAYOUT;
+    f->pid = (int32_t)getpid();
+    f->rank = env_int("RANK", -1);
+    f->local_rank = env_int("LOCAL_RANK", -1);
+    const char *job = getenv("AUTOTUNE_JOB");
+    if (job == NULL || *job == '\0') job = getenv("SLURM_JOB_ID");
+    if (job == NULL || *job == '\0') job = getenv("TORCHELASTIC_RUN_ID");
+    copy_name(f->job, sizeof f->job, job);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    f->started_unix_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    atomic_thread_fence(memory_order_release);
+    f->magic = AS_MAGIC; /* last: a reader ignores a file until it is set */
+    g_shm = f;
+    atexit(shm_remove);
+}
+
+static void shm_count_drop(int pool) {
+    if (g_shm == NULL) return;
+    if (pool)
+        bump(g_shm->pool_full);
+    else
+        bump(g_shm->ring_full);
+}
+
+static uint64_t cell_hash(const ap_record *r, uint64_t size_class) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    const char *parts[3] = {r->func, r->algo, r->proto};
+    for (int i = 0; i < 3; i++)
+        for (const char *c = parts[i]; *c; c++) h = (h ^ (uint8_t)*c) * 1099511628211ull;
+    h = (h ^ size_class) * 1099511628211ull;
+    h = (h ^ (uint64_t)(uint32_t)r->nranks) * 1099511628211ull;
+    return h | 1;
+}
+
+static int same_cell(const as_cell *c, const ap_record *r, uint64_t size_class) {
+    return c->size_class == size_class && c->nranks == r->nranks &&
+           strncmp(c->func, r->func, sizeof c->func) == 0 &&
+           strncmp(c->algo, r->algo, sizeof c->algo) == 0 &&
+           strncmp(c->proto, r->proto, sizeof c->proto) == 0;
+}
+
+static void shm_account(const ap_record *r) {
+    as_file *f = g_shm;
+    if (f == NULL) return;
+    bump(f->records);
+    if (r->clock == AP_CLOCK_NONE || r->kernel_ns == 0) {
+        bump(f->untimed);
+        return;
+    }
+    uint64_t cls = 1;
+    while (cls < r->bytes) cls <<= 1;
+    uint64_t key = cell_hash(r, cls);
+    for (int i = 0; i < AS_CELLS; i++) {
+        as_cell *c = &f->cells[(key + (uint64_t)i) % AS_CELLS];
+        uint64_t k = atomic_load_explicit(&c->key, memory_order_acquire);
+        if (k == 0) {
+            uint64_t zero = 0;
+            if (atomic_compare_exchange_strong(&c->key, &zero, key)) {
+                c->nranks = r->nranks;
+                c->size_class = cls;
+                copy_name(c->func, sizeof c->func, r->func);
+                copy_name(c->algo, sizeof c->algo, r->algo);
+                copy_name(c->proto, sizeof c->proto, r->proto);
+                atomic_store_explicit(&c->ready, 1, memory_order_release);
+                k = key;
+            } else {
+                k = zero; /* another thread took it: look at what it holds */
+            }
+        }
+        if (k != key) continue;
+        while (!atomic_load_explicit(&c->ready, memory_order_acquire)) {
+        } /* the claiming thread is writing four fields */
+        if (!same_cell(c, r, cls)) continue;
+        atomic_fetch_add_explicit(&c->count, 1, RELAXED);
+        atomic_fetch_add_explicit(&c->bytes, r->bytes, RELAXED);
+        atomic_fetch_add_explicit(&c->kernel_ns, r->kernel_ns, RELAXED);
+        int b = 0;
+        while (b < AS_BOUNDS && r->kernel_ns > g_bounds[b]) b++;
+        atomic_fetch_add_explicit(&c->buckets[b], 1, RELAXED);
+        return;
+    }
+    bump(f->cells_full);
+}
+
 /* -- collectives and channels --------------------------------------------------------------- */
 
 static ap_coll *as_coll(void *h) {
@@ -205,19 +369,6 @@ static ap_chan *as_chan(void *h, ap_coll **coll) {
 static void release(ap_coll *c) {
     if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1)
         atomic_fetch_sub_explicit(&g_in_flight, 1, RELAXED);
-}
-
-static void min_into(_Atomic uint64_t *v, uint64_t x) {
-    uint64_t cur = atomic_load_explicit(v, RELAXED);
-    while ((cur == 0 || x < cur) &&
-           !atomic_compare_exchange_weak_explicit(v, &cur, x, RELAXED, RELAXED)) {
-    }
-}
-
-static void max_into(_Atomic uint64_t *v, uint64_t x) {
-    uint64_t cur = atomic_load_explicit(v, RELAXED);
-    while (x > cur && !atomic_compare_exchange_weak_explicit(v, &cur, x, RELAXED, RELAXED)) {
-    }
 }
 
 /* The collective's kernel time, from its channels: the GPU's timer where every channel that
@@ -259,6 +410,7 @@ static void finish(ap_coll *c, int flags) {
         r.clock = AP_CLOCK_NONE;
     }
     ring_push(&r);
+    shm_account(&r);
 }
 
 /* Reclaim collectives whose channels stopped coming (NCCL announced more than it ran), so the
@@ -338,6 +490,7 @@ static void start_coll(ap_comm *comm, void **handle, const ap_coll_descr *d) {
     ap_coll *c = claim();
     if (c == NULL) {
         bump(g_pool_full);
+        shm_count_drop(1);
         return;
     }
     atomic_fetch_add_explicit(&g_in_flight, 1, RELAXED);
@@ -434,6 +587,8 @@ static ncclResult_t ap_record_state(void *handle, int state, void *args) {
 static ncclResult_t init_comm(void **ctx, int *mask, int version, uint64_t comm_id, int nnodes,
                               int nranks, int rank, ap_logger_t log) {
     pthread_once(&g_once, ring_init);
+    if (g_mask != 0) pthread_once(&g_shm_once, shm_init);
+    if (g_shm != NULL) g_shm->version = version;
     ap_comm *slot = NULL;
     for (int pass = 0; pass < 2 && slot == NULL; pass++) {
         for (int i = 0; i < AP_MAX_COMMS && slot == NULL; i++) {
@@ -682,6 +837,11 @@ __attribute__((visibility("default"))) void ap_stats(ap_stats_t *out) {
 __attribute__((visibility("default"))) int ap_ring_capacity(void) { return AP_RING; }
 
 __attribute__((visibility("default"))) int ap_pool_capacity(void) { return AP_POOL; }
+
+/* The node view's file, or "" where there is none. */
+__attribute__((visibility("default"))) const char *ap_shm_path(void) {
+    return g_shm != NULL ? g_shm_path : "";
+}
 
 /* Reclaim stale collectives now, as if `age_ns` had passed (tests; a drain does not need it). */
 __attribute__((visibility("default"))) void ap_reclaim(uint64_t age_ns) {

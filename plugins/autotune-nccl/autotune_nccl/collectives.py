@@ -29,7 +29,16 @@ from dataclasses import dataclass, field
 from autotune_nccl import Prediction
 from autotune_nccl.profiler import Record
 
-__all__ = ["KERNEL_BUCKETS_S", "Cell", "Collectives", "Regret", "bus_factor", "size_class"]
+__all__ = [
+    "KERNEL_BUCKETS_S",
+    "Cell",
+    "Collectives",
+    "Regret",
+    "bus_factor",
+    "cell_of",
+    "size_class",
+    "spelled",
+]
 
 #: Kernel-time histogram bounds, seconds: 1 us to 4 s, four per decade.
 KERNEL_BUCKETS_S: tuple[float, ...] = tuple(
@@ -61,7 +70,12 @@ def bus_factor(func: str, nranks: int) -> float:
 
 def cell_of(r: Record) -> tuple[str, str]:
     """A record's (algorithm, protocol), in the tuner's spelling ("ring", "Simple")."""
-    return r.algorithm.lower(), _PROTOCOLS.get(r.protocol.upper(), r.protocol)
+    return spelled(r.algorithm, r.protocol)
+
+
+def spelled(algorithm: str, protocol: str) -> tuple[str, str]:
+    """NCCL's names ("RING", "SIMPLE") as the tuner spells them ("ring", "Simple")."""
+    return algorithm.lower(), _PROTOCOLS.get(protocol.upper(), protocol)
 
 
 @dataclass

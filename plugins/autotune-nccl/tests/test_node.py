@@ -1,0 +1,115 @@
+"""The node's view: a process that plays NCCL through the profiler's C ABI keeps its sums in a
+shared file, `autotune_nccl.node` reads it, and ``autotune daemon``'s collector serves it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from autotune.metrics import NcclNodeMetrics
+from autotune_nccl.node import BOUNDS_NS, PREFIX, read_node
+
+HERE = Path(__file__).parent
+PLAY = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from profiler_abi import ProfiledComm
+comm = ProfiledComm("v5", comm_id=0x51, nranks=4)
+for ns in (2_000, 2_500, 40_000):  # 3 all-reduces of 1 MiB: 2 us, 2.5 us, 40 us
+    comm.collective("AllReduce", 1 << 18, timers=[(1, 1 + ns)], algo="RING", proto="SIMPLE")
+comm.collective("AllGather", 100, timers=[(1, 7_001)], algo="RING", proto="LL")
+handle = comm.start(comm.coll_event("AllReduce", 8, channels=0))
+comm.stop(handle)  # no channel ran: counted, not timed
+print("played", flush=True)
+sys.stdin.read()  # until the test is done reading
+"""
+
+
+@pytest.fixture
+def player(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    env = {**os.environ, "AUTOTUNE_NCCL_SHM_DIR": str(tmp_path), "RANK": "3",
+           "LOCAL_RANK": "1", "AUTOTUNE_JOB": "job-7"}  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PLAY, str(HERE)], env=env, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "played"
+    yield proc, tmp_path
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_process_keeps_its_sums_where_the_daemon_reads_them(
+    player: tuple[subprocess.Popen[str], Path],
+) -> None:
+    proc, where = player
+    [view] = read_node(where)
+    assert (view.pid, view.rank, view.local_rank, view.job) == (proc.pid, 3, 1, "job-7")
+    assert (view.version, view.records, view.untimed, view.ring_full) == (5, 5, 1, 0)
+    cells = {(c.func, c.size_class, c.algorithm, c.protocol, c.nranks): c for c in view.cells}
+    ar = cells["AllReduce", 1 << 20, "RING", "SIMPLE", 4]
+    assert (ar.count, ar.nbytes, ar.kernel_ns) == (3, 3 << 20, 44_500)
+    # 2 us and 2.5 us fall in (1.8 us, 3.2 us]; 40 us in (32 us, 56 us].
+    assert ar.buckets[BOUNDS_NS.index(3_200)] == 2 and ar.buckets[BOUNDS_NS.index(56_000)] == 1
+    assert sum(ar.buckets) == 3
+    ag = cells["AllGather", 512, "RING", "LL", 4]
+    assert (ag.count, ag.nbytes, ag.kernel_ns) == (1, 400, 7_000)
+
+    registry = CollectorRegistry()
+    registry.register(NcclNodeMetrics(str(where)))
+    text = generate_latest(registry).decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+    who = {"pid": str(proc.pid), "rank": "3", "local_rank": "1", "job": "job-7"}
+    cell = {**who, "collective": "AllReduce", "size_class": str(1 << 20), "algorithm": "ring",
+            "protocol": "Simple"}  # fmt: skip
+    assert samples["autotune_nccl_collective_seconds_count", tuple(sorted(cell.items()))] == 3
+    busbw = samples["autotune_nccl_busbw_bytes_per_second", tuple(sorted(cell.items()))]
+    assert busbw == pytest.approx((3 << 20) * 1.5 / 44.5e-6)  # all-reduce at 4 ranks: 2(n-1)/n
+    info = tuple(sorted({**who, "version": "5"}.items()))
+    assert samples["autotune_nccl_profiler_info", info] == 1
+    if shutil.which("promtool") is not None:
+        out = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
+                             text=True)  # fmt: skip
+        assert out.returncode == 0, out.stdout + out.stderr
+    assert proc.stdin is not None
+    proc.stdin.close()
+    assert proc.wait(30) == 0
+    assert list(where.iterdir()) == []  # the process removed its file at exit
+
+
+def test_a_killed_process_file_is_removed_and_a_foreign_file_ignored(
+    player: tuple[subprocess.Popen[str], Path],
+) -> None:
+    proc, where = player
+    (where / f"{PREFIX}notapid").write_bytes(b"x")
+    (where / f"{PREFIX}{os.getpid()}").write_bytes(b"\0" * 64)  # alive, but no magic yet
+    proc.kill()
+    proc.wait()
+    assert read_node(where) == []
+    names = sorted(p.name for p in where.iterdir())
+    assert names == sorted([f"{PREFIX}notapid", f"{PREFIX}{os.getpid()}"])  # the dead one's went
+
+
+def test_autotune_nccl_shm_0_keeps_no_file(tmp_path: Path) -> None:
+    env = {**os.environ, "AUTOTUNE_NCCL_SHM_DIR": str(tmp_path), "AUTOTUNE_NCCL_SHM": "0"}
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from profiler_abi import ProfiledComm; "
+        "from autotune_nccl import Profiler; c = ProfiledComm('v6', comm_id=1); "
+        "c.collective(); print(len(Profiler().drain()))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(HERE)], env=env, capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    assert out.stdout.strip() == "1" and list(tmp_path.iterdir()) == []
