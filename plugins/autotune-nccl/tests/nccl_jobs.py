@@ -1,11 +1,11 @@
 """Ranks that play NCCL for the tuner's tests, on gloo.
 
-Each rank's "NCCL" is one communicator of the plugin, called through its C ABI (`nccl_abi`) as
-NCCL calls it: for every all-reduce it fills a cost table, asks the plugin on the thread that
-launches the collective, and runs the cheapest usable cell; then gloo sums the data. A run with
-any cell but `FAST` costs `DELAY_S` more, so the right plan is known in advance: NCCL's own
-choice (the cheapest cell of an unsteered table, tree/LL) is the slow baseline, and only the
-tuner driving the plugin can reach `FAST`.
+Each rank's "NCCL" is one communicator of the plugin, called through its C ABI
+(`autotune_nccl.played`) as NCCL calls it: for every all-reduce it fills a cost table, asks the
+plugin on the thread that launches the collective, and runs the cheapest usable cell; then gloo
+sums the data. A run with any cell but `FAST` costs `DELAY_S` more, so the right plan is known
+in advance: NCCL's own choice (the cheapest cell of an unsteered table, tree/LL) is the slow
+baseline, and only the tuner driving the plugin can reach `FAST`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from nccl_abi import NcclComm, cheapest, nccl_table, v6
-from profiler_abi import ProfiledComm
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
@@ -37,6 +35,8 @@ from autotune.algorithms import (
 from autotune.testing.settled import all_settled
 from autotune_nccl import ALGORITHMS, PROTOCOLS, library_path
 from autotune_nccl.algorithms import COMBINATIONS, NcclAllReduce, controls
+from autotune_nccl.played.profiler import ProfiledComm
+from autotune_nccl.played.tuner import NcclComm, cheapest, nccl_table, v6
 
 FAST = ("ring", "LL128")
 DELAY_S = 0.03

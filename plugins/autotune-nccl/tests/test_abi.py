@@ -9,7 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from nccl_abi import (
+
+from autotune_nccl import Tuner, library_path
+from autotune_nccl.played.tuner import (
     ALLGATHER,
     LL,
     LL128,
@@ -26,8 +28,6 @@ from nccl_abi import (
     nccl_table,
     v6,
 )
-
-from autotune_nccl import Tuner, library_path
 
 
 @pytest.fixture

@@ -9,7 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from nccl_abi import (
+
+from autotune_nccl import Tuner, library_path
+from autotune_nccl.played.tuner import (
     LL,
     LL128,
     NUM_ALGO,
@@ -27,8 +29,6 @@ from nccl_abi import (
     legacy,
     nccl_table,
 )
-
-from autotune_nccl import Tuner, library_path
 
 
 @pytest.fixture
@@ -125,7 +125,7 @@ def test_a_cost_table_unusable_everywhere_is_left_to_nccl_without_an_error(
         assert isinstance(api, V3 | V4)
         comm: LegacyComm | NcclComm = LegacyComm(api)
     else:
-        from nccl_abi import V5, V6
+        from autotune_nccl.played.tuner import V5, V6
 
         kind = V5 if version == "v5" else V6
         comm = NcclComm(kind.in_dll(ctypes.CDLL(library_path()), f"ncclTunerPlugin_{version}"), 3)

@@ -12,9 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from nccl_abi import LL, RING, SIMPLE, TREE, NcclComm, nccl_table, v6
 from nccl_jobs import exported_on_fake_nccl
-from profiler_abi import ProfiledComm
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -23,6 +21,8 @@ from autotune.comm.nccl_feed import NcclFeed, nccl_source
 from autotune.metrics import NcclMetrics
 from autotune_nccl import Prediction, Profiler, ProfilerStats, Record, Tuner, library_path
 from autotune_nccl.collectives import Collectives, bus_factor, size_class
+from autotune_nccl.played.profiler import ProfiledComm
+from autotune_nccl.played.tuner import LL, RING, SIMPLE, TREE, NcclComm, nccl_table, v6
 
 
 @pytest.fixture

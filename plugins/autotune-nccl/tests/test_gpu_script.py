@@ -6,10 +6,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from profiler_abi import ProfiledComm
 from prometheus_client.parser import text_string_to_metric_families
 
 from autotune_nccl import Profiler, Tuner
+from autotune_nccl.played.profiler import ProfiledComm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 from nccl_plugins import _prometheus, drain_until_quiet, group_summary

@@ -17,11 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from autotune.metrics import NcclNodeMetrics
 from autotune_nccl.node import BOUNDS_NS, PREFIX, read_node
 
-HERE = Path(__file__).parent
 PLAY = """
 import sys
-sys.path.insert(0, sys.argv[1])
-from profiler_abi import ProfiledComm
+from autotune_nccl.played.profiler import ProfiledComm
 comm = ProfiledComm("v5", comm_id=0x51, nranks=4)
 for ns in (2_000, 2_500, 40_000):  # 3 all-reduces of 1 MiB: 2 us, 2.5 us, 40 us
     comm.collective("AllReduce", 1 << 18, timers=[(1, 1 + ns)], algo="RING", proto="SIMPLE")
@@ -38,7 +36,7 @@ def player(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
     env = {**os.environ, "AUTOTUNE_NCCL_SHM_DIR": str(tmp_path), "RANK": "3",
            "LOCAL_RANK": "1", "AUTOTUNE_JOB": "job-7"}  # fmt: skip
     proc = subprocess.Popen(
-        [sys.executable, "-c", PLAY, str(HERE)], env=env, stdin=subprocess.PIPE,
+        [sys.executable, "-c", PLAY], env=env, stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert proc.stdout is not None and proc.stdout.readline().strip() == "played"
@@ -106,10 +104,10 @@ def test_a_killed_process_file_is_removed_and_a_foreign_file_ignored(
 def test_autotune_nccl_shm_0_keeps_no_file(tmp_path: Path) -> None:
     env = {**os.environ, "AUTOTUNE_NCCL_SHM_DIR": str(tmp_path), "AUTOTUNE_NCCL_SHM": "0"}
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); from profiler_abi import ProfiledComm; "
+        "from autotune_nccl.played.profiler import ProfiledComm; "
         "from autotune_nccl import Profiler; c = ProfiledComm('v6', comm_id=1); "
         "c.collective(); print(len(Profiler().drain()))"
     )
-    out = subprocess.run([sys.executable, "-c", code, str(HERE)], env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, check=True)  # fmt: skip
     assert out.stdout.strip() == "1" and list(tmp_path.iterdir()) == []

@@ -7,7 +7,9 @@ import ctypes
 from collections.abc import Iterator
 
 import pytest
-from nccl_abi import (
+
+from autotune_nccl import Tuner
+from autotune_nccl.played.tuner import (
     ALLGATHER,
     LL,
     LL128,
@@ -22,8 +24,6 @@ from nccl_abi import (
     nccl_table,
     v6,
 )
-
-from autotune_nccl import Tuner
 
 
 @pytest.fixture
@@ -112,7 +112,7 @@ def test_get_coll_info_never_returns_an_error(tuner: Tuner) -> None:
 
 
 def test_v2_has_no_table_of_nccls_so_it_predicts_nothing(tuner: Tuner) -> None:
-    from nccl_abi import LegacyComm
+    from autotune_nccl.played.tuner import LegacyComm
 
     comm = LegacyComm(legacy("v2"))
     tuner.arm("ring", "Simple")

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
-from profiler_abi import COLL, KERNEL_CH, VERSIONS, ProfiledComm, profiler
 
 from autotune_nccl import Profiler, ProfilerStats
+from autotune_nccl.played.profiler import COLL, KERNEL_CH, VERSIONS, ProfiledComm, profiler
 
 
 @pytest.fixture
@@ -227,13 +227,12 @@ def test_producers_on_many_threads_lose_nothing_uncounted(prof: Profiler) -> Non
 
 def test_autotune_nccl_profiler_0_loads_but_asks_nccl_for_nothing() -> None:
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); from profiler_abi import ProfiledComm; "
+        "from autotune_nccl.played.profiler import ProfiledComm; "
         "print(ProfiledComm('v6', comm_id=1).mask)"
     )
     env = {**os.environ, "AUTOTUNE_NCCL_PROFILER": "0"}
-    here = os.path.dirname(__file__)
     out = subprocess.run(
-        [sys.executable, "-c", code, here], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "0"
 

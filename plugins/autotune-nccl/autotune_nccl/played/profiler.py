@@ -8,7 +8,8 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
-from autotune_nccl import library_path
+from autotune_nccl._library import library_path
+from autotune_nccl.played import ok
 
 GROUP, COLL, PROXY_OP, KERNEL_CH = 1 << 0, 1 << 1, 1 << 3, 1 << 6
 KERNEL_CH_STOP = 22  # ncclProfilerKernelChStop
@@ -229,21 +230,21 @@ class ProfiledComm:
                 ctypes.byref(self.ctx), comm_id, ctypes.byref(mask), name, nnodes, nranks, rank,
                 None,
             )  # fmt: skip
-        assert rc == 0
+        ok(rc)
         self.mask = mask.value
         self.seq: dict[str, int] = {}
 
     def start(self, event: ctypes.Structure) -> ctypes.c_void_p:
         handle = ctypes.c_void_p(0xDEAD)  # NCCL's slot holds garbage until the plugin writes
-        assert self.api.startEvent(self.ctx, ctypes.byref(handle), ctypes.byref(event)) == 0
+        ok(self.api.startEvent(self.ctx, ctypes.byref(handle), ctypes.byref(event)))
         return handle
 
     def stop(self, handle: ctypes.c_void_p | int | None) -> None:
-        assert self.api.stopEvent(handle) == 0
+        ok(self.api.stopEvent(handle))
 
     def record_stop(self, handle: ctypes.c_void_p, timer: int) -> None:
         args = StateArgs(pTimer=timer)
-        assert self.api.recordEventState(handle, KERNEL_CH_STOP, ctypes.byref(args)) == 0
+        ok(self.api.recordEventState(handle, KERNEL_CH_STOP, ctypes.byref(args)))
 
     def coll_event(
         self,
@@ -320,7 +321,7 @@ class ProfiledComm:
         return Played(seq, count * DTYPE_SIZE.get(event.coll.datatype.decode(), 0), timers)
 
     def finalize(self) -> None:
-        assert self.api.finalize(self.ctx) == 0
+        ok(self.api.finalize(self.ctx))
 
 
 DTYPE_SIZE = {"ncclFloat32": 4, "ncclBfloat16": 2, "ncclFloat16": 2, "ncclInt8": 1}

@@ -1,12 +1,13 @@
-"""NCCL's side of the tuner plugin's C ABI, as NCCL calls it: the exported structs (v5, v6/v7),
-its cost table, and one communicator's calls. Shared by the ABI tests and the ranks of the
-tuner tests, which play NCCL with it."""
+"""NCCL's side of the tuner plugin's C ABI, as NCCL calls it: the exported structs (v2 to v7),
+its cost table, and one communicator's calls, as NCCL 2.21 to 2.31 make them."""
 
 from __future__ import annotations
 
 import ctypes
 
-from autotune_nccl import ALGORITHMS, PROTOCOLS, library_path
+from autotune_nccl import ALGORITHMS, PROTOCOLS
+from autotune_nccl._library import library_path
+from autotune_nccl.played import ok
 
 ALLREDUCE, ALLGATHER = 4, 2
 NUM_ALGO, NUM_PROTO = len(ALGORITHMS), len(PROTOCOLS)
@@ -79,7 +80,7 @@ class NcclComm:
     def __init__(self, api: V5 | V6, comm_id: int, ranks: int = 8, nodes: int = 1) -> None:
         self.api = api
         self.ctx = ctypes.c_void_p()
-        assert api.init(ctypes.byref(self.ctx), comm_id, ranks, nodes, None, None, None) == 0
+        ok(api.init(ctypes.byref(self.ctx), comm_id, ranks, nodes, None, None, None))
 
     def coll_info(
         self, nbytes: int, table: Table | None = None, func: int = ALLREDUCE
@@ -90,17 +91,18 @@ class NcclComm:
             self.ctx, func, nbytes, 1, ctypes.addressof(table), NUM_ALGO, NUM_PROTO, 0,
             ctypes.byref(channels),
         )  # fmt: skip
-        assert rc == 0
+        ok(rc)
         return table, channels.value
 
     def chunk(self, algo: int, proto: int, computed: int = 131072) -> int:
-        assert isinstance(self.api, V6)
+        if not isinstance(self.api, V6):
+            raise TypeError("getChunkSize is v6 and newer")
         size = ctypes.c_size_t(computed)
-        assert self.api.getChunkSize(self.ctx, ALLREDUCE, 1 << 20, algo, proto, 4, size) == 0
+        ok(self.api.getChunkSize(self.ctx, ALLREDUCE, 1 << 20, algo, proto, 4, size))
         return size.value
 
     def close(self) -> None:
-        assert self.api.finalize(self.ctx) == 0
+        ok(self.api.finalize(self.ctx))
 
 
 def cheapest(table: Table) -> tuple[str, str]:
@@ -176,13 +178,14 @@ class LegacyComm:
     def __init__(self, api: V2 | V3 | V4, ranks: int = 8, nodes: int = 1) -> None:
         self.api = api
         self.ctx = ctypes.c_void_p()
-        assert api.init(ranks, nodes, None, ctypes.byref(self.ctx)) == 0
+        ok(api.init(ranks, nodes, None, ctypes.byref(self.ctx)))
 
     def coll_info(
         self, nbytes: int, table: Table | None = None, func: int = ALLREDUCE
     ) -> tuple[Table, int]:
         """v3 and v4: NCCL's cost table in, the table and the channels out."""
-        assert not isinstance(self.api, V2)
+        if isinstance(self.api, V2):
+            raise TypeError("v2 has no cost table: use cell()")
         table = table if table is not None else nccl_table()
         channels = ctypes.c_int(-1)
         if isinstance(self.api, V3):
@@ -195,7 +198,7 @@ class LegacyComm:
                 self.ctx, func, nbytes, 1, ctypes.addressof(table), NUM_ALGO, NUM_PROTO, 0,
                 ctypes.byref(channels),
             )  # fmt: skip
-        assert rc == 0
+        ok(rc)
         return table, channels.value
 
     def cell(
@@ -203,17 +206,18 @@ class LegacyComm:
     ) -> tuple[int, int, int]:
         """v2: the algorithm, protocol and channels the plugin wrote (-1, -1, 0: NCCL's own),
         as NCCL 2.21 calls it (outputs preset to undefined and 0)."""
-        assert isinstance(self.api, V2)
+        if not isinstance(self.api, V2):
+            raise TypeError("cell() is v2's call")
         algo, proto, channels = ctypes.c_int(UNDEF), ctypes.c_int(UNDEF), ctypes.c_int(0)
         rc = self.api.getCollInfo(
             self.ctx, func, nbytes, int(collnet), int(nvls), 1, ctypes.byref(algo),
             ctypes.byref(proto), ctypes.byref(channels),
         )  # fmt: skip
-        assert rc == 0
+        ok(rc)
         return algo.value, proto.value, channels.value
 
     def close(self) -> None:
-        assert self.api.destroy(self.ctx) == 0
+        ok(self.api.destroy(self.ctx))
 
 
 def legacy(version: str) -> V2 | V3 | V4:
