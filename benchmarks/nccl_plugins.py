@@ -141,6 +141,10 @@ def _prometheus(records: list[Any], predictions: list[Any], profiler: Any) -> st
         def predictions(self) -> list[Any]:
             return predictions
 
+        def mark_served(self, port: int) -> None:
+
+            pass
+
     registry = CollectorRegistry()
     registry.register(NcclMetrics(NcclFeed(Drained())))
     return generate_latest(registry).decode()

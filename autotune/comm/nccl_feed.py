@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from autotune_nccl import Prediction, ProfilerStats, Record
 
-__all__ = ["NcclFeed", "NcclSource", "feed", "nccl_source"]
+__all__ = ["NcclFeed", "NcclSource", "PluginLibrary", "feed", "nccl_source"]
 
 log = logging.getLogger("autotune.comm")
 
@@ -33,8 +33,13 @@ class NcclSource(Protocol):
 
     def predictions(self) -> list[Prediction]: ...
 
+    def mark_served(self, port: int) -> None:
+        """A rank exporter on ``port`` serves this process's collectives (not the daemon)."""
 
-class _Library:
+
+class PluginLibrary:
+    """The autotune-nccl library as a source: its profiler's ring, its tuner's predictions."""
+
     def __init__(self) -> None:
         from autotune_nccl import Profiler, Tuner
 
@@ -49,6 +54,9 @@ class _Library:
     def predictions(self) -> list[Prediction]:
         return self.tuner.predictions()[0]
 
+    def mark_served(self, port: int) -> None:
+        self.profiler.mark_served(port)
+
 
 def nccl_source() -> NcclSource | None:
     """The plugin library, where NCCL_PROFILER_PLUGIN names it in this process (else None)."""
@@ -61,7 +69,7 @@ def nccl_source() -> NcclSource | None:
         return None
     if os.path.realpath(named) != library_path():
         return None  # another profiler (NCCL's Inspector, say): not ours to read
-    return _Library()
+    return PluginLibrary()
 
 
 Subscriber = Callable[[Sequence["Record"]], Any]

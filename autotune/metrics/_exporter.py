@@ -69,6 +69,8 @@ class Exporter:
             "local rank below 65536)"
         )
         self.server = Server(self.registry, port, config.metrics_host, setting)
+        if self.nccl is not None:  # this rank serves them: `autotune daemon` leaves them out
+            self.nccl.source.mark_served(self.server.port)
 
     @property
     def port(self) -> int:

@@ -180,7 +180,8 @@ class NcclMetrics(Collector):
 class NcclNodeMetrics(Collector):
     """``autotune daemon``'s view of every NCCL process on the node that loaded autotune's
     profiler: the sums each keeps in its shared file (`autotune_nccl.node`), labelled by the
-    process (``pid``, and ``rank``, ``local_rank``, ``job`` from its environment)."""
+    process (``pid``, and ``rank``, ``local_rank``, ``job`` from its environment). A process
+    whose rank exporter serves them (a job with the hook and a metrics port) is left out."""
 
     def __init__(self, directory: str | None = None) -> None:
         self.directory = directory
@@ -203,6 +204,8 @@ class NcclNodeMetrics(Collector):
             labels=[*procs, "version"],
         )
         for view in read_node(self.directory):
+            if view.served:
+                continue  # its rank's exporter serves these (and more: NCCL's predictions)
             who = [str(view.pid), str(view.rank), str(view.local_rank), view.job]
             info.add_metric([*who, str(view.version)], 1.0)
             for reason, n in (

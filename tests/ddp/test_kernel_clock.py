@@ -53,6 +53,10 @@ class Profiler:
     def predictions(self) -> list[Any]:
         return []
 
+    def mark_served(self, port: int) -> None:
+
+        pass
+
 
 class Nccl(Backend):
     """An all-reduce NCCL runs: launched, and completed when the test says NCCL finished."""

@@ -221,6 +221,8 @@ typedef struct {
 typedef struct {
     uint32_t magic, layout;
     int32_t pid, rank, local_rank, version;
+    _Atomic int32_t served; /* the port of a rank exporter that serves these sums (0: none) */
+    int32_t spare;
     char job[64];
     uint64_t started_unix_ns;
     _Atomic uint64_t records, untimed, ring_full, pool_full, cells_full;
@@ -837,6 +839,11 @@ __attribute__((visibility("default"))) void ap_stats(ap_stats_t *out) {
 __attribute__((visibility("default"))) int ap_ring_capacity(void) { return AP_RING; }
 
 __attribute__((visibility("default"))) int ap_pool_capacity(void) { return AP_POOL; }
+
+/* A rank's exporter serves this process's collectives itself: the daemon leaves them out. */
+__attribute__((visibility("default"))) void ap_shm_served(int32_t port) {
+    if (g_shm != NULL) atomic_store(&g_shm->served, port);
+}
 
 /* The node view's file, or "" where there is none. */
 __attribute__((visibility("default"))) const char *ap_shm_path(void) {

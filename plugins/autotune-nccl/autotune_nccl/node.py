@@ -49,6 +49,8 @@ class _File(ctypes.Structure):
         ("rank", ctypes.c_int32),
         ("local_rank", ctypes.c_int32),
         ("version", ctypes.c_int32),
+        ("served", ctypes.c_int32),
+        ("spare", ctypes.c_int32),
         ("job", ctypes.c_char * 64),
         ("started_unix_ns", ctypes.c_uint64),
         ("records", ctypes.c_uint64),
@@ -82,6 +84,7 @@ class ProcessView:
     local_rank: int
     job: str  # AUTOTUNE_JOB, SLURM_JOB_ID or TORCHELASTIC_RUN_ID ("" if none)
     version: int  # the profiler symbol NCCL loaded
+    served: int  # the port of the rank exporter that serves it (0: none; the daemon does)
     records: int
     untimed: int
     ring_full: int
@@ -153,6 +156,7 @@ def _read(path: Path) -> ProcessView | None:
         local_rank=f.local_rank,
         job=f.job.decode(errors="replace"),
         version=f.version,
+        served=f.served,
         records=f.records,
         untimed=f.untimed,
         ring_full=f.ring_full,

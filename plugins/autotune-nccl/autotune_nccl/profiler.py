@@ -128,6 +128,8 @@ class Profiler:
         lib.ap_ring_capacity.restype = ctypes.c_int
         lib.ap_pool_capacity.restype = ctypes.c_int
         lib.ap_reclaim.argtypes = [ctypes.c_uint64]
+        lib.ap_shm_served.argtypes = [ctypes.c_int32]
+        lib.ap_shm_path.restype = ctypes.c_char_p
         self._lib = lib
         self._buffer = (_Record * _BATCH)()
         self.ring_capacity = int(lib.ap_ring_capacity())
@@ -157,6 +159,16 @@ class Profiler:
         raw = _Stats()
         self._lib.ap_stats(ctypes.byref(raw))
         return ProfilerStats(**{f[0]: getattr(raw, f[0]) for f in _Stats._fields_})
+
+    @property
+    def node_file(self) -> str | None:
+        """This process's file for ``autotune daemon`` (None: none, or NCCL has not started)."""
+        return self._lib.ap_shm_path().decode() or None
+
+    def mark_served(self, port: int) -> None:
+        """Say in the node's file that a rank exporter on ``port`` serves this process's
+        collectives, so that ``autotune daemon`` does not serve them twice."""
+        self._lib.ap_shm_served(port)
 
     def reclaim(self, idle_s: float = 0.0) -> None:
         """Record now, flagged incomplete, the collectives NCCL stopped and whose announced

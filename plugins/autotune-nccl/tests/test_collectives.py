@@ -17,9 +17,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from autotune.comm.launch import run_local
-from autotune.comm.nccl_feed import NcclFeed, nccl_source
+from autotune.comm.nccl_feed import NcclFeed, PluginLibrary, nccl_source
 from autotune.metrics import NcclMetrics
-from autotune_nccl import Prediction, Profiler, ProfilerStats, Record, Tuner, library_path
+from autotune_nccl import Profiler, Tuner, library_path
 from autotune_nccl.collectives import Collectives, bus_factor, size_class
 from autotune_nccl.played.profiler import ProfiledComm
 from autotune_nccl.played.tuner import LL, RING, SIMPLE, TREE, NcclComm, nccl_table, v6
@@ -34,22 +34,6 @@ def plugins() -> Iterator[tuple[Profiler, Tuner]]:
     yield p, t
     for clear in (p.reclaim, p.drain, t.clear_predictions, t.disarm):
         clear()
-
-
-class Library:
-    """The real library as the collector's source."""
-
-    def __init__(self, profiler: Profiler, tuner: Tuner) -> None:
-        self.profiler, self.tuner = profiler, tuner
-
-    def drain(self) -> list[Record]:
-        return self.profiler.drain()
-
-    def stats(self) -> ProfilerStats:
-        return self.profiler.stats()
-
-    def predictions(self) -> list[Prediction]:
-        return self.tuner.predictions()[0]
 
 
 def test_bus_factors_are_nccl_tests() -> None:
@@ -81,7 +65,7 @@ def test_model_error_and_regret_from_played_nccl(plugins: tuple[Profiler, Tuner]
     for _ in range(3):
         play_step(comm, tuner_comm, tuner, ("tree", "LL"), 200_000)
         play_step(comm, tuner_comm, tuner, ("ring", "Simple"), 100_000)
-    feed = NcclFeed(Library(profiler, tuner))
+    feed = NcclFeed(PluginLibrary())
     metrics = NcclMetrics(feed, {"rank": "0"})
     registry = CollectorRegistry()
     registry.register(metrics)
@@ -179,8 +163,7 @@ def test_the_exporter_reads_the_library_only_where_nccl_was_told_to_load_it(
 def test_the_feed_hands_every_batch_to_each_reader_on_a_daemon_thread_that_stops(
     plugins: tuple[Profiler, Tuner],
 ) -> None:
-    profiler, tuner = plugins
-    feed = NcclFeed(Library(profiler, tuner), interval_s=0.01)
+    feed = NcclFeed(PluginLibrary(), interval_s=0.01)
     metrics = NcclMetrics(feed)
     seen: list[int] = []
     feed.subscribe(lambda records: seen.extend(r.seq for r in records))

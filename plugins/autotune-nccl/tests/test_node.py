@@ -26,15 +26,21 @@ for ns in (2_000, 2_500, 40_000):  # 3 all-reduces of 1 MiB: 2 us, 2.5 us, 40 us
 comm.collective("AllGather", 100, timers=[(1, 7_001)], algo="RING", proto="LL")
 handle = comm.start(comm.coll_event("AllReduce", 8, channels=0))
 comm.stop(handle)  # no channel ran: counted, not timed
+import os
+if os.environ.get("SERVED"):  # a rank exporter of its own serves these
+    from autotune_nccl import Profiler
+    Profiler().mark_served(int(os.environ["SERVED"]))
 print("played", flush=True)
 sys.stdin.read()  # until the test is done reading
 """
 
 
-@pytest.fixture
-def player(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+@pytest.fixture(params=[""])
+def player(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[subprocess.Popen[str], Path]]:
     env = {**os.environ, "AUTOTUNE_NCCL_SHM_DIR": str(tmp_path), "RANK": "3",
-           "LOCAL_RANK": "1", "AUTOTUNE_JOB": "job-7"}  # fmt: skip
+           "LOCAL_RANK": "1", "AUTOTUNE_JOB": "job-7", "SERVED": request.param}  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, "-c", PLAY], env=env, stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, text=True,
@@ -86,6 +92,22 @@ def test_a_process_keeps_its_sums_where_the_daemon_reads_them(
     proc.stdin.close()
     assert proc.wait(30) == 0
     assert list(where.iterdir()) == []  # the process removed its file at exit
+
+
+@pytest.mark.parametrize("player", ["9410"], indirect=True)
+def test_a_process_its_rank_exporter_serves_is_left_out_by_the_daemon(
+    player: tuple[subprocess.Popen[str], Path],
+) -> None:
+    _, where = player
+    [view] = read_node(where)
+    assert view.served == 9410 and view.records == 5
+    registry = CollectorRegistry()
+    registry.register(NcclNodeMetrics(str(where)))
+    families = {
+        f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())
+    }
+    assert families["autotune_nccl_collective_seconds"].samples == []
+    assert families["autotune_nccl_profiler_info"].samples == []
 
 
 def test_a_killed_process_file_is_removed_and_a_foreign_file_ignored(
