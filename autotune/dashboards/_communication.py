@@ -240,4 +240,91 @@ def communication(s: Sdk) -> Any:
             width=8,
         )
     )
+    d = _nccl_row(s, d)
+    return d
+
+
+def _nccl_row(s: Sdk, d: Any) -> Any:
+    """NCCL's own collectives, on NCCL's clock: series from autotune's NCCL profiler plugin
+    (docs/NCCL_PROFILER.md), served by the rank's exporter or by ``autotune daemon``."""
+    seconds = "autotune_nccl_collective_seconds"
+    d = d.with_row(s.row("NCCL's collectives (profiler plugin)"))
+    d = d.with_panel(
+        s.timeseries_panel(
+            "NCCL kernel time p50 by collective and size class",
+            "The median kernel time of NCCL's collectives (first channel start to last channel "
+            "stop, NCCL's GPU timer), every collective of the job, with or without the hook.",
+            "s",
+            [
+                s.query(
+                    _quantile(0.5, seconds, "collective, size_class"),
+                    "{{collective}} {{size_class}} B",
+                )
+            ],
+            width=8,
+        )
+    )
+    d = d.with_panel(
+        s.timeseries_panel(
+            "NCCL collectives per second by algorithm and protocol",
+            "What NCCL chose (or was steered to) for its collectives: calls per second, summed "
+            "over the selected ranks.",
+            "ops",
+            [
+                s.query(
+                    "sum by (collective, algorithm, protocol) "
+                    f"(rate({seconds}_count{{{_SEL}}}{_RATE}))",
+                    "{{collective}} {{algorithm}}/{{protocol}}",
+                )
+            ],
+            width=8,
+        )
+    )
+    d = d.with_panel(
+        s.timeseries_panel(
+            "NCCL bus bandwidth by collective, algorithm and protocol",
+            "busbw of NCCL's collectives over the run (nccl-tests' factors), averaged over "
+            "ranks, per collective, size class and NCCL cell.",
+            "Bps",
+            [
+                s.query(
+                    "avg by (collective, size_class, algorithm, protocol) "
+                    f"(autotune_nccl_busbw_bytes_per_second{{{_SEL}}})",
+                    "{{collective}} {{size_class}} B {{algorithm}}/{{protocol}}",
+                )
+            ],
+            width=8,
+        )
+    )
+    d = d.with_panel(
+        s.timeseries_panel(
+            "NCCL model error by cell",
+            "NCCL's predicted time (its tuner cost table) over the measured kernel time: 1 is "
+            "exact, 0.5 means the kernel took twice what NCCL expected. Needs the tuner plugin.",
+            "none",
+            [
+                s.query(
+                    "avg by (collective, size_class, algorithm, protocol) "
+                    f"(autotune_nccl_model_error_ratio{{{_SEL}}})",
+                    "{{collective}} {{size_class}} B {{algorithm}}/{{protocol}}",
+                )
+            ],
+        )
+    )
+    d = d.with_panel(
+        s.timeseries_panel(
+            "Regret of NCCL's own choice",
+            "Median time of the cell NCCL's model picks over the best cell measured, per "
+            "collective and size class, where both ran (the tuner screens several): 1 means "
+            "NCCL chose the best one measured.",
+            "none",
+            [
+                s.query(
+                    "max by (collective, size_class, nccl_choice, best) "
+                    f"(autotune_nccl_choice_regret_ratio{{{_SEL}}})",
+                    "{{collective}} {{size_class}} B: {{nccl_choice}} vs {{best}}",
+                )
+            ],
+        )
+    )
     return d

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -38,10 +40,44 @@ def exposition(rank: int, world_size: int, storage: str) -> str:
     return body
 
 
+def play_nccl(stop: threading.Event) -> None:
+    """This rank's "NCCL", calling both of autotune-nccl's plugins through their C ABI as NCCL
+    2.30 does: an all-reduce of 1 MiB every 20 ms, NCCL's own choice (tree/LL: 200 us of kernel)
+    and, every other one, steered by the tuner to ring/LL128 (100 us)."""
+    from autotune_nccl import Tuner
+    from autotune_nccl.played.profiler import ProfiledComm
+    from autotune_nccl.played.tuner import NcclComm, cheapest, v6
+
+    tuner = Tuner()
+    comm, profiled = NcclComm(v6(), comm_id=0xDA5, ranks=2), ProfiledComm("v6", 0xDA5, nranks=2)
+    calls = 0
+    while not stop.wait(0.02):
+        if calls % 2:
+            tuner.arm("ring", "LL128")
+        table, _ = comm.coll_info(1 << 20)
+        algo, proto = cheapest(table)
+        ns = 100_000 if (algo, proto) == ("ring", "LL128") else 200_000
+        profiled.collective(
+            "AllReduce", 1 << 18, timers=[(1_000, 1_000 + ns)], algo=algo.upper(),
+            proto=proto.upper(),
+        )  # fmt: skip
+        calls += 1
+    comm.close()
+    profiled.finalize()
+
+
 def serve_while_training(
-    rank: int, world_size: int, base_port: int, storage: str, stop_file: str
+    rank: int, world_size: int, base_port: int, storage: str, stop_file: str, nccl: bool = False
 ) -> int:
-    """Train with the exporter on ``base_port`` + rank until ``stop_file`` appears."""
+    """Train with the exporter on ``base_port`` + rank until ``stop_file`` appears; with
+    ``nccl``, a played NCCL that loaded both plugins runs beside it (`play_nccl`)."""
+    stop = threading.Event()
+    player = threading.Thread(target=play_nccl, args=(stop,), daemon=True)
+    if nccl:
+        from autotune_nccl import library_path
+
+        os.environ["NCCL_PROFILER_PLUGIN"] = library_path()  # what the exporter looks for
+        player.start()
     ddp = DDP(model(), bucket_cap_mb=BUCKET_CAP_MB)
     config = autotune.Config(
         metrics_port=base_port,
@@ -69,6 +105,9 @@ def serve_while_training(
         train_step(ddp, opt)
         steps += 1
         time.sleep(0.02)
+    stop.set()
+    if nccl:
+        player.join()
     state.close()
     return steps
 

@@ -65,6 +65,8 @@ def test_dashboards_have_the_variables_and_panels_asked_for() -> None:
         "Tuner trials by size class",
         "Exposed communication per iteration",
         "Straggler wait by rank",
+        "NCCL kernel time p50 by collective and size class",
+        "Regret of NCCL's own choice",
     ):
         assert title in comm
     assert "rank" in [v["name"] for v in boards["autotune-communication"]["templating"]["list"]]
@@ -133,8 +135,9 @@ GPUS = [H100, H100_B]
 
 @pytest.fixture(scope="module")
 def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusClient]:
-    """A real Prometheus that has scraped a real 2-rank training run (with the tuner on) and an
-    autotune daemon serving two stand-in GPUs, for at least 20 seconds."""
+    """A real Prometheus that has scraped a real 2-rank training run (with the tuner on, and a
+    played NCCL that loaded autotune's plugins beside it) and an autotune daemon serving two
+    stand-in GPUs, for at least 20 seconds."""
     require("prometheus")  # skip (or fail under CI) before anything is started
     tmp = tmp_path_factory.mktemp("scraped")
     base, daemon_port = free_port(consecutive=2), free_port()
@@ -142,14 +145,22 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusClie
     stop = tmp / "stop"
     storage = f"sqlite:///{tmp / 'tuning.db'}"
     results: list[Any] = []
+    # The ranks' NCCL (played: tests/jobs/metrics_jobs.py) keeps its node files here; their
+    # exporters serve its series, so the daemon, reading the same directory, leaves them out.
+    nccl_dir = tmp / "nccl"
+    nccl_dir.mkdir()
     daemon = threading.Thread(
         target=run_daemon,
         args=("127.0.0.1", daemon_port),
-        kwargs={"nvml": FakeNvml(GPUS), "stop": stop_daemon, "ready": ready},
-    )
+        kwargs={
+            "nvml": FakeNvml(GPUS), "stop": stop_daemon, "ready": ready,
+            "nccl_dir": str(nccl_dir),
+        },
+    )  # fmt: skip
+    env = {"AUTOTUNE_NCCL_SHM_DIR": str(nccl_dir)}
     job = threading.Thread(
         target=lambda: results.extend(
-            launch(serve_while_training, 2, base, storage, str(stop), timeout_s=300)
+            launch(serve_while_training, 2, base, storage, str(stop), True, timeout_s=300, env=env)
         )
     )
     prometheus: Prometheus | None = None
