@@ -29,6 +29,12 @@ NETNS_TAG_ENV = "AUTOTUNE_NETNS_TAG"
 OTHER_VARIABLES = {
     NODE_ID_ENV: "autotune.comm.topology: which ranks share a node",
     NETNS_TAG_ENV: "autotune.testing.cluster: tags the network namespaces a test run makes",
+    # Read by the autotune-nccl library (NCCL's tuner and profiler plugins): docs/NCCL_TUNER.md,
+    # docs/NCCL_PROFILER.md.
+    "AUTOTUNE_NCCL_TABLE": "autotune-nccl's tuner: the table it steers NCCL by (CSV)",
+    "AUTOTUNE_NCCL_PROFILER": "autotune-nccl's profiler: 0 asks NCCL for no events",
+    "AUTOTUNE_NCCL_SHM": "autotune-nccl's profiler: 0 keeps no node file for autotune daemon",
+    "AUTOTUNE_NCCL_SHM_DIR": "autotune-nccl's profiler: where the node files go (/dev/shm)",
 }
 
 

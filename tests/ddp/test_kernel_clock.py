@@ -87,6 +87,21 @@ def played() -> Iterator[tuple[Profiler, NcclFeed]]:
     feed.close()
 
 
+def one_bucket(clock: KernelClock | None) -> tuple[Engine, Recorder, Stream]:
+    """A 64-byte bucket sent as two 32-byte messages on NCCL, from an engine whose messages start
+    on a stand-in side stream (as on CUDA); NCCL has finished both when this returns, and the
+    bucket's future has completed."""
+    stream, algo = Stream(), Nccl("a", [])
+    engine = on_cuda(algo, clock, stream)
+    recorder = Recorder()
+    engine.subscribe(recorder.record)
+    future = engine.submit(torch.ones(16), is_last=True)
+    for f in algo.futures:
+        f.set_result([])
+    future.wait()
+    return engine, recorder, stream
+
+
 def on_cuda(algo: Nccl, clock: KernelClock | None, stream: Stream) -> Engine:
     """An engine of 2 ranks running ``algo`` whose messages start on ``stream`` (as on CUDA),
     cutting a 64-byte bucket into two 32-byte messages."""
@@ -112,14 +127,8 @@ def test_nccl_messages_take_the_kernel_time_and_no_stream_is_synchronized(
 ) -> None:
     profiler, feed = played
     clock = KernelClock(feed, world_size=2)
-    stream, algo = Stream(), Nccl("a", [])
-    engine = on_cuda(algo, clock, stream)
-    recorder = Recorder()
-    engine.subscribe(recorder.record)
-    future = engine.submit(torch.ones(16), is_last=True)
-    for f in algo.futures:  # NCCL has the two messages
-        f.set_result([])
-    future.wait()  # the bucket completes before NCCL's records are in: nothing waits for them
+    # The bucket completes before NCCL's records are in: nothing waits for them.
+    engine, recorder, stream = one_bucket(clock)
     assert recorder.records() == []
     # Another group's all-reduce of the same size, one of the user's of another size, then ours.
     profiler.put(record(32, 1_000, comm_id=0xD0, nranks=4), record(64, 9_000_000))
@@ -138,14 +147,7 @@ def test_without_a_record_in_time_the_host_times_it_as_before(
 ) -> None:
     profiler, feed = played
     clock = KernelClock(feed, world_size=2, wait_s=0.05)
-    stream, algo = Stream(), Nccl("a", [])
-    engine = on_cuda(algo, clock, stream)
-    recorder = Recorder()
-    engine.subscribe(recorder.record)
-    future = engine.submit(torch.ones(16), is_last=True)
-    for f in algo.futures:
-        f.set_result([])
-    future.wait()
+    engine, recorder, stream = one_bucket(clock)
     assert engine.settle(10)
     assert [r.timer for r in recorder.records()] == ["host", "host"]
     assert stream.synchronized == 2 and clock.missed == 2
@@ -158,14 +160,7 @@ def test_without_a_record_in_time_the_host_times_it_as_before(
 
 
 def test_without_a_clock_every_cuda_message_synchronizes_its_stream() -> None:
-    stream, algo = Stream(), Nccl("a", [])
-    engine = on_cuda(algo, None, stream)
-    recorder = Recorder()
-    engine.subscribe(recorder.record)
-    future = engine.submit(torch.ones(16), is_last=True)
-    for f in algo.futures:
-        f.set_result([])
-    future.wait()
+    engine, recorder, stream = one_bucket(None)
     assert engine.settle(10)
     assert [r.timer for r in recorder.records()] == ["host", "host"]
     assert stream.synchronized == 2

@@ -138,6 +138,12 @@ def test_our_variables_that_are_not_fields_are_not_misspellings() -> None:
     assert Config.from_env({"AUTOTUNE_NODE_ID": "rack1-host7"}) == Config()
     with pytest.raises(ValueError, match="did you mean AUTOTUNE_NODE_ID"):
         Config.from_env({"AUTOTUNE_NODE_IDS": "x"})
+    # The NCCL plugins' own (autotune-nccl reads them in C), set in the same environment.
+    plugins = {"AUTOTUNE_NCCL_TABLE": "plan.csv", "AUTOTUNE_NCCL_PROFILER": "1",
+               "AUTOTUNE_NCCL_SHM": "0", "AUTOTUNE_NCCL_SHM_DIR": "/tmp"}  # fmt: skip
+    assert Config.from_env(plugins) == Config()
+    with pytest.raises(ValueError, match="did you mean AUTOTUNE_NCCL_SHM_DIR"):
+        Config.from_env({"AUTOTUNE_NCCL_SHM_DIRS": "/tmp"})
 
 
 def test_replace_checks_again() -> None:

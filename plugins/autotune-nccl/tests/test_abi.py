@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,16 +27,6 @@ from autotune_nccl.played.tuner import (
     nccl_table,
     v6,
 )
-
-
-@pytest.fixture
-def tuner() -> Iterator[Tuner]:
-    t = Tuner()
-    t.disarm()
-    t.load_table(None)
-    yield t
-    t.disarm()
-    t.load_table(None)
 
 
 @pytest.fixture(params=["v6", "v5", "v7"])

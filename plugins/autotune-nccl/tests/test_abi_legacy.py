@@ -5,7 +5,6 @@ the plugin writes, unchecked)."""
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,17 +28,6 @@ from autotune_nccl.played.tuner import (
     legacy,
     nccl_table,
 )
-
-
-@pytest.fixture
-def tuner() -> Iterator[Tuner]:
-    t = Tuner()
-    t.disarm()
-    t.load_table(None)
-    yield t
-    t.disarm()
-    t.load_table(None)
-
 
 COLLNET_DIRECT, NVLS = 2, 4
 

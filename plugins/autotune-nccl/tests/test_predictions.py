@@ -4,9 +4,6 @@ collective and size, and never fails NCCL's call: played through the C ABI as NC
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterator
-
-import pytest
 
 from autotune_nccl import Tuner
 from autotune_nccl.played.tuner import (
@@ -24,18 +21,6 @@ from autotune_nccl.played.tuner import (
     nccl_table,
     v6,
 )
-
-
-@pytest.fixture
-def tuner() -> Iterator[Tuner]:
-    t = Tuner()
-    t.disarm()
-    t.load_table(None)
-    t.clear_predictions()
-    yield t
-    t.disarm()
-    t.load_table(None)
-    t.clear_predictions()
 
 
 def test_nccls_table_is_kept_before_the_choice_touches_it(tuner: Tuner) -> None:
