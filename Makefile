@@ -12,10 +12,11 @@ venv: $(STAMP)
 
 PLUGINS := plugins/autotune-baselines plugins/autotune-lightning plugins/autotune-hf
 
-# The NCCL tuner plugin is a C library: installed (built), not editable; rebuilt when it changes.
+# The NCCL tuner and profiler plugins are a C library: installed (built), not editable; rebuilt
+# when it changes.
 NCCL_PLUGIN := plugins/autotune-nccl
 
-$(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS)) $(wildcard $(NCCL_PLUGIN)/*.py $(NCCL_PLUGIN)/*.toml $(NCCL_PLUGIN)/autotune_nccl/*)
+$(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS)) $(wildcard $(NCCL_PLUGIN)/*.py $(NCCL_PLUGIN)/*.toml $(NCCL_PLUGIN)/autotune_nccl/* $(NCCL_PLUGIN)/autotune_nccl/played/*)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
