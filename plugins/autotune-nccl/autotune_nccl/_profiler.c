@@ -116,6 +116,7 @@ typedef struct {
     int comm; /* index in g_comms */
     ap_record rec;
     _Atomic int ch_started, ch_stopped;
+    _Atomic uint64_t ch_used; /* bit per channel id started: what finish reads and clears */
     _Atomic uint64_t touched; /* host clock of the last event */
     _Atomic int self_released;
 } ap_coll;
@@ -380,7 +381,9 @@ static void finish(ap_coll *c, int flags) {
     size_t i = (size_t)(c - g_pool);
     uint64_t gfirst = 0, glast = 0, glong = 0, hfirst = 0, hlast = 0, hlong = 0;
     int gpu = 1, seen = 0;
-    for (int ch = 0; ch < AP_MAX_CHANNELS; ch++) {
+    uint64_t used = atomic_load(&c->ch_used);
+    for (int ch = 0; used >> ch; ch++) {
+        if (!(used >> ch & 1)) continue;
         ap_chan *k = &g_chans[i][ch];
         uint64_t s = atomic_load(&k->start), e = atomic_load(&k->stop);
         uint64_t hs = atomic_load(&k->hstart), he = atomic_load(&k->hstop);
@@ -497,7 +500,9 @@ static void start_coll(ap_comm *comm, void **handle, const ap_coll_descr *d) {
     }
     atomic_fetch_add_explicit(&g_in_flight, 1, RELAXED);
     size_t i = (size_t)(c - g_pool);
-    memset(g_chans[i], 0, sizeof g_chans[i]);
+    uint64_t used = atomic_exchange(&c->ch_used, 0); /* the channels the slot's last user set */
+    for (int ch = 0; used >> ch; ch++)
+        if (used >> ch & 1) memset(&g_chans[i][ch], 0, sizeof(ap_chan));
     if (comm->comm_id == 0 && d->comm_hash != 0) comm->comm_id = d->comm_hash; /* v3 */
     ap_record r = {0};
     r.comm_id = comm->comm_id;
@@ -533,10 +538,12 @@ static void start_channel(void *parent, void **handle, int channel, uint64_t gpu
     }
     atomic_fetch_add(&c->refs, 1);
     ap_chan *k = &g_chans[c - g_pool][channel];
+    uint64_t now = host_ns();
     atomic_store(&k->start, gpu_start);
-    atomic_store(&k->hstart, host_ns());
+    atomic_store(&k->hstart, now);
+    atomic_fetch_or(&c->ch_used, 1ull << channel);
     atomic_fetch_add(&c->ch_started, 1);
-    atomic_store(&c->touched, host_ns());
+    atomic_store(&c->touched, now);
     *handle = k;
 }
 
@@ -561,8 +568,9 @@ static ncclResult_t ap_stop(void *handle) {
         bump(g_orphans);
         return AP_SUCCESS;
     }
-    atomic_store(&k->hstop, host_ns());
-    atomic_store(&c->touched, host_ns());
+    uint64_t now = host_ns();
+    atomic_store(&k->hstop, now);
+    atomic_store(&c->touched, now);
     int stopped = atomic_fetch_add(&c->ch_stopped, 1) + 1;
     if (stopped == c->rec.channels) {
         finish(c, 0);
