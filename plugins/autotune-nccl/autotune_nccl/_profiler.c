@@ -29,10 +29,14 @@
  * (collective, size class, algorithm, protocol, ranks): count, bytes, kernel time and a
  * kernel-time histogram, updated with atomic adds. `autotune daemon` reads every such file on
  * the node, so any NCCL job's collectives become series with nothing but NCCL_PROFILER_PLUGIN
- * set (autotune_nccl.node). The file goes at exit.
+ * set (autotune_nccl.node). The file goes at exit; files of processes that are gone are
+ * swept when the next process starts its own (and by the daemon).
  */
+#include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -244,6 +248,26 @@ static int env_int(const char *name, int dflt) {
     return v != NULL && *v != '\0' ? atoi(v) : dflt;
 }
 
+/* Remove the files of processes that are gone (killed, or ended by _exit before the exit handler
+ * ran), so that a node without a daemon does not collect them. */
+static void shm_sweep(const char *dir) {
+    DIR *d = opendir(dir);
+    if (d == NULL) return;
+    struct dirent *e;
+    char path[512];
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, "autotune-nccl.", 14) != 0) continue;
+        char *end;
+        long pid = strtol(e->d_name + 14, &end, 10);
+        if (*end != '\0' || pid <= 0) continue;
+        if (kill((pid_t)pid, 0) == -1 && errno == ESRCH) {
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+    }
+    closedir(d);
+}
+
 static void shm_init(void) {
     static const uint64_t mant[4] = {10, 18, 32, 56};
     uint64_t scale = 100; /* 10 x 100 = 1000 ns */
@@ -253,6 +277,7 @@ static void shm_init(void) {
     if (off != NULL && strcmp(off, "0") == 0) return;
     const char *dir = getenv("AUTOTUNE_NCCL_SHM_DIR");
     if (dir == NULL || *dir == '\0') dir = "/dev/shm";
+    shm_sweep(dir);
     snprintf(g_shm_path, sizeof g_shm_path, "%s/autotune-nccl.%d", dir, (int)getpid());
     int fd = open(g_shm_path, O_RDWR | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) return; /* no node view; the ring and the rank's exporter still work */

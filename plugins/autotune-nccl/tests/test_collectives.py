@@ -184,7 +184,9 @@ def test_a_job_on_a_played_nccl_exports_every_collective(tmp_path: Path) -> None
     # 2 gloo ranks, the hook and the exporter on; each rank's "NCCL" asks the tuner plugin and
     # reports every all-reduce to the profiler plugin through their C ABIs, as NCCL 2.30 does.
     storage = f"sqlite:///{tmp_path / 'tuning.db'}"
-    got = run_local(exported_on_fake_nccl, 2, storage, 12, timeout_s=300)
+    # The ranks end with os._exit (the launcher's): their node files stay in tmp_path, not /dev/shm.
+    env = {"AUTOTUNE_NCCL_SHM_DIR": str(tmp_path)}
+    got = run_local(exported_on_fake_nccl, 2, storage, 12, timeout_s=300, env=env)
     for rank, r in enumerate(got):
         families = {f.name: f for f in text_string_to_metric_families(r["text"])}
         count: Counter[tuple[str, str]] = Counter()

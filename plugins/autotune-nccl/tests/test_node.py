@@ -123,6 +123,17 @@ def test_a_killed_process_file_is_removed_and_a_foreign_file_ignored(
     assert names == sorted([f"{PREFIX}notapid", f"{PREFIX}{os.getpid()}"])  # the dead one's went
 
 
+def test_a_starting_process_sweeps_the_files_of_processes_that_are_gone(tmp_path: Path) -> None:
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    (tmp_path / f"{PREFIX}{gone.stdout.strip()}").write_bytes(b"\0" * 64)  # its pid is free now
+    (tmp_path / f"{PREFIX}{os.getpid()}").write_bytes(b"\0" * 64)  # alive: kept
+    env = {**os.environ, "AUTOTUNE_NCCL_SHM_DIR": str(tmp_path)}
+    code = "from autotune_nccl.played.profiler import ProfiledComm; ProfiledComm('v6', comm_id=1)"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{PREFIX}{os.getpid()}"]
+
+
 def test_autotune_nccl_shm_0_keeps_no_file(tmp_path: Path) -> None:
     env = {**os.environ, "AUTOTUNE_NCCL_SHM_DIR": str(tmp_path), "AUTOTUNE_NCCL_SHM": "0"}
     code = (
