@@ -187,9 +187,16 @@ class AutotuneState:
             if self.config.metrics_port is not None:
                 from autotune import metrics  # prometheus_client only where wanted
 
-                self.exporter = metrics.Exporter(
-                    self.config, group, self.engine, self.tuner, unhooking=self.unhooking
-                )
+                try:
+                    self.exporter = metrics.Exporter(
+                        self.config, group, self.engine, self.tuner, unhooking=self.unhooking
+                    )
+                except OSError as exc:  # a port in use: an observer never costs the run
+                    _log.warning(
+                        "autotune: rank %d serves no metrics and trains on: %s",
+                        dist.get_rank(group),
+                        exc.strerror or exc,
+                    )
         except BaseException as exc:
             self.board.agree("ready", exc, {})
             self.close()

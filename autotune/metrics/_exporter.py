@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
     from autotune.tuning import Tuner
 
 __all__ = ["Exporter"]
+
+log = logging.getLogger("autotune.metrics")
 
 
 class Exporter:
@@ -69,6 +72,8 @@ class Exporter:
             "local rank below 65536)"
         )
         self.server = Server(self.registry, port, config.metrics_host, setting)
+        if not config.metrics_port:  # any free port: say which, or nobody can scrape it
+            log.info("autotune metrics: rank %s serves %s", labels["rank"], self.server.url)
         if self.nccl is not None:  # this rank serves them: `autotune daemon` leaves them out
             self.nccl.source.mark_served(self.server.port)
 

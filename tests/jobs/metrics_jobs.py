@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -112,12 +113,32 @@ def serve_while_training(
     return steps
 
 
-def port_taken(rank: int, world_size: int, port: int) -> str:
+def port_taken(rank: int, world_size: int, port: int) -> dict[str, Any]:
+    """Register with the metrics on a port already taken, then train: what was said, and done."""
+    said: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(f"{record.levelname}: {record.getMessage()}")
+
+    handler = Keep()
+    logging.getLogger("autotune").addHandler(handler)
     try:
-        autotune.register(DDP(model()), autotune.Config(algorithm="ring", metrics_port=port))
-    except OSError as exc:
-        return str(exc)
-    return "no error"
+        ddp = DDP(model())
+        state = autotune.register(ddp, autotune.Config(algorithm="ring", metrics_port=port))
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        for _ in range(3):
+            train_step(ddp, opt)
+        state.engine.settle(30)
+        result = {
+            "said": said,
+            "exporter": state.exporter,
+            "messages": len(state.recorder.records()),
+        }
+        state.close()
+    finally:
+        logging.getLogger("autotune").removeHandler(handler)
+    return result
 
 
 def exporter_error(rank: int, world_size: int, settings: dict[str, Any]) -> None:

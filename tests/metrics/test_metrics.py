@@ -202,14 +202,17 @@ def test_a_real_runs_exposition_passes_promtool(storage: str) -> None:
 
 
 @pytest.mark.distributed
-def test_a_taken_port_is_named_with_the_setting_to_change() -> None:
+def test_a_taken_port_leaves_training_running_with_a_warning_naming_the_setting() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        (message,) = run_local(port_taken, 1, port)
-    assert f"port {port} on 127.0.0.1 is in use" in message
-    assert "AUTOTUNE_METRICS_PORT" in message
+        (got,) = run_local(port_taken, 1, port)
+    # The job trains on without its endpoint, and says why in one warning.
+    assert got["exporter"] is None and got["messages"] > 0
+    [warning] = [line for line in got["said"] if line.startswith("WARNING")]
+    assert f"rank 0 serves no metrics and trains on: autotune metrics: port {port} on " in warning
+    assert "127.0.0.1 is in use" in warning and "AUTOTUNE_METRICS_PORT" in warning
 
 
 @pytest.mark.distributed
