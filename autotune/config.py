@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import os
 import warnings
@@ -14,6 +13,8 @@ from typing import Any
 from autotune.algorithms import ALGORITHMS, BUILTINS, available
 from autotune.comm.topology import NODE_ID_ENV
 from autotune.plan import check_fusion_bytes
+from autotune.util.names import nearest
+from autotune.util.names import unknown as unknown_names
 from autotune.util.redact import redact
 from autotune.util.units import parse_bytes
 
@@ -120,8 +121,8 @@ class Config:
         names = available()
         if self.algorithm != "auto" and self.algorithm not in names:
             raise ValueError(
-                f"Config.algorithm: unknown algorithm {self.algorithm!r}; use 'auto' or one of "
-                f"{', '.join(names)}"
+                f"Config.algorithm: {unknown_names('algorithm', [self.algorithm], names)}; use "
+                f"'auto' or one of {', '.join(names)}"
             )
         if self.algorithms is not None:
             if isinstance(self.algorithms, str) or not all(
@@ -133,10 +134,8 @@ class Config:
             object.__setattr__(self, "algorithms", tuple(self.algorithms))
             unknown = [a for a in self.algorithms if a not in names]
             if unknown or not self.algorithms:
-                raise ValueError(
-                    f"Config.algorithms: {'unknown ' + ', '.join(unknown) if unknown else 'empty'}"
-                    f"; choose from {', '.join(names)}"
-                )
+                what = unknown_names("algorithm", unknown, names) if unknown else "empty"
+                raise ValueError(f"Config.algorithms: {what}; choose from {', '.join(names)}")
         _check_int("segment_bytes", self.segment_bytes, minimum=1, optional=True)
         check_fusion_bytes(self.fusion_bytes, "Config.fusion_bytes")
         _check_int("tune_warmup", self.tune_warmup, minimum=0)
@@ -212,8 +211,8 @@ class Config:
             if key.startswith(ENV_PREFIX) and key not in known and key not in OTHER_VARIABLES:
                 # A misspelt setting silently ignored is a setting the user believes is on.
                 ours = [*known, *OTHER_VARIABLES]
-                close = difflib.get_close_matches(key, ours, n=1, cutoff=0.6)
-                hint = f"; did you mean {close[0]}?" if close else ""
+                close = nearest(key, ours)
+                hint = f"; did you mean {close}?" if close else ""
                 raise ValueError(
                     f"{key} is not an autotune setting{hint} (settings: {', '.join(sorted(ours))})"
                 )

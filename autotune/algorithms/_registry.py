@@ -9,6 +9,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from autotune.algorithms._base import AllReduceAlgorithm
+from autotune.util.names import unknown
 
 __all__ = [
     "ALGORITHMS",
@@ -106,5 +107,6 @@ def get_algorithm_class(name: str) -> type[AllReduceAlgorithm]:
             raise RuntimeError(f"algorithm {name!r} is installed but failed to load") from _failed[
                 name
             ]
-        raise ValueError(f"unknown algorithm {name!r}; registered: {', '.join(sorted(ALGORITHMS))}")
+        known = sorted(ALGORITHMS)
+        raise ValueError(f"{unknown('algorithm', [name], known)}; registered: {', '.join(known)}")
     return cls

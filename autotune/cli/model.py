@@ -11,6 +11,7 @@ from autotune.model._cost import DEFAULT_SEGMENT_BYTES, Link, Shape, predict
 from autotune.model._fit import Fit, fit, samples_from_sweep
 from autotune.model._nccl import NCCL_SOURCE, PROTOCOLS, nccl_native, nccl_params
 from autotune.model._schedule import MODELLED
+from autotune.util.names import unknown as unknown_names
 from autotune.util.units import byte_count
 
 __all__ = ["add_arguments", "main"]
@@ -65,7 +66,8 @@ def main(args: argparse.Namespace) -> int:
     unknown = [a for a in names if a not in MODELLED]
     problems = []
     if unknown:
-        problems.append(f"no model for {', '.join(unknown)} (modelled: {', '.join(MODELLED)})")
+        what = unknown_names("algorithm", unknown, MODELLED)
+        problems.append(f"{what}: no model for it (modelled: {', '.join(MODELLED)})")
     if args.ranks_per_node < 1:
         problems.append(f"--ranks-per-node must be >= 1, got {args.ranks_per_node}")
     if args.stepfactor < 2 or args.minbytes < 1 or args.maxbytes < args.minbytes:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from autotune.plan.nccl_csv import nccl_csv
 from autotune.plan.runtime import BASELINE_CHOICE, Arm, Choice, check_fusion_bytes, size_class
+from autotune.util.names import unknown
 
 __all__ = ["STATES", "Buckets", "Entry", "Gain", "NearMiss", "Table", "load_table"]
 
@@ -193,9 +194,8 @@ def _read_choice(raw: object, names: list[str], where: str) -> Choice:
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{where}: {exc!r}") from None
     if choice.algorithm not in names:
-        raise ValueError(
-            f"{where}: unknown algorithm {choice.algorithm!r}; registered: {', '.join(names)}"
-        )
+        what = unknown("algorithm", [choice.algorithm], names)
+        raise ValueError(f"{where}: {what}; registered: {', '.join(names)}")
     if choice.segment_bytes is not None and choice.segment_bytes <= 0:
         raise ValueError(f"{where}: segment_bytes must be > 0, got {choice.segment_bytes}")
     return choice

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from autotune.algorithms import BUILTINS, available
+from autotune.util.names import unknown
 
 __all__ = ["DTYPES", "SweepOptions", "dtype_name"]
 
@@ -120,12 +121,10 @@ class SweepOptions:
             chosen = getattr(self, field_name)
             if chosen is None:
                 continue
-            unknown = [a for a in chosen if a not in names]
-            if unknown or not chosen:
-                raise ValueError(
-                    f"{field_name}: {'unknown ' + ', '.join(unknown) if unknown else 'empty'}; "
-                    f"registered: {', '.join(names)}"
-                )
+            wrong = [a for a in chosen if a not in names]
+            if wrong or not chosen:
+                what = unknown("algorithm", wrong, names) if wrong else "empty"
+                raise ValueError(f"{field_name}: {what}; registered: {', '.join(names)}")
             object.__setattr__(self, field_name, tuple(chosen))
         if self.segment_bytes is not None and self.segment_bytes < 1:
             raise ValueError(f"segment_bytes must be >= 1, got {self.segment_bytes}")

@@ -238,7 +238,7 @@ def test_options_follow_nccl_tests() -> None:
         SweepOptions(dtype="int32")
     with pytest.raises(ValueError, match="-e < -b"):
         SweepOptions(min_bytes=1024, max_bytes=8)
-    with pytest.raises(ValueError, match="unknown nope"):
+    with pytest.raises(ValueError, match="unknown algorithm 'nope'"):
         SweepOptions(algorithms=("ring", "nope"))
     with pytest.raises(ValueError, match="NCCL reduces CUDA tensors"):
         SweepOptions(backend="nccl", device="cpu")
