@@ -12,8 +12,7 @@ import math
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from autotune.config import Config
-from autotune.hook import (
+from autotune.comm_hook import (
     AutotuneState,
     default_state,
     hook,
@@ -21,6 +20,7 @@ from autotune.hook import (
     register,
     reset_default_state,
 )
+from autotune.config import Config
 from autotune.plan import segment_text
 from autotune.tuning.status import status
 from autotune.util.units import format_bytes

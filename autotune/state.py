@@ -378,7 +378,7 @@ def _owner(state: AutotuneState) -> Callable[[object, object], bool]:
 def _is_hook(fn: object) -> bool:
     """Whether ``fn`` is `autotune.hook` (known by name: that module imports this one)."""
     return (
-        getattr(fn, "__module__", None) == "autotune.hook"
+        getattr(fn, "__module__", None) == "autotune.comm_hook"
         and getattr(fn, "__qualname__", None) == "hook"
     )
 

@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("autotune.tuning",),
     ("autotune.metrics", "autotune.sweep"),
     (
-        "autotune.hook",
+        "autotune.comm_hook",
         "autotune.state",
         "autotune.frameworks",
         "autotune.report",

@@ -254,13 +254,27 @@ def _daemon(args: argparse.Namespace) -> int:
     return run_daemon(args.host, args.port, nccl_dir=args.nccl_dir)
 
 
+def _version() -> str:
+    """The installed distribution's version (autotune's own __version__ is the package's, which
+    this layer does not import)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("autotune")
+    except PackageNotFoundError:
+        return "(not installed: run from a source tree)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="autotune", description="Profiling and autotuning of all-reduce for PyTorch DDP."
     )
+    parser.add_argument("--version", action="version", version=f"autotune {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    from autotune.cli.model import add_arguments as model_arguments
-    from autotune.cli.sweep import add_arguments as sweep_arguments
+    # sweep's and model's options come with what they run (torch, the algorithms): built only
+    # for their own command, so that --help, --version and the rest never import torch.
+    args_given = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in args_given if not a.startswith("-")), None)
 
     p = sub.add_parser(
         "sweep",
@@ -268,7 +282,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Time every algorithm at every size on local ranks (or torchrun's), "
         "nccl-tests style: -b/-e/-f/-n/-w/-c/-d as there.",
     )
-    sweep_arguments(p)
+    if command == "sweep":
+        from autotune.cli.sweep import add_arguments as sweep_arguments
+
+        sweep_arguments(p)
     p.set_defaults(func=_sweep)
     p = sub.add_parser(
         "model",
@@ -276,7 +293,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Predicted time and busbw of each algorithm, nccl-tests style, from the "
         "cost model (autotune.model): NCCL's own latencies, or a fit to a sweep's JSON.",
     )
-    model_arguments(p)
+    if command == "model":
+        from autotune.cli.model import add_arguments as model_arguments
+
+        model_arguments(p)
     p.set_defaults(func=_model)
     p = sub.add_parser(
         "report",

@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 from autotune.algorithms import bookkeeping_device
-from autotune.hook import AutotuneState
+from autotune.comm_hook import AutotuneState
 
 __all__ = ["all_settled", "control_device", "everywhere"]
 

@@ -193,7 +193,7 @@ def train_steps(model: torch.nn.Module, steps: int) -> None:
 
 def env_default_state(rank: int, world_size: int) -> tuple[set[str], int | None, str]:
     """register_comm_hook(None, autotune.hook): the state comes from AUTOTUNE_* variables."""
-    from autotune.hook import reset_default_state
+    from autotune.comm_hook import reset_default_state
 
     torch.manual_seed(0)
     model = DDP(Net(), bucket_cap_mb=0.002)
@@ -446,8 +446,8 @@ def compiled_training(
 def frameworks_attach(rank: int, world_size: int) -> dict[str, Any]:
     """autotune.frameworks on a DDP model inside torch.compile's wrapper, with autotune.hook
     registered with no state (as Lightning does on CUDA): attach builds the default state."""
+    from autotune.comm_hook import is_default_state
     from autotune.frameworks import attach, detach, find_ddp, log_values
-    from autotune.hook import is_default_state
 
     model = DDP(Net())
     model.register_comm_hook(None, autotune.hook)

@@ -1,0 +1,56 @@
+"""The command line's own manners: ``--version``, and no torch imported by what needs none."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from autotune import __version__
+
+
+def imports(*args: str) -> tuple[str, set[str]]:
+    """What ``python -m autotune.cli ARGS`` printed, and the top-level modules it imported."""
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "autotune.cli", *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    modules = {
+        line.rsplit("|", 1)[-1].strip().split(".")[0]
+        for line in out.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    return out.stdout, modules
+
+
+def test_version_is_the_packages() -> None:
+    stdout, modules = imports("--version")
+    assert stdout.strip() == f"autotune {__version__}"
+    assert "torch" not in modules
+
+
+@pytest.mark.parametrize("args", [("--help",), ("daemon", "--help"), ("show", "--help")])
+def test_help_imports_no_torch(args: tuple[str, ...]) -> None:
+    stdout, modules = imports(*args)
+    assert "usage: autotune" in stdout
+    assert "torch" not in modules and "autotune" in modules
+
+
+def test_a_commands_own_help_still_has_its_options() -> None:
+    stdout, _ = imports("sweep", "--help")
+    assert "--world-size" in stdout and "-b MINBYTES" in stdout
+    stdout, _ = imports("model", "--help")
+    assert "--algorithms" in stdout
+
+
+def test_the_public_names_load_on_first_use() -> None:
+    code = (
+        "import sys, autotune; before = 'torch' in sys.modules; h = autotune.hook; "
+        "print(before, 'torch' in sys.modules, callable(h), h.__module__, "
+        "autotune.Config.__name__, autotune.algorithms.__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [
+        "False", "True", "True", "autotune.comm_hook", "Config", "autotune.algorithms",
+    ]  # fmt: skip
