@@ -13,6 +13,7 @@ from typing import Any
 from autotune.algorithms import ALGORITHMS, BUILTINS, available
 from autotune.comm.topology import NODE_ID_ENV
 from autotune.plan import check_fusion_bytes
+from autotune.storage.store import as_url
 from autotune.util.names import nearest
 from autotune.util.names import unknown as unknown_names
 from autotune.util.redact import redact
@@ -160,14 +161,14 @@ class Config:
             raise ValueError(f"Config.metrics_host: expected an address, got {self.metrics_host!r}")
         if self.job is not None and (not isinstance(self.job, str) or not self.job):
             raise ValueError(f"Config.job: expected a non-empty label value, got {self.job!r}")
-        if self.storage is not None and (
-            not isinstance(self.storage, str) or "://" not in self.storage
-        ):
-            raise ValueError(
-                "Config.storage: expected an Optuna storage URL such as "
-                "'sqlite:///path/to/autotune.db' or 'postgresql://host/db', got "
-                + redact(repr(self.storage))
-            )
+        if self.storage is not None:
+            if not isinstance(self.storage, str) or not self.storage.strip():
+                raise ValueError(
+                    "Config.storage: expected an Optuna storage URL such as "
+                    "'sqlite:///path/to/autotune.db' or 'postgresql://host/db', or a file's path "
+                    "(SQLite), got " + redact(repr(self.storage))
+                )
+            object.__setattr__(self, "storage", as_url(self.storage.strip()))
         if (
             isinstance(self.timeout_s, bool)
             or not isinstance(self.timeout_s, (int, float))

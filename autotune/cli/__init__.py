@@ -45,8 +45,8 @@ def _show(args: argparse.Namespace) -> int:
     from autotune.util.redact import redact_url
     from autotune.util.units import format_bytes
 
-    url = storage_url(args.storage)
     try:
+        url = storage_url(args.storage, create=False)  # read only: never make a database
         tables = Store(url).tables()
     except (
         ValueError
@@ -54,6 +54,8 @@ def _show(args: argparse.Namespace) -> int:
         print(f"autotune show: {exc}", file=sys.stderr)
         return 1
     url = redact_url(url)
+    if not (args.json or args.nccl_csv):
+        print(f"storage: {url}")
     if args.key:
         if args.key not in tables:
             known = ", ".join(tables) or "none"

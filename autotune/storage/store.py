@@ -28,21 +28,64 @@ if TYPE_CHECKING:
     import optuna
 
 
-__all__ = ["HEARTBEAT_S", "STALE_AFTER_S", "Store", "merge_tables", "storage_url", "tell"]
+__all__ = [
+    "HEARTBEAT_S",
+    "STALE_AFTER_S",
+    "Store",
+    "as_url",
+    "merge_tables",
+    "sqlite_path",
+    "storage_url",
+    "tell",
+]
 
 
-def storage_url(url: str | None = None) -> str:
-    """The tuning storage to use: ``url`` if given, else ``AUTOTUNE_STORAGE``, else an SQLite file
-    under the user cache directory (``$XDG_CACHE_HOME`` or ``~/.cache``)."""
-    if url:
+def as_url(storage: str) -> str:
+    """``storage`` as an Optuna URL: a plain path (no ``://``) is an SQLite file, made absolute
+    (``~`` expanded), as `Config.storage` and ``--storage`` take it."""
+    if "://" in storage:
+        return storage
+    return f"sqlite:///{Path(storage).expanduser().resolve()}"
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of an SQLite URL (None: another database, or SQLite in memory)."""
+    if not url.startswith("sqlite:///"):
+        return None
+    path = url.removeprefix("sqlite:///").split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
+def storage_url(url: str | None = None, *, create: bool = True) -> str:
+    """The tuning storage to use: ``url`` (a URL, or a path taken as SQLite) if given, else
+    ``AUTOTUNE_STORAGE``, else an SQLite file under the user cache directory
+    (``$XDG_CACHE_HOME`` or ``~/.cache``).
+
+    For an SQLite file, ``create`` makes its directory if missing (a job's storage); without it
+    (``autotune show``: read only) a file that is not there is a ValueError in one line, and
+    nothing is created."""
+    if not url:
+        from_env = os.environ.get("AUTOTUNE_STORAGE", "").strip()
+        if from_env and from_env.lower() != "none":
+            url = from_env
+        else:
+            cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+            url = str(cache / "autotune" / "tuning.db")
+    url = as_url(url)
+    path = sqlite_path(url)
+    if path is None:
         return url
-    from_env = os.environ.get("AUTOTUNE_STORAGE", "").strip()
-    if from_env and from_env.lower() != "none":
-        return from_env
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    path = cache / "autotune" / "tuning.db"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{path}"
+    if not create:
+        if not path.is_file():
+            raise ValueError(f"no tuning storage at {url}: {path} does not exist (nothing created)")
+        return url
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(
+            f"cannot open tuning storage {url!r}: cannot make {path.parent}: {exc.strerror}"
+        ) from None
+    return url
 
 
 # The tuner asks and tells trials itself (no Study.optimize) and records their heartbeats itself:

@@ -46,6 +46,7 @@ from autotune.tuning.space import search_space
 from autotune.tuning.status import tuner_progress, tuner_table
 from autotune.tuning.stored import read_stored, stored_arm
 from autotune.tuning.worker import Worker
+from autotune.util.redact import redact_url
 from autotune.util.units import format_bytes
 
 if TYPE_CHECKING:
@@ -331,7 +332,10 @@ class Tuner:
     def store(self) -> Store:
         """The tuning storage (opened on the worker thread, the only one that uses it)."""
         if self._store is None:
-            self._store = Store(storage_url(self.config.storage))
+            url = storage_url(self.config.storage)
+            if self.rank == 0:
+                _log.info("autotune: tuning storage %s", redact_url(url))
+            self._store = Store(url)
         return self._store
 
     def _decide(self, iteration: int) -> wire.Orders:

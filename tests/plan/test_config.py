@@ -49,7 +49,7 @@ def test_defaults() -> None:
         ({"metrics_port": True}, TypeError, "Config.metrics_port: expected an int"),
         ({"timeout_s": 0}, ValueError, "Config.timeout_s: expected a positive number"),
         ({"timeout_s": float("nan")}, ValueError, "Config.timeout_s"),
-        ({"storage": "autotune.db"}, ValueError, "Config.storage: expected an Optuna storage URL"),
+        ({"storage": "  "}, ValueError, "Config.storage: expected an Optuna storage URL"),
         ({"tune_samples": 0}, ValueError, "Config.tune_samples: must be >= 1"),
         ({"tune_warmup": -1}, ValueError, "Config.tune_warmup: must be >= 0"),
         ({"tune_trials": 0}, ValueError, "Config.tune_trials: must be >= 1"),

@@ -193,7 +193,7 @@ def test_autotune_model_prints_a_table_per_world_size(capsys: pytest.CaptureFixt
     assert main(["model", "--ranks", "1", "-b", "8", "-e", "8"]) == 0
     assert "1 rank: nothing to all-reduce" in capsys.readouterr().out
     assert main(["model", "--algorithms", "bogus"]) == 2
-    assert "no model for bogus" in capsys.readouterr().err
+    assert "unknown algorithm 'bogus': no model for it" in capsys.readouterr().err
     # native with NCCL's prices: NCCL's own pick, its tree at Summit's shape for 8 bytes.
     assert main(["model", "--ranks", "24576", "--ranks-per-node", "6", "-b", "8", "-e", "8",
                  "--algorithms", "native,hierarchical_two_tree"]) == 0  # fmt: skip
