@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from importlib.metadata import version
+from importlib.metadata import requires, version
 from pathlib import Path
 
 import pytest
