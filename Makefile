@@ -4,6 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # CPU build of torch; the pin lives here only, pyproject declares a range for users.
 TORCH_SPEC ?= torch==2.13.0
+# What the demo needs (torch and autotune), then what the suite needs on top (the test extras,
+# the plugins): `make demo` on a fresh machine installs the first only.
+BASE := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
 
 .PHONY: venv test lint pytest demo bench clean
@@ -16,10 +19,14 @@ PLUGINS := plugins/autotune-baselines plugins/autotune-lightning plugins/autotun
 # when it changes.
 NCCL_PLUGIN := plugins/autotune-nccl
 
-$(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS)) $(wildcard $(NCCL_PLUGIN)/*.py $(NCCL_PLUGIN)/*.toml $(NCCL_PLUGIN)/autotune_nccl/* $(NCCL_PLUGIN)/autotune_nccl/played/*)
+$(BASE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+$(STAMP): $(BASE) $(addsuffix /pyproject.toml,$(PLUGINS)) $(wildcard $(NCCL_PLUGIN)/*.py $(NCCL_PLUGIN)/*.toml $(NCCL_PLUGIN)/autotune_nccl/* $(NCCL_PLUGIN)/autotune_nccl/played/*)
 	$(PY) -m pip install --quiet -e ".[test]" $(addprefix -e ,$(PLUGINS))
 	$(PY) -m pip install --quiet ./$(NCCL_PLUGIN)
 	touch $@
@@ -40,7 +47,7 @@ PYTEST_ARGS ?= -n 2 --dist loadfile
 pytest: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-demo: $(STAMP)
+demo: $(BASE)
 	$(PY) examples/train_ddp.py --world-size 4 --steps 600 --metrics-port 0
 
 bench: $(STAMP)
