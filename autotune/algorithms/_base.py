@@ -93,6 +93,9 @@ class AllReduceAlgorithm(abc.ABC):
     #: Whether "auto" considers this algorithm without being told (`Config.algorithms` None),
     #: beside the built-ins, wherever `offered` says it can run.
     joins_auto: ClassVar[bool] = False
+    #: Where it can run at all, as backend/device: what ``autotune algorithms`` checks against
+    #: this machine (`offered` decides for a given group, collectively).
+    runs_on: ClassVar[tuple[str, ...]] = ("gloo/cpu", "gloo/cuda", "nccl/cuda")
     #: Whether it applies a ``scale`` (`start`) itself, in a copy of the input it makes anyway
     #: (``Comm.scale``); otherwise `start` scales the input in place first.
     folds_scale: ClassVar[bool] = False

@@ -85,6 +85,7 @@ class SharedMemoryAllReduce(AllReduceAlgorithm):
     Per turn of the window, two barriers (one of 2 ranks); ``segment_bytes`` does not apply.
     """
 
+    runs_on = ("gloo/cpu",)  # one host's shared memory, CPU tensors on gloo
     name = "shm"
     segmented = False
     folds_scale = True

@@ -11,17 +11,40 @@ from collections.abc import Sequence
 __all__ = ["main"]
 
 
+def here() -> tuple[str, ...]:
+    """This machine's backend/device pairs: gloo on CPU, and with a GPU gloo and NCCL on CUDA."""
+    import torch
+    import torch.distributed as dist
+
+    found = []
+    if dist.is_available() and dist.is_gloo_available():
+        found.append("gloo/cpu")
+        if torch.cuda.is_available():
+            found.append("gloo/cuda")
+    if dist.is_available() and dist.is_nccl_available() and torch.cuda.is_available():
+        found.append("nccl/cuda")
+    return tuple(found)
+
+
 def _algorithms(args: argparse.Namespace) -> int:
     from autotune.algorithms import ALGORITHMS, PLUGIN_SOURCES, available
 
     names = available()
+    machine = here()
     w = max(len("name"), *map(len, names))
-    print(f"{'name':<{w}} {'segmented':<9} {'default segment':>15}  source")
+    print(f"{'name':<{w}} {'segmented':<9} {'default segment':>15}  {'here':<22}  source")
     for name in names:
         cls = ALGORITHMS[name]
         source = PLUGIN_SOURCES.get(name, "built in")
         seg = f"{cls.default_segment_bytes >> 10} KiB" if cls.segmented else "-"
-        print(f"{name:<{w}} {'yes' if cls.segmented else 'no':<9} {seg:>15}  {source}")
+        usable = [r for r in cls.runs_on if r in machine]
+        where = ", ".join(usable) if usable else f"no: needs {' or '.join(cls.runs_on)}"
+        print(f"{name:<{w}} {'yes' if cls.segmented else 'no':<9} {seg:>15}  {where:<22}  {source}")
+    print(
+        f"\nhere: this machine can run it on ({', '.join(machine) or 'no backend'}); whether a "
+        "job offers it is decided on its own group (shm: one host; nccl.*: NCCL asks "
+        "autotune's tuner plugin)"
+    )
     return 0
 
 

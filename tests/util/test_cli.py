@@ -54,3 +54,27 @@ def test_the_public_names_load_on_first_use() -> None:
     assert out.stdout.split() == [
         "False", "True", "True", "autotune.comm_hook", "Config", "autotune.algorithms",
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("machine", "nccl_cell", "shm"),
+    [
+        (("gloo/cpu",), "no: needs nccl/cuda", "gloo/cpu"),
+        (("gloo/cpu", "gloo/cuda", "nccl/cuda"), "nccl/cuda", "gloo/cpu"),
+        ((), "no: needs nccl/cuda", "no: needs gloo/cpu"),
+    ],
+)
+def test_algorithms_says_what_runs_on_this_machine(
+    machine: tuple[str, ...],
+    nccl_cell: str,
+    shm: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import autotune.cli
+
+    monkeypatch.setattr(autotune.cli, "here", lambda: machine)
+    assert autotune.cli.main(["algorithms"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line}
+    assert nccl_cell in rows["nccl.ring.ll128"] and shm in rows["shm"]
+    assert ", ".join(machine) in rows["ring"] if machine else "no: needs" in rows["ring"]

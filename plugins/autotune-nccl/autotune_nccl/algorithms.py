@@ -47,6 +47,7 @@ class NcclAllReduce(NativeAllReduce):
     """NCCL's all-reduce with one algorithm x protocol forced for the call; channels, chunk size
     and everything else stay NCCL's. Subclasses name the combination (`combination`)."""
 
+    runs_on = ("nccl/cuda",)  # and NCCL must load the tuner plugin (NCCL_TUNER_PLUGIN)
     nccl_algorithm: ClassVar[str]
     nccl_protocol: ClassVar[str]
     joins_auto = True
