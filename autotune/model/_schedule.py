@@ -109,11 +109,13 @@ def schedule(
         return Schedule(rounds, seg * sends, k - 1 + height, seg * sums, 2 * height, hops)
     cross = 1 if nodes > 1 else 0
     if name == "direct":
-        # One round: every rank sends its buffer to the N-1 others, then sums N-1 of them.
-        return Schedule(1, (n - 1) * nbytes, 1, (n - 1) * nbytes, 1, cross)
-    # star: everyone to rank 0, which sums them and sends the sum back; rank 0's link carries
-    # (N-1) buffers each way.
-    return Schedule(2, (n - 1) * nbytes, 1, (n - 1) * nbytes, 2, 2 * cross)
+        # Every rank sends its buffer to each of the N-1 others: N-1 messages, each a round of
+        # its own (each pays a message's latency, at every scale), and sums N-1 buffers. No
+        # message waits for another: the chain is one hop.
+        return Schedule(n - 1, nbytes, n - 1, nbytes, 1, cross)
+    # star: everyone to rank 0, which takes the N-1 buffers one message at a time, sums them,
+    # and sends the sum back as N-1 messages: 2(N-1) rounds on rank 0's link.
+    return Schedule(2 * (n - 1), nbytes, n - 1, nbytes, 2, 2 * cross)
 
 
 def _hierarchical_ring(nbytes: int, n: int, segment_bytes: int, per_node: int) -> Schedule:
