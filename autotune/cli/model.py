@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+import textwrap
 from collections.abc import Callable
 
 from autotune.ddp.stats import bus_factor
@@ -51,6 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--intra", choices=("nvlink", "pci"), default="nvlink", help="NCCL preset")
     p.add_argument("--intra-gbps", type=float, default=50.0, help="NCCL preset: GB/s (50)")
     p.add_argument("--inter-gbps", type=float, default=12.5, help="NCCL preset: GB/s (12.5)")
+    p.add_argument(
+        "--wide",
+        action="store_true",
+        help="one table per world size however wide; by default the algorithms are split over "
+        "tables that fit the terminal (100 columns where there is none)",
+    )
 
 
 def _sizes(args: argparse.Namespace) -> list[int]:
@@ -78,6 +86,7 @@ def main(args: argparse.Namespace) -> int:
         for problem in problems:
             print(f"autotune model: {problem}", file=sys.stderr)
         return 2
+    width = None if args.wide else shutil.get_terminal_size((100, 24)).columns
     if args.fit:
         from autotune.sweep import SweepResult
 
@@ -86,16 +95,17 @@ def main(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             print(f"autotune model: {exc}", file=sys.stderr)
             return 1
-        print(f"# prices: fitted to {args.fit}; {_describe(fitted)}")
+        _say(f"prices: fitted to {args.fit}; {_describe(fitted)}", width)
 
         def time_of(name: str, size: int, shape: Shape) -> float:
             return predict(name, size, shape, fitted.params, args.segment_bytes)
 
     else:
-        print(
-            f"# prices: NCCL {args.nccl} latencies ({NCCL_SOURCE}); links assumed "
+        _say(
+            f"prices: NCCL {args.nccl} latencies ({NCCL_SOURCE}); links assumed "
             f"{args.intra} {args.intra_gbps:g} GB/s inside a node, {args.inter_gbps:g} GB/s "
-            "between nodes"
+            "between nodes",
+            width,
         )
 
         links = {"intra": args.intra, "intra_gbps": args.intra_gbps, "inter_gbps": args.inter_gbps}
@@ -107,7 +117,7 @@ def main(args: argparse.Namespace) -> int:
             return predict(name, size, shape, params, args.segment_bytes)
 
     for ranks in args.ranks:
-        _table(ranks, args.ranks_per_node, _sizes(args), names, time_of, args.segment_bytes)
+        _table(ranks, args.ranks_per_node, _sizes(args), names, time_of, args.segment_bytes, width)
     return 0
 
 
@@ -129,6 +139,18 @@ def _describe(f: Fit) -> str:
     )
 
 
+def _say(text: str, width: int | None) -> None:
+    """A ``#`` comment line, wrapped to ``width`` (None: one line)."""
+    if width is None:
+        print(f"# {text}")
+    else:
+        print(textwrap.fill(text, width, initial_indent="# ", subsequent_indent="#   "))
+
+
+#: A row's parts: the size, each algorithm's time and busbw, the fastest.
+_SIZE_W, _CELL_W, _FASTEST_W = 15, 27, 24
+
+
 def _table(
     ranks: int,
     per_node: int,
@@ -136,23 +158,32 @@ def _table(
     names: list[str],
     time_of: Callable[[str, int, Shape], float],
     segment_bytes: int,
+    width: int | None = None,
 ) -> None:
+    """Print the table for ``ranks``; with ``width``, as many tables as it takes for the
+    algorithms' columns to fit it (each names the fastest of all)."""
     if ranks == 1:
         print("\n# 1 rank: nothing to all-reduce (every algorithm returns at once)")
         return
     shape = Shape(ranks, per_node)
-    print(
-        f"\n# {ranks} ranks, {shape.nodes} node(s) of {min(per_node, ranks)}, "
-        f"{segment_bytes} B segments"
-    )
-    head = "".join(f" {n + ' time(us)':>18} {'busbw':>7}" for n in names)
-    print(f"# {'size(B)':>12}{head}  fastest")
-    for size in sizes:
-        cells, times = [], {}
-        for name in names:
-            t = time_of(name, size, shape)
-            times[name] = t
-            bw = size / t * bus_factor(ranks) / 1e9 if t > 0 else 0.0
-            cells.append(f" {t * 1e6:18.1f} {bw:7.2f}")
-        fastest = min(times, key=lambda n: times[n])
-        print(f"  {size:>12}{''.join(cells)}  {fastest}")
+    times = {(name, size): time_of(name, size, shape) for size in sizes for name in names}
+    fastest = {size: min(names, key=lambda n: times[(n, size)]) for size in sizes}
+    per_table = len(names)
+    if width is not None:
+        per_table = max(1, (width - _SIZE_W - _FASTEST_W) // _CELL_W)
+    chunks = [names[i : i + per_table] for i in range(0, len(names), per_table)]
+    for k, chunk in enumerate(chunks):
+        part = f" (table {k + 1} of {len(chunks)})" if len(chunks) > 1 else ""
+        print(
+            f"\n# {ranks} ranks, {shape.nodes} node(s) of {min(per_node, ranks)}, "
+            f"{segment_bytes} B segments{part}"
+        )
+        head = "".join(f" {n + ' time(us)':>18} {'busbw':>7}" for n in chunk)
+        print(f"# {'size(B)':>12}{head}  fastest")
+        for size in sizes:
+            cells = []
+            for name in chunk:
+                t = times[(name, size)]
+                bw = size / t * bus_factor(ranks) / 1e9 if t > 0 else 0.0
+                cells.append(f" {t * 1e6:18.1f} {bw:7.2f}")
+            print(f"  {size:>12}{''.join(cells)}  {fastest[size]}")

@@ -380,3 +380,31 @@ def test_the_prior_orders_a_job_on_nodes_by_its_own_shape() -> None:
     assert Prior.from_json(prior.to_json()) == prior
     old = {k: v for k, v in prior.to_json().items() if not k.startswith("inter_")}
     assert Prior.from_json(old).params.inter == TWO_LINKS.intra
+
+
+def test_autotune_model_fits_a_100_column_terminal_unless_asked_wide(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autotune.cli import main
+
+    monkeypatch.setenv("COLUMNS", "100")
+    assert main(["model", "--ranks", "8,1024", "-e", "64K"]) == 0
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= 100
+    assert "(table 1 of 4)" in out and "(table 4 of 4)" in out
+    # Every table names the fastest of all eight, not of its own two: the same in each.
+    fastest: dict[str, set[str]] = {}
+    for line in out.split("\n\n# 1024 ranks")[0].splitlines():
+        if line.startswith("  "):
+            fastest.setdefault(line.split()[0], set()).add(line.split()[-1])
+    assert fastest and all(len(names) == 1 for names in fastest.values()), fastest
+    assert main(["model", "--ranks", "1024", "-e", "64K", "--wide"]) == 0
+    wide = capsys.readouterr().out
+    assert max(map(len, wide.splitlines())) > 200 and "(table" not in wide
+
+
+def test_direct_is_priced_as_its_n_minus_1_messages_at_every_scale() -> None:
+    params = Params(intra=Link(10 * US, 0.0), inter=Link(10 * US, 0.0), gamma_s_per_byte=0.0)
+    for n in (2, 8, 1024):
+        direct = predict("direct", 8, Shape(n, n), params, segment_bytes=1 << 20)
+        assert direct == pytest.approx((n - 1) * 10 * US)  # n - 1 messages, latency each
