@@ -115,6 +115,7 @@ class Store:
         self.url = url
         #: This job's name in the storage (its stored plan's key).
         self.job_id = job_id or uuid.uuid4().hex[:12]
+        _quiet_optuna()
         self.storage = _open(url)
         self._live: set[int] = set()  # trial ids of this job still running (heartbeats)
         #: This torchrun worker group's (run id, restart count), or None outside torchrun.
@@ -339,6 +340,15 @@ def merge_tables(saved: Sequence[tuple[float, Table]]) -> Table:
     if newest is None or not merged.runs_native:
         return merged
     return dataclasses.replace(merged, buckets=newest.buckets)
+
+
+def _quiet_optuna() -> None:
+    """Keep Optuna's INFO lines ("Using an existing study ...", each trial told) out of the
+    user's training log: its verbosity goes to WARNING, unless the user set one of their own."""
+    import optuna
+
+    if optuna.logging.get_verbosity() == optuna.logging.INFO:  # Optuna's default
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def _open(url: str) -> optuna.storages.RDBStorage:

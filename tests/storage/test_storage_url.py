@@ -71,3 +71,20 @@ def test_show_takes_a_path_and_names_the_storage(
     out = capsys.readouterr().out
     assert out.splitlines()[0] == f"storage: sqlite:///{db}"
     assert f"no tuned plans in sqlite:///{db}" in out
+
+
+def test_optunas_info_lines_stay_out_of_the_log_unless_the_user_set_a_verbosity(
+    tmp_path: Path,
+) -> None:
+    import optuna
+
+    saved = optuna.logging.get_verbosity()
+    try:
+        optuna.logging.set_verbosity(optuna.logging.INFO)  # Optuna's default
+        Store(storage_url(str(tmp_path / "a.db"))).study("k", "w")
+        assert optuna.logging.get_verbosity() == optuna.logging.WARNING
+        optuna.logging.set_verbosity(optuna.logging.DEBUG)  # the user's own choice: kept
+        Store(storage_url(str(tmp_path / "b.db"))).study("k", "w")
+        assert optuna.logging.get_verbosity() == optuna.logging.DEBUG
+    finally:
+        optuna.logging.set_verbosity(saved)
