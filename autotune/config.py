@@ -168,7 +168,11 @@ class Config:
                     "'sqlite:///path/to/autotune.db' or 'postgresql://host/db', or a file's path "
                     "(SQLite), got " + redact(repr(self.storage))
                 )
-            object.__setattr__(self, "storage", as_url(self.storage.strip()))
+            try:
+                url = as_url(self.storage.strip())
+            except ValueError as exc:
+                raise ValueError(f"Config.storage: {exc}") from None
+            object.__setattr__(self, "storage", url)
         if (
             isinstance(self.timeout_s, bool)
             or not isinstance(self.timeout_s, (int, float))

@@ -45,6 +45,14 @@ def as_url(storage: str) -> str:
     (``~`` expanded), as `Config.storage` and ``--storage`` take it."""
     if "://" in storage:
         return storage
+    head = storage.split("/", 1)[0]
+    if "@" in head and ":" in head.split("@", 1)[0]:
+        # user:password@host: a database URL that lost its scheme, not a file (and its
+        # password must not land in a file name or a message).
+        raise ValueError(
+            "looks like a database URL without its scheme (user:password@host): write it as "
+            "postgresql://... (or mysql://...), or give an SQLite file's path"
+        )
     return f"sqlite:///{Path(storage).expanduser().resolve()}"
 
 
