@@ -181,7 +181,7 @@ def test_autotune_model_prints_a_table_per_world_size(capsys: pytest.CaptureFixt
     from autotune.cli import main
 
     argv = ["model", "--ranks", "8,24576", "--ranks-per-node", "6", "-b", "8", "-e", "8M"]
-    assert main([*argv, "-f", "1024", "--algorithms", "ring,two_tree"]) == 0
+    assert main([*argv, "-f", "1024", "--algorithms", "ring,two_tree", "--wide"]) == 0
     out = capsys.readouterr().out
     assert "NCCL LL latencies" in out and "tuning.cc" in out
     tables = out.split("\n\n# ")[1:]  # each table opens after a blank line
