@@ -196,7 +196,7 @@ def test_autotune_model_prints_a_table_per_world_size(capsys: pytest.CaptureFixt
     assert "unknown algorithm 'bogus': no model for it" in capsys.readouterr().err
     # native with NCCL's prices: NCCL's own pick, its tree at Summit's shape for 8 bytes.
     assert main(["model", "--ranks", "24576", "--ranks-per-node", "6", "-b", "8", "-e", "8",
-                 "--algorithms", "native,hierarchical_two_tree"]) == 0  # fmt: skip
+                 "--algorithms", "native,hierarchical_two_tree", "--wide"]) == 0  # fmt: skip
     row = capsys.readouterr().out.strip().splitlines()[-1].split()
     assert row[1] == row[3] == "133.8"
 
