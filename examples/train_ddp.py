@@ -72,6 +72,8 @@ class Result:
     parameters: list[torch.Tensor] = field(default_factory=list)
     table: autotune.plan.Table | None = None  # what the tuner knows (rank 0), if it ran
     verdict: str | None = None  # the tuned plan's step against plain DDP's (rank 0)
+    headline: str | None = None  # the plain verdict, said first (rank 0)
+    unhooked_at: int | None = None  # the iteration after which autotune stepped aside
     settled_at: int | None = None  # the step from which everything was locked
     settled_after_s: float | None = None  # training time (from step 0) until then
     fusion_bytes: int = 0
@@ -147,6 +149,8 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> Result:
         if state.tuner is not None and rank == 0:
             result.table = state.table()
             result.verdict = state.verdict()
+            status = state.status()
+            result.headline, result.unhooked_at = status.headline, status.unhooked_at
         if state.exporter is not None and rank == 0:
             result.metrics = scrape_once(state.exporter.port, state.config.metrics_host)
         hook_s = sorted(state.recorder.hook_times())
@@ -177,22 +181,29 @@ def summary(result: Result, world_size: int, args: argparse.Namespace) -> str:
     """A readable report of one rank's result."""
     first, last = sum(result.losses[:5]) / 5, sum(result.losses[-5:]) / 5
     mode = "no hook (DDP's own all-reduce)" if args.no_hook else f"autotune, {args.algorithm}"
-    lines = [
+    lines = [] if result.headline is None else [f"verdict: {result.headline}"]
+    lines.append(
         f"{world_size} ranks, {args.device}, {mode}: {result.steps_per_s:.1f} steps/s over "
-        f"{args.steps} steps; loss {first:.3f} -> {last:.3f}",
-    ]
+        f"{args.steps} steps; loss {first:.3f} -> {last:.3f}"
+    )
     if result.hook_us_median is not None:
-        lines.append(f"hook call to Future return: {result.hook_us_median:.0f} us (median)")
+        lines.append(
+            f"hook's cost on the autograd thread: {result.hook_us_median:.0f} us a bucket "
+            "(median, from the hook's call to its future's return)"
+        )
     if result.table is not None:
         fusion = format_bytes(result.fusion_bytes) if result.fusion_bytes else "DDP's buckets"
         if result.table.buckets is not None:  # unhooked: DDP's own buckets, tuned
             fusion = result.table.buckets.describe()
-        when = (
-            f"everything locked from step {result.settled_at} (step time until locked: "
-            f"{result.settled_after_s:.1f} s)"
-            if result.settled_at is not None and result.settled_after_s is not None
-            else "still exploring (more steps, or run again: the plan is stored)"
-        )
+        if result.unhooked_at is not None:
+            when = f"plain DDP kept: autotune stepped aside after iteration {result.unhooked_at}"
+        elif result.settled_at is not None and result.settled_after_s is not None:
+            when = (
+                f"everything locked from step {result.settled_at} (step time until locked: "
+                f"{result.settled_after_s:.1f} s)"
+            )
+        else:
+            when = "still exploring (more steps, or run again: the plan is stored)"
         lines.append(f"tuner: {when}; fusion: {fusion}")
     if result.metrics is not None:
         lines.append(result.metrics)
@@ -217,6 +228,11 @@ def summary(result: Result, world_size: int, args: argparse.Namespace) -> str:
                 f"{s.count:>8} {s.median_s * 1e3:>8.2f}ms {s.p99_s * 1e3:>8.2f}ms "
                 f"{s.busbw_gbps:>6.3f}GB/s"
             )
+        lines.append(
+            "  state: exploring/N or locked/N = the class's search after N trials; default = "
+            "never tuned (the\n  backend's own); fixed = a plan file's. median, p99: time per "
+            "message; busbw: nccl-tests' bus bandwidth"
+        )
     return "\n".join(lines)
 
 

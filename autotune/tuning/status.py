@@ -61,6 +61,23 @@ class Status:
     progress: Mapping[int | str, Progress] = field(default_factory=dict)
 
     @property
+    def headline(self) -> str:
+        """The plain verdict, for the first line of a job's summary: faster with autotune, no
+        gain (plain DDP kept, and whether autotune stepped aside), or not decided yet."""
+        if not self.tuning:
+            return "a fixed plan: not compared with plain DDP"
+        if self.unhooked_at is not None:
+            return (
+                "no gain: plain DDP kept, autotune stepped aside after iteration "
+                f"{self.unhooked_at}"
+            )
+        if self.gain is not None and self.gain.ratio < 1:
+            return f"{self.gain.ratio:.2f}x step time: faster with autotune"
+        if self.compared:
+            return "no gain: plain DDP's all-reduce kept"
+        return "not decided yet: still tuning (the plan so far is stored; run longer or again)"
+
+    @property
     def compared(self) -> bool:
         """Whether the plan's step has been compared with the baseline's (a gain, or the
         baseline locked: 1.00x)."""

@@ -41,6 +41,17 @@ def test_the_demo_trains_tunes_and_serves_metrics(tmp_path: Path) -> None:
     first, last = map(float, re.search(r"loss ([\d.]+) -> ([\d.]+)", text).groups())  # type: ignore[union-attr]
     assert last < first  # it learns
     assert re.search(r"^tuner: ", text, re.M)
+    # The plain verdict leads the summary, and no line contradicts it.
+    lines = text.splitlines()
+    [verdict] = [i for i, line in enumerate(lines) if line.startswith("verdict: ")]
+    summary = next(i for i, line in enumerate(lines) if line.startswith("2 ranks, cpu"))
+    assert verdict == summary - 1, text
+    assert re.match(
+        r"verdict: (\d\.\d\dx step time: faster with autotune|no gain|not decided)",
+        lines[verdict],
+    ), text
+    if "stepped aside" in lines[verdict]:
+        assert "still exploring" not in text
     served = re.search(r"metrics: rank 0 served (\d+) samples in (\d+) metric families", text)
     assert served is not None, text
     assert int(served.group(1)) > 50 and int(served.group(2)) > 10
