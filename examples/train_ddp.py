@@ -230,8 +230,8 @@ def summary(result: Result, world_size: int, args: argparse.Namespace) -> str:
             )
         lines.append(
             "  state: exploring/N or locked/N = the class's search after N trials; default = "
-            "never tuned (the\n  backend's own); fixed = a plan file's. median, p99: time per "
-            "message; busbw: nccl-tests' bus bandwidth"
+            "never tuned\n  (the backend's own); fixed = a plan file's. median, p99: time per "
+            "message; busbw: nccl-tests'"
         )
     return "\n".join(lines)
 
