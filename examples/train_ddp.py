@@ -148,9 +148,9 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> Result:
         result.fusion_bytes = state.engine.fusion_bytes
         if state.tuner is not None and rank == 0:
             result.table = state.table()
-            result.verdict = state.verdict()
-            status = state.status()
-            result.headline, result.unhooked_at = status.headline, status.unhooked_at
+            status = state.status()  # one snapshot: the verdict, its headline, stepping aside
+            result.verdict, result.headline = status.verdict, status.headline
+            result.unhooked_at = status.unhooked_at
         if state.exporter is not None and rank == 0:
             result.metrics = scrape_once(state.exporter.port, state.config.metrics_host)
         hook_s = sorted(state.recorder.hook_times())

@@ -75,7 +75,7 @@ class Exporter:
         if not config.metrics_port:  # any free port: say which, or nobody can scrape it
             log.info("autotune metrics: rank %s serves %s", labels["rank"], self.server.url)
         if self.nccl is not None:  # this rank serves them: `autotune daemon` leaves them out
-            self.nccl.source.mark_served(self.server.port)
+            self.nccl.feed.source.mark_served(self.server.port)
 
     @property
     def port(self) -> int:

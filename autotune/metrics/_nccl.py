@@ -75,7 +75,6 @@ class NcclMetrics(Collector):
         from autotune_nccl.collectives import Collectives
 
         self.feed = feed
-        self.source = feed.source
         self.labels = dict(labels or {})
         self.collectives: Collectives = Collectives()
         self._lock = threading.Lock()
@@ -89,7 +88,7 @@ class NcclMetrics(Collector):
         with self._lock:
             known = self.collectives.knows(records)
         # NCCL's predictions are read again only for a collective and size not joined yet.
-        predictions = [] if known else self.source.predictions()
+        predictions = [] if known else self.feed.source.predictions()
         with self._lock:
             self.collectives.add(records, predictions)
 
@@ -142,7 +141,7 @@ class NcclMetrics(Collector):
     def _profiler_families(
         self, names: list[str], values: list[str], clocks: dict[str, int]
     ) -> Iterator[Metric]:
-        s = self.source.stats()
+        s = self.feed.source.stats()
         info = GaugeMetricFamily(
             "autotune_nccl_profiler_info",
             "1 where NCCL loaded autotune's profiler; version: the symbol NCCL loaded "

@@ -141,6 +141,7 @@ class Collectives:
         self.clocks: dict[str, int] = {}
         self.versions: set[int] = set()
         self._predictions: dict[tuple[str, int], list[Prediction]] = {}
+        self._ranks: set[int] = set()  # the rank counts the predictions are for
 
     def add(self, records: Iterable[Record], predictions: Sequence[Prediction] = ()) -> int:
         """Fold in drained records (and the predictions known now); returns how many."""
@@ -192,6 +193,7 @@ class Collectives:
 
     def _index(self, predictions: Sequence[Prediction]) -> None:
         self._predictions = {}
+        self._ranks = {p.nranks for p in predictions}
         for p in predictions:
             self._predictions.setdefault((p.func, p.nbytes), []).append(p)
             if p.nccl_choice is not None:
@@ -199,17 +201,13 @@ class Collectives:
                 self.nccl_choice[(p.func, size_class(nbytes))] = p.nccl_choice
 
     def _prediction(self, r: Record) -> Prediction | None:
-        if not self._predictions:
-            return None
-        for nranks in (r.nranks,) if r.nranks else {p.nranks for p in self._all()}:
+        """NCCL's prediction for ``r``: same collective and NCCL byte count, same rank count
+        (any, where the record has none: v3), same communicator (either unknown: any)."""
+        for nranks in (r.nranks,) if r.nranks else self._ranks:
             nbytes = r.nbytes * nranks if r.func in _GATHERED else r.nbytes
             for p in self._predictions.get((r.func, nbytes), ()):
-                if p.nranks != nranks and r.nranks:
+                if r.nranks and p.nranks != nranks:
                     continue
                 if p.comm_id == r.comm_id or 0 in (p.comm_id, r.comm_id):
                     return p
         return None
-
-    def _all(self) -> Iterable[Prediction]:
-        for ps in self._predictions.values():
-            yield from ps
