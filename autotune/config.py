@@ -13,6 +13,7 @@ from typing import Any
 from autotune.algorithms import ALGORITHMS, BUILTINS, available
 from autotune.comm.topology import NODE_ID_ENV
 from autotune.plan import check_fusion_bytes
+from autotune.storage.fingerprint import check_workload
 from autotune.storage.store import as_url
 from autotune.util.names import nearest
 from autotune.util.names import unknown as unknown_names
@@ -72,6 +73,14 @@ class Config:
     """Optuna storage URL for tuned plans (``sqlite:///...``, ``postgresql://...``); None: an
     SQLite file under the user cache directory."""
 
+    workload: str | None = None
+    """The name this job's plan is stored under, beside the fingerprint (backend, world size,
+    nodes, device, dtype); None: the job's gradient layout names it (the bytes and dtype of each
+    bucket as DDP first builds them), so runs of the same model under the same DDP settings
+    share a plan and other models keep theirs. Name it to keep one plan across changes that
+    move DDP's buckets. A size class's screening is shared by every workload either way
+    (docs/TUNER.md, "Persistence")."""
+
     metrics_port: int | None = None
     """First port of the per-rank Prometheus exporter (a rank serves port + its local rank);
     0: any free port (``state.exporter.port`` says which); None: no exporter."""
@@ -80,7 +89,8 @@ class Config:
     """Address the exporter binds; "0.0.0.0" to let a Prometheus on another host scrape it."""
 
     job: str | None = None
-    """A ``job`` label on every series, if set (Prometheus adds its own from the scrape config)."""
+    """A ``job`` label on every series, if set (Prometheus adds its own from the scrape config).
+    A label only: the plan is stored per `workload`."""
 
     timeout_s: float = 600.0
     """How long any rank waits for a peer before the all-reduce raises, in seconds."""
@@ -159,6 +169,8 @@ class Config:
             or " " in self.metrics_host
         ):
             raise ValueError(f"Config.metrics_host: expected an address, got {self.metrics_host!r}")
+        if self.workload is not None:
+            check_workload(self.workload)
         if self.job is not None and (not isinstance(self.job, str) or not self.job):
             raise ValueError(f"Config.job: expected a non-empty label value, got {self.job!r}")
         if self.storage is not None:

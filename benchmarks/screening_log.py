@@ -35,6 +35,8 @@ from autotune.comm.launch import run_local
 from autotune.plan import Choice, Entry, Table, size_class
 from autotune.storage import Store, device_model, fingerprint, fingerprint_key
 
+#: The workload the job's plan is stored under (where ``--plan`` seeds it).
+WORKLOAD = "screening-log"
 #: The tuner's lines worth reading here (rank 0 logs them at INFO).
 TOLD = ("screening", "nominated", "duel", "locked", "unhooks", "catch", "kept")
 
@@ -58,7 +60,8 @@ def job(rank: int, world_size: int, args: argparse.Namespace, storage: str) -> s
         log.setLevel(logging.INFO)
     model, batch = model_and_batch(args.model)
     ddp = DDP(model)
-    state = autotune.register(ddp, autotune.Config(storage=storage, timeout_s=120))
+    config = autotune.Config(storage=storage, workload=WORKLOAD, timeout_s=120)
+    state = autotune.register(ddp, config)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(rank)
     for _ in range(args.steps):
@@ -83,7 +86,8 @@ def seed(storage: str, world_size: int, plan: str) -> None:
     fp = fingerprint(
         backend="gloo", world_size=world_size, nodes=1, device=device_model("cpu"), dtype="float32"
     )
-    Store(storage, job_id="seed").save_table(fingerprint_key(fp), Table(classes, 0, fp, None))
+    table = Table(classes, 0, fp, None)
+    Store(storage, run_id="seed").save_table(fingerprint_key(fp), WORKLOAD, table)
 
 
 def main(argv: list[str] | None = None) -> int:

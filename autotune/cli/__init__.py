@@ -64,43 +64,56 @@ def _trees(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     import json
 
-    from autotune.storage import Store, storage_url
+    from autotune.storage import EARLIER, SWEEP, Store, storage_url
     from autotune.util.redact import redact_url
     from autotune.util.units import format_bytes
 
+    seeds = {
+        SWEEP: "a sweep's screening: seeds every job's search",
+        EARLIER: "stored before plans were kept per job: seeds every job's search",
+    }
+
     try:
         url = storage_url(args.storage, create=False)  # read only: never make a database
-        tables = Store(url).tables()
+        stored = Store(url).tables()
     except (
         ValueError
     ) as exc:  # the storage's own error, its password masked (autotune.storage.store)
         print(f"autotune show: {exc}", file=sys.stderr)
         return 1
     url = redact_url(url)
+    tables = {f"{key}/{workload}": table for (key, workload), table in stored.items()}
     if not (args.json or args.nccl_csv):
         print(f"storage: {url}")
     if args.key:
-        if args.key not in tables:
+        # KEY/WORKLOAD, or a fingerprint key alone: every workload's plan under it.
+        picked = {n: t for n, t in tables.items() if args.key in (n, n.split("/", 1)[0])}
+        if not picked:
             known = ", ".join(tables) or "none"
             print(
                 f"autotune show: no plan {args.key!r} in {url} (stored: {known})", file=sys.stderr
             )
             return 2
-        tables = {args.key: tables[args.key]}
+        tables = picked
     if (args.json or args.nccl_csv) and len(tables) != 1:
         print(
-            f"autotune show: {len(tables)} plans in {url}; pick one with --key to export it",
+            f"autotune show: {len(tables)} plans in {url} ({', '.join(tables) or 'none'}); pick "
+            "one with --key KEY/WORKLOAD to export it",
             file=sys.stderr,
         )
         return 2
     if not tables:
         print(f"no tuned plans in {url}")
         return 0
-    for key, table in tables.items():
+    for name, table in tables.items():
         fp = table.fingerprint or {}
         where = ", ".join(f"{k}={v}" for k, v in fp.items())
-        fusion = "DDP's buckets" if not table.fusion_bytes else format_bytes(table.fusion_bytes)
-        print(f"plan {key}: {where}; fusion: {fusion}")
+        workload = name.split("/", 1)[1]
+        if workload in seeds:
+            print(f"plan {name} ({seeds[workload]}): {where}")
+        else:
+            fusion = "DDP's buckets" if not table.fusion_bytes else format_bytes(table.fusion_bytes)
+            print(f"plan {name}: {where}; fusion: {fusion}")
         head = f"{'size class':>10}  {'algorithm':<10} {'segment':>9} {'best':>10}"
         print(f"  {head} {'trials':>6}  state")
         for cls, e in sorted(table.classes.items()):
@@ -370,7 +383,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--storage", help="Optuna storage URL (default: AUTOTUNE_STORAGE, else the cache)"
     )
-    p.add_argument("--key", help="the plan to show or export (the fingerprint key printed)")
+    p.add_argument(
+        "--key",
+        help="the plan to show or export: KEY/WORKLOAD as printed, or a fingerprint KEY (every "
+        "workload's plan under it)",
+    )
     p.add_argument("--json", metavar="FILE", help="write the plan as JSON (for Config.plan_file)")
     p.add_argument("--nccl-csv", metavar="FILE", help="write the plan as NCCL tuner plugin CSV")
     p.set_defaults(func=_show)

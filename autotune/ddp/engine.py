@@ -112,6 +112,10 @@ class Engine:
         #: The gradients' device and dtype, known from the first bucket on.
         self.device: torch.device | None = None
         self.dtype: torch.dtype | None = None
+        #: The buckets of the first iteration, as DDP first builds them: (bytes, dtype) each,
+        #: complete once that iteration's last bucket is submitted (what names the job's plan,
+        #: `autotune.storage.workload_name`).
+        self.layout: list[tuple[int, str]] = []
         self.iteration = 0
         self._pending: list[_Bucket] = []
         self._starting = 0  # messages queued for, or being started by, the start thread
@@ -168,6 +172,10 @@ class Engine:
             self._wait_for_plan(self._submitted + 1)
         if self.device is None:
             self.device, self.dtype = buffer.device, buffer.dtype
+        if self._submitted == 0:
+            dtype = str(buffer.dtype).removeprefix("torch.")
+            sparse = "" if buffer.layout == torch.strided else f" {buffer.layout}"
+            self.layout.append((buffer.numel() * buffer.element_size(), dtype + sparse))
         cuda = buffer.is_cuda
         future: torch.futures.Future[torch.Tensor] = (
             torch.futures.Future(devices=[buffer.device]) if cuda else torch.futures.Future()

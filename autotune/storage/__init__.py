@@ -4,22 +4,29 @@ fingerprint of the job and the cluster, with the tables and priors saved beside 
 Example::
 
     >>> store = Store(storage_url())
-    >>> store.tables()  # fingerprint key -> the plan jobs locked
+    >>> store.tables()  # (fingerprint key, workload) -> the plan its runs locked
 """
 
 from autotune.storage.failures import storage_failure
 from autotune.storage.fingerprint import (
+    EARLIER,
+    SWEEP,
+    check_workload,
     device_model,
     elastic_attempt,
     elastic_run,
     fingerprint,
     fingerprint_key,
     job_fingerprint,
+    workload_name,
 )
 from autotune.storage.store import Store, merge_tables, storage_url, tell
 
 __all__ = [
+    "EARLIER",
+    "SWEEP",
     "Store",
+    "check_workload",
     "device_model",
     "elastic_attempt",
     "elastic_run",
@@ -30,4 +37,5 @@ __all__ = [
     "storage_failure",
     "storage_url",
     "tell",
+    "workload_name",
 ]

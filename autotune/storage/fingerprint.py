@@ -1,6 +1,11 @@
 """What a tuned plan depends on, and which job this is: the fingerprint that keys the storage
-(backend, world size, nodes, ranks per node, device model, dtype) and torchrun's identity of
-the job.
+(backend, world size, nodes, ranks per node, device model, dtype), the workload a plan belongs to
+within it (`workload_name`: the job's gradient layout, or a name the user gives), and torchrun's
+identity of the job.
+
+What is a fact about messages (a size class's screening) is kept per fingerprint, shared by every
+job with it; what is a judgment about a job's step (the plan it locked, its fusion and bucket
+size, its near miss) is kept per fingerprint and workload: docs/TUNER.md, "Persistence".
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ import hashlib
 import json
 import os
 import platform
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from autotune.util.processes import ProcessId
@@ -20,13 +26,26 @@ if TYPE_CHECKING:
     from autotune.comm.topology import Topology
 
 __all__ = [
+    "EARLIER",
+    "SWEEP",
+    "check_workload",
     "device_model",
     "elastic_attempt",
     "elastic_run",
     "fingerprint",
     "fingerprint_key",
     "job_fingerprint",
+    "workload_name",
 ]
+
+#: The workload ``autotune sweep --tune`` stores its classes under: not a job's plan, but each
+#: class's screening, which seeds the search of any job with the fingerprint.
+SWEEP = "sweep"
+#: The workload of plans stored before plans were kept per workload: whose job's they are is
+#: not known, so they only seed a search, as a sweep's classes do.
+EARLIER = "earlier"
+#: Where a workload's name comes from the job's gradient layout.
+LAYOUT_PREFIX = "layout-"
 
 
 def device_model(device_type: str, index: int | None = None) -> str:
@@ -87,6 +106,34 @@ def job_fingerprint(
         device=device_model(device.type, device.index),
         dtype=str(dtype).removeprefix("torch."),
     )
+
+
+def workload_name(layout: Sequence[tuple[int, str]]) -> str:
+    """The name of a job's plan where `Config.workload` gives none: ``layout-`` and a digest of
+    its gradient layout, (bytes, dtype) of each bucket as DDP first builds them (the same model
+    under the same DDP settings builds the same buckets; a different model, or a different
+    ``bucket_cap_mb``, other buckets)."""
+    digest = hashlib.sha1(
+        json.dumps([[n, d] for n, d in layout]).encode(), usedforsecurity=False
+    ).hexdigest()
+    return LAYOUT_PREFIX + digest[:12]
+
+
+def check_workload(name: object, what: str = "Config.workload") -> str:
+    """``name`` if a user may store plans under it, else a ValueError saying why."""
+    if not isinstance(name, str) or not name.strip() or name != name.strip():
+        raise ValueError(
+            f"{what}: expected a non-empty name without surrounding space, got {name!r}"
+        )
+    if "/" in name:
+        raise ValueError(f"{what}: {name!r} has a '/', which the storage's keys use")
+    if name in (SWEEP, EARLIER) or name.startswith(LAYOUT_PREFIX):
+        raise ValueError(
+            f"{what}: {name!r} is autotune's own ({SWEEP!r}: a sweep's classes; {EARLIER!r}: "
+            f"plans stored before plans were kept per job; {LAYOUT_PREFIX}...: a job named by "
+            "its gradient layout)"
+        )
+    return name
 
 
 def fingerprint_key(fp: dict[str, str | int]) -> str:

@@ -1,9 +1,12 @@
 """Where tuning results live: an Optuna storage, keyed by a fingerprint of the job's setting,
 with the plans jobs locked stored beside their studies.
 
-Only rank 0 of a job opens a store. Studies are named ``autotune/<key>/<what>``; the plan a job
-locked in is kept as a user attribute of ``autotune/<key>/plan``, so the next job with the same
-fingerprint starts from it.
+Only rank 0 of a job opens a store. Studies are named ``autotune/<key>/<what>``: a size class's
+screening is shared by every job with the fingerprint. The plan a job locked is kept as a user
+attribute ``table/<workload>/<run>`` of ``autotune/<key>/plan``, so the next job of the same
+workload (`autotune.storage.fingerprint.workload_name`) starts from it, and a job of another
+workload is not touched by it. A sweep stores its classes under the workload ``sweep``: they
+seed every job's search (`Store.load_seed`).
 """
 
 from __future__ import annotations
@@ -14,13 +17,13 @@ import random
 import time
 import uuid
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.plan import Entry, Table
 from autotune.storage.failures import cannot_open, racing
-from autotune.storage.fingerprint import elastic_attempt, elastic_run
+from autotune.storage.fingerprint import EARLIER, SWEEP, elastic_attempt, elastic_run
 from autotune.util.processes import ProcessId, state
 from autotune.util.redact import redact_url
 
@@ -115,14 +118,14 @@ class Store:
 
     Several jobs may share one storage at once: opening it survives another job creating the
     schema, each job's running trials carry its heartbeat (so a job only ever fails the trials of
-    jobs that stopped beating), and each job stores its locked plan under a key of its own, which
-    `load_table` merges by a fixed rule (see `merge_tables`).
+    jobs that stopped beating), and each run stores its locked plan under a key of its own, which
+    `load_table` merges with other runs' of the same workload by a fixed rule (`merge_tables`).
     """
 
-    def __init__(self, url: str, job_id: str | None = None) -> None:
+    def __init__(self, url: str, run_id: str | None = None) -> None:
         self.url = url
-        #: This job's name in the storage (its stored plan's key).
-        self.job_id = job_id or uuid.uuid4().hex[:12]
+        #: This run's name in the storage (its stored plan's key within its workload).
+        self.run_id = run_id or uuid.uuid4().hex[:12]
         _quiet_optuna()
         self.storage = _open(url)
         self._live: set[int] = set()  # trial ids of this job still running (heartbeats)
@@ -248,36 +251,59 @@ class Store:
             if name.startswith(prefix):
                 self.fail_stale_trials(optuna.load_study(study_name=name, storage=self.storage))
 
-    def load_table(self, key: str) -> Table | None:
-        """The plan stored for fingerprint ``key`` (every job's, merged), if a job locked one."""
+    def load_table(self, key: str, workload: str) -> Table | None:
+        """The plan stored for fingerprint ``key`` and ``workload`` (every run's, merged), if a
+        run of it locked one."""
+        return self._merged(key, lambda w: w == workload)
+
+    def load_seed(self, key: str) -> Table | None:
+        """What seeds a job's search on fingerprint ``key``: the classes a sweep screened (and the
+        plans stored before plans were kept per workload, `EARLIER`), merged; None if none."""
+        return self._merged(key, lambda w: w in (SWEEP, EARLIER))
+
+    def _merged(self, key: str, wanted: Callable[[str], bool]) -> Table | None:
+        saved = [r for r in self._records(key) if wanted(r[0])]
+        tables = []
+        for workload, saved_at, name, raw in sorted(saved, key=lambda t: (t[1], t[2])):
+            try:
+                tables.append((saved_at, Table.from_json(raw)))
+            except ValueError as exc:
+                raise ValueError(
+                    f"tuning storage {redact_url(self.url)!r}, plan {key}/{workload} ({name}): "
+                    f"{exc}; remove it with 'autotune show --storage URL' and optuna's "
+                    "delete_study, or fix the entry"
+                ) from exc
+        return merge_tables(tables) if tables else None
+
+    def _records(self, key: str) -> list[tuple[str, float, str, object]]:
+        """Every plan stored for ``key``: (workload, saved at, attribute name, table JSON)."""
         import optuna
 
         try:
             study = optuna.load_study(study_name=f"autotune/{key}/plan", storage=self.storage)
         except KeyError:
-            return None
-        saved = []
+            return []
+        out: list[tuple[str, float, str, object]] = []
         for name, raw in study.user_attrs.items():
-            if name == "table":  # written by autotune before plans were kept per job
-                saved.append((0.0, name, raw))
+            if name == "table":  # written before plans were kept per run
+                out.append((EARLIER, 0.0, name, raw))
             elif name.startswith("table/") and isinstance(raw, dict):
-                saved.append((float(raw.get("saved_at", 0.0)), name, raw.get("table")))
-        tables = []
-        for saved_at, name, raw in sorted(saved, key=lambda t: (t[0], t[1])):
-            try:
-                tables.append((saved_at, Table.from_json(raw)))
-            except ValueError as exc:
-                raise ValueError(
-                    f"tuning storage {redact_url(self.url)!r}, plan {key} ({name}): {exc}; "
-                    "remove it with 'autotune show --storage URL' and optuna's delete_study, "
-                    "or fix the entry"
-                ) from exc
-        return merge_tables(tables) if tables else None
+                # table/<workload>/<run>; table/<run> before plans were kept per workload.
+                parts = name.split("/")
+                workload = parts[1] if len(parts) == 3 else EARLIER
+                out.append((workload, float(raw.get("saved_at", 0.0)), name, raw.get("table")))
+        return out
 
-    def save_table(self, key: str, table: Table) -> None:
-        """Store this job's plan for ``key``, beside other jobs' (no job overwrites another's)."""
-        record = {"saved_at": time.time(), "job": self.job_id, "table": table.to_json()}
-        self.study(key, "plan").set_user_attr(f"table/{self.job_id}", record)
+    def save_table(self, key: str, workload: str, table: Table) -> None:
+        """Store this run's plan for ``key`` and ``workload``, beside other runs' (no run
+        overwrites another's)."""
+        record = {
+            "saved_at": time.time(),
+            "run": self.run_id,
+            "workload": workload,
+            "table": table.to_json(),
+        }
+        self.study(key, "plan").set_user_attr(f"table/{workload}/{self.run_id}", record)
 
     def save_prior(self, key: str, prior: dict[str, Any]) -> None:
         """Store the cost model's fit for fingerprint ``key`` (a later sweep's replaces it)."""
@@ -294,17 +320,19 @@ class Store:
         raw = study.user_attrs.get("model")
         return raw if isinstance(raw, dict) else None
 
-    def tables(self) -> dict[str, Table]:
-        """Every stored plan, by fingerprint key."""
+    def tables(self) -> dict[tuple[str, str], Table]:
+        """Every stored plan, by (fingerprint key, workload), in the storage's order."""
         import optuna
 
         out = {}
         for name in optuna.study.get_all_study_names(storage=self.storage):
             parts = name.split("/")
             if len(parts) == 3 and parts[0] == "autotune" and parts[2] == "plan":
-                table = self.load_table(parts[1])
-                if table is not None:
-                    out[parts[1]] = table
+                key = parts[1]
+                for workload in dict.fromkeys(r[0] for r in self._records(key)):
+                    table = self.load_table(key, workload)
+                    if table is not None:
+                        out[key, workload] = table
         return out
 
     def trial_count(self) -> int:
@@ -320,7 +348,9 @@ class Store:
 
 
 def merge_tables(saved: Sequence[tuple[float, Table]]) -> Table:
-    """The plan for a fingerprint when several jobs stored one (``saved``: (time, table)).
+    """The plan for a fingerprint and workload when several runs stored one (``saved``: (time,
+    table)): runs of one model at once, or one after another (and, for `Store.load_seed`, a
+    sweep's classes with older plans').
 
     Per size class the newest locked entry wins (an entry that is not locked only where no entry
     is); the fusion size is the newest locked one, the lead (`NearMiss`) and DDP's bucket size

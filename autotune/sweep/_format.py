@@ -6,6 +6,7 @@ import statistics
 
 from autotune.comm.topology import Topology
 from autotune.plan import PLAN_COLUMNS, Choice, Table, plan_rows, segment_text
+from autotune.storage.fingerprint import SWEEP
 from autotune.sweep._result import Row, SweepResult
 from autotune.util.redact import redact_url
 from autotune.util.units import format_bytes
@@ -68,7 +69,10 @@ def plan_lines(table: Table, key: str | None, storage: str | None) -> list[str]:
         )
 
     where = None if storage is None else redact_url(storage)
-    lines = [f"# Tuned plan {key} in {where}: a job with the same setting starts from it"]
+    lines = [
+        f"# Tuned classes {key}/{SWEEP} in {where}: a job with the same setting takes them as "
+        "its screening of these classes (each choice still meets the job's plan on the step)"
+    ]
     lines.append(line(PLAN_COLUMNS))
     lines += [line(cells) for _, cells in plan_rows(table)]
     return lines

@@ -22,10 +22,10 @@ import torch.distributed as dist
 
 from autotune.comm.topology import Topology
 from autotune.plan import Choice, Entry, Table
-from autotune.storage import Store, fingerprint_key, job_fingerprint, tell
+from autotune.storage import SWEEP, Store, fingerprint_key, job_fingerprint, tell
 from autotune.sweep._measure import Bench, Measured, Variant
 from autotune.tuning.sampler import ask, open_study
-from autotune.tuning.space import params_of, search_space, suggest_choice
+from autotune.tuning.space import params_of, search_space, space_tag, suggest_choice
 
 __all__ = [
     "FINALISTS",
@@ -144,7 +144,7 @@ def tune(
         study: optuna.Study | None = None
         if store is not None:
             # The space's first k options, in its order (every option while the budget allows).
-            study = open_study(store, key, f"sweep/class={cls}")
+            study = open_study(store, key, f"sweep/class={cls}/{space_tag(space)}")
             store.fail_stale_trials(study)
             suggest = functools.partial(suggest_choice, space=space)
             trials = [ask(study, space[i], params_of(space[i]), suggest) for i in range(k)]
@@ -175,9 +175,10 @@ def tune(
             on_class(cls, entry)
     if store is None:
         return Tuned(choices)
-    # The sweep's classes replace those stored; the others, and a job's fusion size, stay.
-    old = store.load_table(key)
+    # The sweep's classes replace those an earlier sweep stored; the others stay. Jobs' plans are
+    # their own (each its workload's): the sweep's classes seed their searches, never replace them.
+    old = store.load_table(key, SWEEP)
     merged = {**(old.classes if old else {}), **entries}
-    table = Table(merged, old.fusion_bytes if old else None, fp)
-    store.save_table(key, table)
+    table = Table(merged, None, fp)
+    store.save_table(key, SWEEP, table)
     return Tuned(choices, table, key)

@@ -7,6 +7,7 @@ one reads like a plan from the other.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,14 @@ if TYPE_CHECKING:
 
     from autotune.comm.topology import Topology
 
-__all__ = ["SEGMENT_OPTIONS", "choice_of", "params_of", "search_space", "suggest_choice"]
+__all__ = [
+    "SEGMENT_OPTIONS",
+    "choice_of",
+    "params_of",
+    "search_space",
+    "space_tag",
+    "suggest_choice",
+]
 
 #: Segment sizes searched for a segmented algorithm, those below the message's size class.
 SEGMENT_OPTIONS = (256 << 10, 1 << 20, 4 << 20)
@@ -59,6 +67,17 @@ def suggest_choice(trial: optuna.Trial, space: Sequence[Choice]) -> Choice:
         seg = trial.suggest_categorical("segment_bytes", [s or 0 for s in segments])
         return Choice(algorithm, seg or None)
     return Choice(algorithm, segments[0])
+
+
+def space_tag(space: Sequence[Choice]) -> str:
+    """A short name for the algorithms ``space`` holds, for the name of a study written over it.
+
+    Optuna refuses a parameter whose choices change within a study ("CategoricalDistribution does
+    not support dynamic value space"), and `suggest_choice` offers the space's algorithms: jobs
+    whose candidates differ (``Config.algorithms``, a plugin installed or not) each screen in a
+    study of their own, and jobs with the same candidates share one."""
+    names = ",".join(sorted({c.algorithm for c in space}))
+    return hashlib.sha1(names.encode(), usedforsecurity=False).hexdigest()[:8]
 
 
 def params_of(choice: Choice) -> dict[str, Any]:

@@ -1,35 +1,50 @@
-"""What a job finds stored for its fingerprint: the plan an earlier job locked and the prior a
-sweep stored (`read_stored`), and the part of that plan this job can run (`stored_arm`).
+"""What a job finds stored for its fingerprint and workload (`read_stored`): the plan an earlier
+run of the same workload locked, the classes a sweep screened (the seed) and the prior a sweep
+fitted; and the part of a stored plan this job can run (`stored_arm`).
 
-The tuner reads both at its first exchange, on rank 0's worker thread, and confirms the stored
-plan against the baseline before it locks it (docs/TUNER.md, "Persistence").
+The tuner reads them at its first exchange, on rank 0's worker thread. It confirms its own
+workload's plan against the baseline before it locks it; a seed's classes stand in for their
+screening, and their choices meet the baseline in the job's own search (docs/TUNER.md,
+"Persistence").
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from autotune.model import Prior
 from autotune.plan import Arm, Choice, Table
 from autotune.storage import Store
 
-__all__ = ["read_stored", "stored_arm"]
+__all__ = ["Stored", "read_stored", "stored_arm"]
 
 
-def read_stored(store: Store, key: str) -> tuple[Table | None, Prior | None]:
-    """The plan stored for fingerprint ``key`` and the cost model's prior, if a sweep stored one
-    (an unreadable prior is no prior: tuning goes on without one). First fails the trials that
-    jobs now gone left running in any of the fingerprint's studies: a job that only runs the
-    stored plan may never open those studies itself."""
+@dataclass(frozen=True)
+class Stored:
+    """What the storage holds for a job: ``table``, its workload's plan; ``seed``, the classes a
+    sweep screened (and plans older than workloads); ``prior``, the cost model's fit."""
+
+    table: Table | None
+    seed: Table | None
+    prior: Prior | None
+
+
+def read_stored(store: Store, key: str, workload: str) -> Stored:
+    """What is stored for fingerprint ``key`` and ``workload`` (an unreadable prior is no prior:
+    tuning goes on without one). First fails the trials that jobs now gone left running in any
+    of the fingerprint's studies: a job that only runs the stored plan may never open those
+    studies itself."""
     store.fail_stale(key)
-    table = store.load_table(key)
+    table = store.load_table(key, workload)
+    seed = store.load_seed(key) if table is None else None
     raw = store.load_prior(key)
     prior = None
     if raw is not None:
         with contextlib.suppress(ValueError):
             prior = Prior.from_json(raw)
-    return table, prior
+    return Stored(table, seed, prior)
 
 
 def stored_arm(

@@ -37,14 +37,15 @@ from autotune.storage import (
     job_fingerprint,
     storage_failure,
     storage_url,
+    workload_name,
 )
 from autotune.tuning import wire
 from autotune.tuning.paired_test import Outcome
 from autotune.tuning.plan_search import PlanSearch, shortlist
 from autotune.tuning.search import NOT_MEASURED, ClassSearch, Progress
-from autotune.tuning.space import search_space
+from autotune.tuning.space import search_space, space_tag
 from autotune.tuning.status import tuner_progress, tuner_table
-from autotune.tuning.stored import read_stored, stored_arm
+from autotune.tuning.stored import Stored, read_stored, stored_arm
 from autotune.tuning.worker import Worker
 from autotune.util.redact import redact_url
 from autotune.util.units import format_bytes
@@ -105,6 +106,12 @@ class Tuner:
         self.check_from: int | None = None
         self._catch_armed = True
         self.key = ""
+        #: The workload this job's plan is stored under (rank 0, from the first exchange on):
+        #: `Config.workload`, or one its gradient layout names.
+        self.workload = ""
+        #: The classes a sweep screened on this fingerprint (rank 0, once loaded, where the
+        #: workload had no plan stored): they stand in for those classes' screening.
+        self._seed: Table | None = None
         #: The cost model's prior for this fingerprint (rank 0, once loaded), if a sweep stored it.
         self.prior: Prior | None = None
         self.loaded = False
@@ -400,19 +407,35 @@ class Tuner:
         assert device is not None and dtype is not None
         self.fingerprint = job_fingerprint(self.process_group, device, dtype, self.topology)
         self.key = fingerprint_key(self.fingerprint)
+        layout = self.engine.layout
+        self.workload = self.config.workload or workload_name(layout)
+        total = sum(n for n, _ in layout)
+        _log.info(
+            "autotune: this job's plan is stored as %s/%s (%s; the gradients as DDP first "
+            "bucketed them: %d buckets, %s%s)",
+            self.key,
+            self.workload,
+            ", ".join(f"{k}={v}" for k, v in self.fingerprint.items()),
+            len(layout),
+            format_bytes(total),
+            "" if self.config.workload is None else "; named by Config.workload",
+        )
         assert self.worker is not None
         self.worker.submit(self._load)
 
     def _load(self) -> None:
-        """On the worker: the stored plan, and the cost model's prior if a sweep stored one."""
-        table, prior = read_stored(self.store(), self.key)
-        self.post(lambda: self._loaded(table, prior))
+        """On the worker: what is stored for this job (`autotune.tuning.stored.read_stored`)."""
+        stored = read_stored(self.store(), self.key, self.workload)
+        self.post(lambda: self._loaded(stored))
 
-    def _loaded(self, table: Table | None, prior: Prior | None) -> None:
-        """The stored plan, as far as this job can run it, is confirmed before it is locked."""
+    def _loaded(self, found: Stored) -> None:
+        """The workload's stored plan, as far as this job can run it, is confirmed before it is
+        locked; without one, a sweep's classes seed the search (`_class_search`)."""
         assert self.plan_search is not None
         self.loaded = True
-        self.prior = prior
+        self.prior = found.prior
+        self._seed = found.seed
+        table = found.table
         stored = None
         if table is not None:
             stored = stored_arm(
@@ -532,11 +555,40 @@ class Tuner:
                 cls, ranks, universe, default, prune=not asked, ranks_per_node=per_node
             )
         # "/min": the least latency over ranks (wire.Window); studies stored before it held the
-        # MAX, a different figure, and are not mixed in.
-        search = ClassSearch(self, f"class={cls}/min", space, default, universe)
+        # MAX, a different figure, and are not mixed in. Then the candidates' tag: a study per
+        # set of candidates (`space_tag`).
+        what = f"class={cls}/min/{space_tag(universe)}"
+        search = ClassSearch(self, what, space, default, universe)
         search.round = self.plan_search.round
         self.classes[cls] = search
+        seeded = self._seeded(cls)
+        if seeded is not None:
+            choice, seconds = seeded
+            search.lock(choice, seconds)
+            search.values[choice] = seconds
+            _log.info(
+                "autotune: the %s class takes a sweep's screening: %s at %.3f ms (put forward "
+                "against the job's plan on the step, not locked on it)",
+                format_bytes(cls),
+                choice,
+                seconds * 1e3,
+            )
         return search
+
+    def _seeded(self, cls: int) -> tuple[Choice, float] | None:
+        """A sweep's screening of ``cls`` (its best choice and latency), where it seeds this job's
+        first round and this job can run the choice; None otherwise."""
+        entry = None if self._seed is None else self._seed.classes.get(cls)
+        if (
+            entry is None
+            or entry.state != "locked"
+            or entry.best_s is None
+            or self.plan_search is None
+            or self.plan_search.round != 0
+            or entry.choice not in self._space(cls)
+        ):
+            return None
+        return entry.choice, entry.best_s
 
     def screened(self) -> None:
         """A class search locked its best (the `Host` call): shortlist now if it was the last."""
@@ -546,7 +598,7 @@ class Tuner:
         """Rank 0: the plan locked (or fell back); store the table for the next job."""
         table = self.table()
         assert self.worker is not None
-        self.worker.submit(lambda: self.store().save_table(self.key, table))
+        self.worker.submit(lambda: self.store().save_table(self.key, self.workload, table))
 
     def table(self) -> Table:
         """The plan as rank 0 knows it, with each class's screening and the measured gain

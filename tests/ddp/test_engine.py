@@ -110,6 +110,18 @@ def test_every_message_is_recorded() -> None:
     assert engine.iteration == 1
 
 
+def test_the_layout_is_the_first_iterations_buckets_before_fusion() -> None:
+    # What names the job's plan (`autotune.storage.workload_name`): DDP's buckets as it first
+    # builds them, whatever the engine fuses them into, and not the later iterations' (DDP
+    # rebuilds its buckets after the first).
+    engine, algo, _ = make_engine(1024)
+    submit_iteration(engine, [100, 100, 100, 20])
+    submit_iteration(engine, [320])
+    engine.close()
+    assert algo.messages == [800, 480, 640, 640]
+    assert engine.layout == [(400, "float32"), (400, "float32"), (400, "float32"), (80, "float32")]
+
+
 def test_iteration_end_runs_before_the_last_futures_complete_and_after_after() -> None:
     engine, _, recorder = make_engine(0)
     seen: list[tuple[str, int, bool]] = []

@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fault_jobs import Seen, plan_that_steps_aside, storage_with_a_ring_plan, train_until_it_fails
+from fault_jobs import (
+    RING_WORKLOAD,
+    Seen,
+    plan_that_steps_aside,
+    storage_with_a_ring_plan,
+    train_until_it_fails,
+)
 
 from autotune.comm.launch import launch
 
@@ -95,7 +101,7 @@ def test_stepped_aside_by_the_tuner_a_killed_rank_is_named(tmp_path: Path) -> No
 
 def test_in_the_catchs_blocks_of_plain_ddp_a_stopped_rank_is_named(tmp_path: Path) -> None:
     url = storage_with_a_ring_plan(tmp_path / "t.db", 2)
-    config = {"algorithms": ("ring",), "storage": url, "max_pairs": 6}
+    config = {"algorithms": ("ring",), "storage": url, "max_pairs": 6, "workload": RING_WORKLOAD}
     seen = run(2, {1: "stop"}, config, when="catch", wake=True)
     named(seen[0], 1)
     assert seen[0] is not None and "its process is stopped" in seen[0].message

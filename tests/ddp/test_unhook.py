@@ -186,10 +186,10 @@ def test_once_aside_ddp_keeps_the_job_s_buckets_when_no_size_beats_them(tmp_path
     # Had the size come close, it would be the stored lead: the next job tests it alone once
     # more, and here (the job's own slowed now) it wins and is kept by every rank.
     cap = one_challenger(runs[0], won=False)
-    store = Store(str(config(tmp_path)["storage"]), job_id="seeded")
+    store = Store(str(config(tmp_path)["storage"]), run_id="seeded")
     ((key, table),) = store.tables().items()
     lead = Buckets(cap, Gain(0.96, 0.9, 1.02, 6))
-    store.save_table(key, dataclasses.replace(table, buckets=Buckets(SMALL_BUCKETS, None, lead)))
+    store.save_table(*key, dataclasses.replace(table, buckets=Buckets(SMALL_BUCKETS, None, lead)))
     retried = run_local(beside_plain, 2, *args, "reference", timeout_s=600)
     for r in retried:
         assert r.bucket_duels == [(cap, True)] and r.bucket_kept == cap and r.bucket_cap == cap

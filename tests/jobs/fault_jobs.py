@@ -165,15 +165,20 @@ def train_until_it_fails(
     raise AssertionError("trained to the end without noticing the fault")
 
 
+#: The workload `storage_with_a_ring_plan` stores its plan under (a job's `Config.workload`).
+RING_WORKLOAD = "faults-net"
+
+
 def storage_with_a_ring_plan(path: Path, world_size: int) -> str:
     """A storage holding, for `Net`'s all-reduces at ``world_size`` CPU ranks on this host, a
-    plan with `ring` for its bucket's size class: a job from it goes straight to the check against
-    plain DDP (`autotune.tuning.plain_check`), whose blocks alternate the hook and plain DDP."""
+    plan with `ring` for its bucket's size class, as workload `RING_WORKLOAD`: a job of it goes
+    straight to the check against plain DDP (`autotune.tuning.plain_check`), whose blocks
+    alternate the hook and plain DDP."""
     url = f"sqlite:///{path}"
     net_bytes = sum(p.numel() * p.element_size() for p in Net().parameters())
     classes = {size_class(net_bytes): Entry(Choice("ring"), state="locked")}
     table = Table(classes, 0, None, Gain(0.9, 0.85, 0.95, 12))
-    Store(url, job_id="ring-job").save_table(gloo_cpu_key(world_size), table)
+    Store(url, run_id="ring-job").save_table(gloo_cpu_key(world_size), RING_WORKLOAD, table)
     return url
 
 

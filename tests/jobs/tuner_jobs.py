@@ -121,14 +121,15 @@ def register_injected() -> None:
         register(cls.name, cls, replace=True)
 
 
-def model() -> torch.nn.Module:
+def model(width: int = 1024) -> torch.nn.Module:
     """With bucket_cap_mb=0.05, two buckets either side of SMALL_BYTES from the second iteration
-    (after DDP rebuilds them): 66 KB and 1.05 MB."""
+    (after DDP rebuilds them): 66 KB and 1.05 MB (``width`` 1023: a few bytes less each, in the
+    same size classes, another model to the storage)."""
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Linear(256, 1024),
+        torch.nn.Linear(256, width),
         torch.nn.ReLU(),
-        torch.nn.Linear(1024, 16),
+        torch.nn.Linear(width, 16),
         torch.nn.ReLU(),
         torch.nn.Linear(16, 8),
     )
@@ -152,6 +153,7 @@ class Tuned:
     #: After each step: (`AutotuneState.locked`, `AutotuneState.settled`) on this rank.
     states: list[tuple[bool, bool]]
     candidates: tuple[str, ...]  # what the tuner chose among, as the group agreed
+    workload: str  # the workload its plan is stored under (rank 0's; "" elsewhere)
 
 
 def tune(
@@ -163,6 +165,7 @@ def tune(
     slow_native: bool = False,
     flip_at: int | None = None,
     until_settled: bool = False,
+    width: int = 1024,
 ) -> Tuned:
     """Train with the tuner on (and, if ``compare``, beside DDP without a hook). With
     ``slow_native`` the baseline is `SlowNative`; at step ``flip_at`` it turns fast and
@@ -178,7 +181,7 @@ def tune(
         # tests/tuning/test_plain_check.py).
         config = {"unhook": False, **config}
     CONDITIONS.update(native_slow=slow_native, quick_ring_slow=False)
-    base = model()
+    base = model(width)
     hooked = DDP(copy.deepcopy(base), bucket_cap_mb=BUCKET_CAP_MB)
     state = autotune.register(hooked, autotune.Config(timeout_s=60, **config))
     models = (
@@ -220,6 +223,7 @@ def tune(
         steps_run=steps_run,
         states=states,
         candidates=state.tuner.candidates,
+        workload=state.tuner.workload,
         duels=[
             (kind, arm.describe(), outcome.challenger_won)
             for kind, arm, outcome in (

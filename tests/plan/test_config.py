@@ -57,6 +57,10 @@ def test_defaults() -> None:
         ({"recheck_every": -1}, ValueError, "Config.recheck_every: must be >= 0"),
         ({"metrics_host": ""}, ValueError, "Config.metrics_host: expected an address"),
         ({"job": ""}, ValueError, "Config.job: expected a non-empty label value"),
+        ({"workload": ""}, ValueError, "Config.workload: expected a non-empty name"),
+        ({"workload": "bert/large"}, ValueError, "Config.workload: 'bert/large' has a '/'"),
+        ({"workload": "sweep"}, ValueError, "Config.workload: 'sweep' is autotune's own"),
+        ({"workload": "layout-0a1b"}, ValueError, "Config.workload: 'layout-0a1b' is autotune's"),
         (
             {"algorithm": "ring", "plan_file": "plan.json"},
             ValueError,
@@ -90,6 +94,7 @@ def test_every_field_from_the_environment() -> None:
         "AUTOTUNE_RECHECK_EVERY": "0",
         "AUTOTUNE_METRICS_HOST": "0.0.0.0",
         "AUTOTUNE_JOB": "llm-pretrain",
+        "AUTOTUNE_WORKLOAD": "gpt2-small",
         "UNRELATED": "ignored",
     }
     c = Config.from_env(env)
@@ -108,6 +113,7 @@ def test_every_field_from_the_environment() -> None:
         recheck_every=0,
         metrics_host="0.0.0.0",
         job="llm-pretrain",
+        workload="gpt2-small",
     )
 
 

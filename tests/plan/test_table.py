@@ -9,7 +9,7 @@ import pytest
 
 from autotune.cli import main
 from autotune.plan import Arm, Buckets, Choice, Entry, Gain, NearMiss, Table, load_table
-from autotune.storage import Store, fingerprint, fingerprint_key
+from autotune.storage import SWEEP, Store, fingerprint, fingerprint_key
 
 FP = fingerprint(backend="nccl", world_size=16, nodes=2, device="NVIDIA H100", dtype="bfloat16")
 TABLE = Table(
@@ -79,10 +79,10 @@ def test_nccl_csv() -> None:
 def test_show_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = f"sqlite:///{tmp_path / 'tuning.db'}"
     key = fingerprint_key(FP)
-    Store(url).save_table(key, TABLE)
+    Store(url).save_table(key, "bert", TABLE)
     assert main(["show", "--storage", url]) == 0
     out = capsys.readouterr().out
-    assert f"plan {key}: backend=nccl, world_size=16, nodes=2" in out
+    assert f"plan {key}/bert: backend=nccl, world_size=16, nodes=2" in out
     assert "fusion: 4 MiB" in out
     assert "two_tree" in out and "256 KiB" in out and "1.10ms" in out
     json_path, csv_path = tmp_path / "p.json", tmp_path / "p.csv"
@@ -97,7 +97,7 @@ def test_show_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 def test_show_names_a_stored_lead(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = f"sqlite:///{tmp_path / 'tuning.db'}"
     lead = NearMiss(Arm(((1 << 20, Choice("tree")),), 16 << 20), Gain(0.953, 0.9, 1.02, 24))
-    Store(url).save_table("aaa", Table(TABLE.classes, 0, FP, None, lead))
+    Store(url).save_table("aaa", "bert", Table(TABLE.classes, 0, FP, None, lead))
     assert main(["show", "--storage", url]) == 0
     out = capsys.readouterr().out
     assert "the next job tests it again: 1 MiB: tree, fusion 16 MiB (0.95x over 24 pairs)" in out
@@ -109,7 +109,7 @@ def test_show_names_the_bucket_size_a_job_stepped_aside_onto(
     url = f"sqlite:///{tmp_path / 'tuning.db'}"
     native = {cls: Entry(Choice("native"), None, 3, "locked") for cls in TABLE.classes}
     kept = Buckets(16 << 20, Gain(0.81, 0.7, 0.9, 8))
-    Store(url).save_table("aaa", Table(native, 0, FP, None, None, kept))
+    Store(url).save_table("aaa", "bert", Table(native, 0, FP, None, None, kept))
     assert main(["show", "--storage", url]) == 0
     out = capsys.readouterr().out
     assert "unhooked onto DDP's buckets at 16 MiB (0.81x over 8 pairs of blocks)" in out
@@ -120,13 +120,24 @@ def test_show_wants_a_key_when_exporting_one_of_several(
 ) -> None:
     url = f"sqlite:///{tmp_path / 'tuning.db'}"
     store = Store(url)
-    store.save_table("aaa", TABLE)
-    store.save_table("bbb", TABLE)
+    store.save_table("aaa", "bert", TABLE)
+    store.save_table("bbb", "bert", TABLE)
+    store.save_table("bbb", "gpt", TABLE)
+    store.save_table("bbb", SWEEP, Table(TABLE.classes, None, FP))
     assert main(["show", "--storage", url, "--json", str(tmp_path / "p.json")]) == 2
     assert "pick one with --key" in capsys.readouterr().err
     assert main(["show", "--storage", url, "--key", "ccc"]) == 2
     assert "no plan 'ccc'" in capsys.readouterr().err
-    assert main(["show", "--storage", url, "--key", "bbb", "--json", str(tmp_path / "p.json")]) == 0
+    # A fingerprint key alone shows every workload's plan under it...
+    assert main(["show", "--storage", url, "--key", "bbb"]) == 0
+    out = capsys.readouterr().out
+    assert "plan bbb/bert:" in out and "plan bbb/gpt:" in out and "plan aaa/" not in out
+    assert "plan bbb/sweep (a sweep's screening: seeds every job's search)" in out
+    # ... and exports none of them: KEY/WORKLOAD picks one.
+    export = ["show", "--storage", url, "--json", str(tmp_path / "p.json")]
+    assert main([*export, "--key", "bbb"]) == 2
+    assert "bbb/bert, bbb/gpt, bbb/sweep" in capsys.readouterr().err
+    assert main([*export, "--key", "bbb/gpt"]) == 0
 
 
 def test_show_empty(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

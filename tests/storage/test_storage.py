@@ -23,7 +23,7 @@ from tuner_jobs import tune
 
 from autotune.comm.launch import launch, run_local
 from autotune.plan import Arm, Buckets, Choice, Entry, Gain, NearMiss, Table
-from autotune.storage import Store, merge_tables
+from autotune.storage import EARLIER, SWEEP, Store, merge_tables, workload_name
 
 
 @pytest.fixture(scope="module")
@@ -105,11 +105,13 @@ def check_shared(url: str, results: list[Any]) -> None:
         study = optuna.load_study(study_name=name, storage=store.storage)
         running += [(name, t.number) for t in study.get_trials(states=(TrialState.RUNNING,))]
     assert running == [], "trials left running by jobs that ended"
-    # Each job stored the plan it locked under its own key; the plan read back merges them.
-    (key,) = store.tables()
+    # Each job stored the plan it locked under its own key, both under the one workload their
+    # one model names; the plan read back merges them.
+    ((key, workload),) = store.tables()
+    assert workload.startswith("layout-")
     plan_study = optuna.load_study(study_name=f"autotune/{key}/plan", storage=store.storage)
-    assert len([k for k in plan_study.user_attrs if k.startswith("table/")]) == 2
-    table = store.load_table(key)
+    assert len([k for k in plan_study.user_attrs if k.startswith(f"table/{workload}/")]) == 2
+    table = store.load_table(key, workload)
     assert table is not None and table.fusion_bytes is not None
     locked = {cls for cls, e in table.classes.items() if e.state == "locked"}
     for r in results:
@@ -221,27 +223,83 @@ def test_the_lead_is_the_newest_tables_settled_or_not() -> None:
     assert merge_tables([(2.0, kept), (1.0, settled)]).lead == lead
 
 
-def test_each_job_stores_its_own_plan_and_reads_the_merge(tmp_path: Path) -> None:
+def test_each_run_stores_its_own_plan_and_reads_its_workloads_merge(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'tuning.db'}"
-    a, b = Store(url, job_id="a"), Store(url, job_id="b")
-    a.save_table("key", Table({1024: entry("ring", 1e-3)}, fusion_bytes=0))
+    a, b = Store(url, run_id="a"), Store(url, run_id="b")
+    a.save_table("key", "cnn", Table({1024: entry("ring", 1e-3)}, fusion_bytes=0))
     lead = NearMiss(Arm(((2048, Choice("ring", 1024)),), 1 << 20), Gain(0.96, 0.9, 1.01, 30))
-    b.save_table("key", Table({1024: entry("tree", 2e-3), 2048: entry("tree", 1e-3)}, lead=lead))
+    b.save_table(
+        "key", "cnn", Table({1024: entry("tree", 2e-3), 2048: entry("tree", 1e-3)}, lead=lead)
+    )
     for store in (a, b, Store(url)):
-        table = store.load_table("key")
+        table = store.load_table("key", "cnn")
         assert table is not None
         assert table.classes[1024].choice == Choice("tree")  # b's, the newer
         assert table.classes[2048].choice == Choice("tree")
         assert table.lead == lead  # b's, the newer
 
 
-def test_a_bad_stored_plan_names_the_storage_and_the_job(tmp_path: Path) -> None:
+def test_a_workload_is_named_by_its_gradient_layout() -> None:
+    cnn = [(2 << 20, "float32"), (512 << 10, "float32")]
+    assert workload_name(cnn) == workload_name(list(cnn))  # the same model, the same name
+    assert workload_name(cnn).startswith("layout-")
+    others = [
+        cnn[::-1],  # another order
+        [(2 << 20, "float32"), (512 << 10 + 4, "float32")],  # four bytes more
+        [(2 << 20, "bfloat16"), (512 << 10, "float32")],  # another dtype
+        cnn[:1],
+    ]
+    assert len({workload_name(cnn), *map(workload_name, others)}) == 1 + len(others)
+
+
+def test_workloads_keep_their_own_plans_and_a_sweep_only_seeds(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'tuning.db'}"
-    store = Store(url, job_id="j1")
+    store = Store(url, run_id="r")
+    cnn = Table({1024: entry("ring", 1e-3), 8 << 20: entry("native", 4e-3)}, fusion_bytes=0)
+    mlp = Table({1024: entry("native", 1e-3)}, fusion_bytes=1 << 20)
+    sweep = Table({1024: entry("shm", 5e-4), 4096: entry("shm", 6e-4)})
+    store.save_table("key", "cnn", cnn)
+    store.save_table("key", "mlp", mlp)  # later: the newer table, but another workload's
+    Store(url, run_id="s").save_table("key", SWEEP, sweep)
+    assert store.load_table("key", "cnn") == cnn
+    assert store.load_table("key", "mlp") == mlp
+    assert store.load_table("key", "bert") is None
+    assert store.load_table("other", "cnn") is None
+    assert store.load_seed("key") == sweep
+    assert store.load_seed("other") is None
+    assert store.tables() == {("key", "cnn"): cnn, ("key", "mlp"): mlp, ("key", SWEEP): sweep}
+
+
+def test_plans_stored_before_workloads_seed_searches(tmp_path: Path) -> None:
+    # "table" (before plans were kept per run) and "table/<run>" (per run, before workloads):
+    # whose model they were tuned for is unknown, so no job takes them for its own plan.
+    url = f"sqlite:///{tmp_path / 'tuning.db'}"
+    store = Store(url)
+    plan = store.study("key", "plan")
+    oldest = Table({1024: entry("ring", 1e-3), 2048: entry("tree", 1e-3)}, fusion_bytes=0)
+    old = Table({1024: entry("shm", 2e-3)}, fusion_bytes=0)
+    plan.set_user_attr("table", oldest.to_json())
+    record = {"saved_at": 5.0, "job": "0123abcd", "table": old.to_json()}
+    plan.set_user_attr("table/0123abcd", record)
+    seed = store.load_seed("key")
+    assert seed is not None
+    assert {cls: e.choice.algorithm for cls, e in seed.classes.items()} == {
+        1024: "shm",  # the newer
+        2048: "tree",
+    }
+    assert store.tables().keys() == {("key", EARLIER)}
+    assert store.load_table("key", "cnn") is None
+
+
+def test_a_bad_stored_plan_names_the_storage_and_the_workload(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'tuning.db'}"
+    store = Store(url, run_id="j1")
     bad = {"saved_at": 1.0, "table": {"classes": {}, "fusion_bytes": -64}}
-    store.study("key", "plan").set_user_attr("table/j1", bad)
-    with pytest.raises(ValueError, match=r"tuning storage .*plan key \(table/j1\): fusion_bytes"):
-        store.load_table("key")
+    store.study("key", "plan").set_user_attr("table/cnn/j1", bad)
+    with pytest.raises(
+        ValueError, match=r"tuning storage .*plan key/cnn \(table/cnn/j1\): fusion_bytes"
+    ):
+        store.load_table("key", "cnn")
 
 
 OWNER = str(Path(__file__).parents[1] / "jobs" / "trial_owner.py")

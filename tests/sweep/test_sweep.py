@@ -18,7 +18,7 @@ from sweep_jobs import measured_order, sweep, sweep_with_a_dying_rank
 from autotune.algorithms import available
 from autotune.comm.launch import launch, run_local
 from autotune.plan import size_class
-from autotune.storage import Store
+from autotune.storage import SWEEP, Store
 from autotune.sweep import Measured, SweepOptions, SweepResult, Variant, dtype_name, exact_limit
 from autotune.sweep._measure import round_order
 
@@ -181,7 +181,8 @@ def test_tune_writes_a_plan_the_hook_starts_from(tmp_path: Path) -> None:
         result.plan.classes[size_class(r.bytes)].choice.algorithm for r in tuned
     ]
     store = Store(url)
-    assert store.tables()[result.plan_key].classes == result.plan.classes
+    # Stored as the sweep's classes, not as any job's plan.
+    assert store.tables() == {(result.plan_key, SWEEP): result.plan}
     # The result knows the fingerprint it was stored under (a job's, and the prior's key).
     from autotune.storage import fingerprint_key
 
@@ -210,20 +211,29 @@ def test_tune_writes_a_plan_the_hook_starts_from(tmp_path: Path) -> None:
             study = optuna.load_study(study_name=name, storage=store.storage)
             assert all("algorithm" in t.params for t in study.trials), name
 
-    # A job with the same setting (2 gloo ranks, CPU, float32) screens nothing: it confirms the
-    # sweep's plan against the baseline in one paired test on the step, and keeps it. (The baseline
-    # is slowed down here, through the hook, so that any plan that differs from it wins; if the
-    # sweep chose native everywhere, the plan is the baseline and is locked without a paired test.
-    # unhook is off: a job that unhooks would take a plan that needs the hook to plain
-    # DDP itself instead, which is not slowed: tests/tuning/test_plain_check.py.)
+    # A job with the same setting (2 gloo ranks, CPU, float32) screens nothing: the sweep's
+    # classes stand in for its screening, and each class's choice where it is not the baseline's
+    # meets the job's plan in a paired test on the step, and wins. (The baseline is slowed down
+    # here, through the hook, so that any plan that differs from it wins; where the sweep chose
+    # native, no paired test is run for the class. unhook is off: a job that unhooks would take
+    # a plan that needs the hook to plain DDP itself instead, which is not slowed:
+    # tests/tuning/test_plain_check.py.)
     config = {"tune_warmup": 0, "tune_samples": 2, "fusion_bytes": 0, "storage": url}
     config["unhook"] = False
     config.update(algorithms=("native", "tree"), max_pairs=6)
-    job = run_local(train, 2, 40, config, False, True, timeout_s=600)[0]
+    job = run_local(train, 2, 400, config, False, True, None, True, timeout_s=600)[0]
     assert job.settled, (job.progress, job.duels)
     assert store.trial_count() == trials
-    assert [kind for kind, _, _ in job.duels] in (["confirm"], [])
+    assert {kind for kind, _, _ in job.duels} <= {"class", "combined"}, job.duels
+    assert all(won for _, _, won in job.duels), job.duels
     assert job.plan and all(c == result.plan.classes[cls].choice for cls, c in job.plan.items())
+    # The job stored a plan of its own; the sweep's classes are as the sweep left them.
+    tables = store.tables()
+    assert tables[result.plan_key, SWEEP] == result.plan
+    ((stored_as, own),) = [(k, t) for k, t in tables.items() if k[1] != SWEEP]
+    assert stored_as[0] == result.plan_key and stored_as[1].startswith("layout-")
+    # Its plan holds the classes it sent, not the sweep's others (nor does its verdict name them).
+    assert set(own.classes) == {size_class(n) for i, n, *_ in job.messages if i > 0}
 
 
 def test_options_follow_nccl_tests() -> None:

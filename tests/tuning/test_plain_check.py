@@ -39,7 +39,7 @@ def stored_ring(tmp_path: Path, variant: str = "base") -> dict[str, object]:
     assert kept.classes and kept.runs_native
     classes = {cls: Entry(Choice("ring"), state="locked") for cls in kept.classes}
     table = Table(classes, 0, kept.fingerprint, Gain(0.9, 0.85, 0.95, 12))
-    Store(url, job_id="ring-job").save_table(key, table)
+    Store(url, run_id="ring-job").save_table(*key, table)
     return {**first, "algorithms": ("ring",), "max_pairs": 6}
 
 
@@ -86,6 +86,6 @@ def test_a_plan_slower_than_plain_ddp_is_dropped_and_the_job_steps_aside(tmp_pat
     # The next job finds the baseline (no lead: the plan lost to plain DDP itself).
     assert runs[0].stored_plan is not None and set(runs[0].stored_plan.values()) == {"native"}
     stored = Store(f"sqlite:///{tmp_path / 'tuning.db'}").load_table(
-        next(iter(Store(f"sqlite:///{tmp_path / 'tuning.db'}").tables()))
+        *next(iter(Store(f"sqlite:///{tmp_path / 'tuning.db'}").tables()))
     )
     assert stored is not None and stored.lead is None

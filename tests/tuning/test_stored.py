@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotune.plan import Arm, Choice, Entry, Gain, Table
-from autotune.storage import Store
-from autotune.tuning.stored import read_stored, stored_arm
+from autotune.storage import SWEEP, Store
+from autotune.tuning.stored import Stored, read_stored, stored_arm
 
 RING, TREE, NATIVE = Choice("ring", 1 << 20), Choice("tree"), Choice("native")
 FUSIONS = (0, 1 << 20, 4 << 20, 16 << 20)
@@ -44,9 +44,22 @@ def test_a_measured_baseline_has_nothing_to_confirm_an_unmeasured_one_has() -> N
 
 def test_read_stored_reads_the_plan_and_ignores_an_unreadable_prior(tmp_path: Path) -> None:
     store = Store(f"sqlite:///{tmp_path / 'tuning.db'}")
-    assert read_stored(store, "k") == (None, None)
+    assert read_stored(store, "k", "cnn") == Stored(None, None, None)
     table = Table({1 << 20: Entry(RING, 1e-3, 5, "locked")}, 0, gain=GAIN)
-    store.save_table("k", table)
+    store.save_table("k", "cnn", table)
     store.save_prior("k", {"not": "a prior"})
-    got, prior = read_stored(store, "k")
-    assert got is not None and got.classes == table.classes and prior is None
+    got = read_stored(store, "k", "cnn")
+    assert got.table is not None and got.table.classes == table.classes
+    assert got.prior is None and got.seed is None
+
+
+def test_a_workload_without_a_plan_reads_the_sweeps_classes_as_its_seed(tmp_path: Path) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'tuning.db'}")
+    sweep = Table({1 << 20: Entry(TREE, 1e-3, 5, "locked")})
+    store.save_table("k", SWEEP, sweep)
+    assert read_stored(store, "k", "cnn") == Stored(None, sweep, None)
+    # A workload with a plan of its own runs that: the seed is not read.
+    mine = Table({1 << 20: Entry(RING, 1e-3, 5, "locked")}, 0, gain=GAIN)
+    store.save_table("k", "cnn", mine)
+    got = read_stored(store, "k", "cnn")
+    assert got.table is not None and got.table.classes == mine.classes and got.seed is None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tuner_jobs import (
@@ -152,6 +153,55 @@ def test_a_restarted_job_confirms_the_stored_plan_without_exploring(tmp_path: Pa
     }
 
 
+def test_two_models_alternating_on_one_storage_each_start_from_their_own_plan(
+    tmp_path: Path,
+) -> None:
+    # Two models of the same fingerprint whose buckets fall in the same size classes: the first
+    # can only pick tree, the second ring (the baseline slowed, so each wins). Run again, each
+    # confirms its own plan, and neither undoes the other's.
+    url = storage(tmp_path)
+    config: dict[str, Any] = {"tune_warmup": 0, "tune_samples": 2, "max_pairs": 6}
+    config.update(fusion_bytes=0, storage=url)
+
+    def job(width: int, algorithms: tuple[str, ...]) -> Tuned:
+        runs: list[Tuned] = run_local(
+            tune,
+            2,
+            SETTLE_CAP,
+            {**config, "algorithms": algorithms},
+            False,
+            True,
+            None,
+            True,
+            width,
+            timeout_s=600,
+        )
+        assert runs[0].settled, (runs[0].progress, runs[0].duels)
+        return runs[0]
+
+    def algorithms(run: Tuned) -> set[str]:
+        return {c.algorithm for c in run.plan.values()}
+
+    a = job(1024, ("tree",))
+    b = job(1023, ("ring",))
+    assert a.workload != b.workload and {a.workload[:7], b.workload[:7]} == {"layout-"}
+    classes = {size_class(n) for i, n, *_ in a.messages if i > 0}
+    assert classes == {size_class(n) for i, n, *_ in b.messages if i > 0}  # the same classes
+    assert algorithms(a) == {"tree"} and algorithms(b) == {"ring"}
+    trials = Store(url).trial_count()
+    for width, first in ((1024, a), (1023, b), (1024, a)):
+        again = job(width, ("tree", "ring"))
+        assert again.workload == first.workload
+        assert [(kind, won) for kind, _, won in again.duels] == [("confirm", True)], again.duels
+        assert again.plan == first.plan
+    assert Store(url).trial_count() == trials  # nothing screened again
+    stored = Store(url).tables()
+    assert sorted(w for _, w in stored) == sorted([a.workload, b.workload])
+    for run in (a, b):
+        (table,) = [t for (_, w), t in stored.items() if w == run.workload]
+        assert {e.choice.algorithm for e in table.classes.values()} == algorithms(run)
+
+
 @pytest.mark.usefixtures("clean_registry")
 def test_a_stored_baseline_gives_the_plan_that_came_close_one_more_duel(tmp_path: Path) -> None:
     url = storage(tmp_path)
@@ -163,14 +213,14 @@ def test_a_stored_baseline_gives_the_plan_that_came_close_one_more_duel(tmp_path
     trials = Store(url).trial_count()
 
     def job_with_lead(
-        algorithm: str, slow_native: bool, job_id: str, buckets: Buckets | None = None
+        algorithm: str, slow_native: bool, run_id: str, buckets: Buckets | None = None
     ) -> Tuned:
         """A job from the stored baseline with a lead on ``algorithm`` for every class (and
         the bucket size that the job that stored it unhooked into)."""
         arm = Arm.of({cls: Choice(algorithm) for cls in kept.classes}, 0)
         lead = NearMiss(arm, Gain(0.96, 0.9, 1.02, 10))
         table = Table(kept.classes, 0, kept.fingerprint, None, lead, buckets)
-        Store(url, job_id=job_id).save_table(key, table)
+        Store(url, run_id=run_id).save_table(*key, table)
         job = {**config, "algorithms": (algorithm,)}
         runs: list[Tuned] = run_local(
             tune, 2, SETTLE_CAP, job, False, slow_native, None, True, timeout_s=600
@@ -184,7 +234,7 @@ def test_a_stored_baseline_gives_the_plan_that_came_close_one_more_duel(tmp_path
     assert [(kind, won) for kind, _, won in lost.duels] == [("retry", False)], lost.duels
     assert lost.settled and lost.baseline_kept
     assert all(c.algorithm == "native" for c in lost.plan.values())
-    stored = Store(url).load_table(key)
+    stored = Store(url).load_table(*key)
     assert stored is not None and stored.lead is None
     # A lead that wins it (the baseline slowed): locked, without screening anything again.
     # The stored bucket size goes with the baseline it was kept beside: the table the job
@@ -196,7 +246,7 @@ def test_a_stored_baseline_gives_the_plan_that_came_close_one_more_duel(tmp_path
         cls: "quick_ring" for cls in kept.classes
     }
     assert Store(url).trial_count() == trials
-    stored = Store(url, job_id="seed-2").load_table(key)
+    stored = Store(url, run_id="seed-2").load_table(*key)
     assert stored is not None and stored.buckets is None
     assert {c.choice.algorithm for c in stored.classes.values()} == {"quick_ring"}
 
