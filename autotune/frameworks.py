@@ -25,7 +25,7 @@ from autotune.plan import segment_text
 from autotune.tuning.status import status
 from autotune.util.units import format_bytes
 
-__all__ = ["attach", "detach", "find_ddp", "log_values", "plan_text"]
+__all__ = ["attach", "detach", "find_ddp", "log_values", "plan_text", "summary_lines"]
 
 # How deep a framework nests its wrappers (torch.compile's around DDP around the user's module).
 _MAX_DEPTH = 8
@@ -102,6 +102,17 @@ def log_values(state: AutotuneState) -> dict[str, float]:
             values["autotune/step_ratio_high"] = gain.high
         values["autotune/paired_iterations"] = float(gain.pairs)
     return values
+
+
+def summary_lines(state: AutotuneState) -> list[str]:
+    """What an integration prints once training ends, on its first rank: the plain verdict first
+    (`autotune.tuning.status.Status.headline`), then the plan, then, with the tuner, the measured
+    comparison with plain DDP in full."""
+    now = state.status()
+    lines = [f"autotune: {now.headline}", f"autotune plan: {plan_text(state)}"]
+    if state.tuner is not None:
+        lines.append(now.verdict)
+    return lines
 
 
 def plan_text(state: AutotuneState) -> str:

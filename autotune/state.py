@@ -201,15 +201,45 @@ class AutotuneState:
             self.board.agree("ready", exc, {})
             self.close()
             raise
+        told = {}
+        if self.config.metrics_port is not None:
+            told["metrics"] = None if self.exporter is None else self.exporter.server.url
         try:
-            self.board.agree("ready", None, {})
+            self.board.agree("ready", None, {}, told)
         except BaseException:
             self.close()
             raise
+        if self.config.metrics_port is not None:
+            self._tell_endpoints(group)
         self.board.start_watching()
         #: On the lowest of the group's ranks on this host, where they oversubscribe its cores
         #: (`autotune.util.cores`), what to say at the first bucket if it is on the CPU; else None.
         self._cores_warning = _oversubscribed_here(self.board)
+
+    def _tell_endpoints(self, group: ProcessGroup) -> None:
+        """Every rank's metrics endpoint, as the ranks told each other at setup: to each
+        exporter (its ``autotune_metrics_endpoints`` series), and in one line on the group's
+        first rank: each rank's URL where the ports were left to the system (port 0), the ranks
+        that serve none (a port in use) where any does not."""
+        urls = {r: told.get("metrics") for r, told in sorted(self.board.told.items())}
+        if self.exporter is not None:
+            self.exporter.endpoints = urls
+        if dist.get_rank(group) != 0:
+            return
+        missing = [r for r, url in urls.items() if url is None]
+        if missing:
+            _log.warning(
+                "autotune metrics: rank%s %s serve%s no endpoint (a port in use: their logs say "
+                "which); the job trains on, unscraped there",
+                "s" if len(missing) > 1 else "",
+                ", ".join(map(str, missing)),
+                "" if len(missing) > 1 else "s",
+            )
+        if not self.config.metrics_port:
+            _log.info(
+                "autotune metrics: %s",
+                ", ".join(f"rank {r} {url}" for r, url in urls.items() if url is not None),
+            )
 
     def _warn_cores(self, buffer: torch.Tensor) -> None:
         why, self._cores_warning = self._cores_warning, None

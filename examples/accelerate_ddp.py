@@ -16,6 +16,7 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader, TensorDataset
 
 import autotune_hf
+from autotune.frameworks import summary_lines
 
 
 def main() -> None:
@@ -46,8 +47,8 @@ def main() -> None:
         if state is not None and step % 50 == 0:
             autotune_hf.log(accelerator, state, step)  # to the trackers you configured
     if state is not None:
-        if accelerator.is_main_process and state.tuner is not None:
-            print(state.verdict())
+        if accelerator.is_main_process:
+            print("\n".join(summary_lines(state)))  # the plain verdict first
         state.close()
     accelerator.print(f"loss at the end: {loss.item():.3f}")
     accelerator.end_training()

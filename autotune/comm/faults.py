@@ -78,19 +78,30 @@ class FailureBoard:
         self.store_host: int | None = self.rank if _serves(store) else None
         #: Heartbeats and progress, from `start_watching` on (None before).
         self.liveness: Liveness | None = None
+        #: What each rank told the others at the last `agree` (its ``told``), by rank.
+        self.told: dict[int, dict[str, Any]] = {}
 
     # -- setup ------------------------------------------------------------------------------
 
-    def agree(self, phase: str, error: BaseException | None, same: Mapping[str, Any]) -> None:
+    def agree(
+        self,
+        phase: str,
+        error: BaseException | None,
+        same: Mapping[str, Any],
+        told: Mapping[str, Any] | None = None,
+    ) -> None:
         """Say this rank is ready for ``phase`` (or failed it with ``error``), then wait for every
         rank's word: raise at once if one failed, or if one's ``same`` differs from ours (a
         config the ranks must share). A rank that never answers is named at the timeout.
+        ``told``: what this rank tells the others that may differ (JSON values), in `told` after.
 
         With ``error`` set this raises nothing itself: the caller raises its own error.
         """
         me = ProcessId.mine()
         mine = {"same": dict(same), "host": me.host, "pid": me.pid, "started": me.started}
         mine["serves_store"] = self.store_host == self.rank
+        self.told = {self.rank: dict(told or {})}
+        mine["told"] = self.told[self.rank]
         if error is not None:
             mine["error"] = redact(f"{type(error).__name__}: {error}")
         self.store.set(f"{phase}/{self.rank}", json.dumps(mine, default=str))
@@ -107,6 +118,7 @@ class FailureBoard:
                 waiting.remove(r)
                 theirs = json.loads(self.store.get(key))
                 self.peers[r] = ProcessId(theirs["host"], theirs["pid"], theirs["started"])
+                self.told[r] = theirs.get("told", {})
                 if theirs.get("serves_store"):
                     self.store_host = r
                 if "error" in theirs:

@@ -193,6 +193,15 @@ def communication(s: Sdk) -> Any:
             [s.query(f"max(autotune_fusion_bytes{{{_SEL}}})", "fusion")],
         )
     )
+    d = d.with_panel(
+        s.stat_panel(
+            "Ranks without metrics",
+            "The job's ranks that serve no metrics endpoint (their port was in use): they train "
+            "on, and no panel here sees them. 0 when every rank is scraped.",
+            "none",
+            [s.query(f'max(autotune_metrics_endpoints{{{_SEL},state="none"}})', "unscraped")],
+        )
+    )
     d = d.with_row(s.row("Overlap and stragglers"))
     exposed = "autotune_exposed_communication_seconds"
     d = d.with_panel(

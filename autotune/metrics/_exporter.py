@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from autotune.comm import topology
 from autotune.comm.nccl_feed import NcclFeed, feed
@@ -72,6 +75,10 @@ class Exporter:
             "local rank below 65536)"
         )
         self.server = Server(self.registry, port, config.metrics_host, setting)
+        #: Each rank's endpoint (None: it serves none), once the ranks have told each other at
+        #: setup (`AutotuneState`); empty before.
+        self.endpoints: dict[int, str | None] = {}
+        self.registry.register(_Endpoints(self, labels))
         if not config.metrics_port:  # any free port: say which, or nobody can scrape it
             log.info("autotune metrics: rank %s serves %s", labels["rank"], self.server.url)
         if self.nccl is not None:  # this rank serves them: `autotune daemon` leaves them out
@@ -95,3 +102,28 @@ class Exporter:
         return reading.uuid.lower().removeprefix("gpu-") == str(props.uuid).lower().removeprefix(
             "gpu-"
         )
+
+
+class _Endpoints(Collector):
+    """``autotune_metrics_endpoints{state}``: how many of the job's ranks serve an endpoint and
+    how many serve none (a port in use), so a dashboard or an alert sees the ranks it cannot
+    scrape from any rank it can."""
+
+    def __init__(self, exporter: Exporter, labels: dict[str, str]) -> None:
+        self.exporter = exporter
+        self.labels = labels
+
+    def collect(self) -> Iterator[Metric]:
+        endpoints = self.exporter.endpoints
+        if not endpoints:
+            return
+        g = GaugeMetricFamily(
+            "autotune_metrics_endpoints",
+            "The job's ranks that serve a metrics endpoint (state=serving) and that serve none "
+            "(state=none: its port was in use; that rank trains on, unscraped)",
+            labels=[*self.labels, "state"],
+        )
+        serving = sum(1 for url in endpoints.values() if url is not None)
+        g.add_metric([*self.labels.values(), "serving"], serving)
+        g.add_metric([*self.labels.values(), "none"], len(endpoints) - serving)
+        yield g

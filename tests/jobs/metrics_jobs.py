@@ -114,7 +114,9 @@ def serve_while_training(
 
 
 def port_taken(rank: int, world_size: int, port: int) -> dict[str, Any]:
-    """Register with the metrics on a port already taken, then train: what was said, and done."""
+    """Register with the metrics on ``port`` (+ local rank; 0: any free port), one of which may be
+    taken, then train: what was said, what was done, and this rank's endpoint (its port, its
+    body) if it serves one."""
     said: list[str] = []
 
     class Keep(logging.Handler):
@@ -122,7 +124,10 @@ def port_taken(rank: int, world_size: int, port: int) -> dict[str, Any]:
             said.append(f"{record.levelname}: {record.getMessage()}")
 
     handler = Keep()
-    logging.getLogger("autotune").addHandler(handler)
+    log = logging.getLogger("autotune")
+    log.addHandler(handler)
+    level = log.level
+    log.setLevel(logging.INFO)  # as a user who asks for autotune's INFO lines
     try:
         ddp = DDP(model())
         state = autotune.register(ddp, autotune.Config(algorithm="ring", metrics_port=port))
@@ -130,14 +135,22 @@ def port_taken(rank: int, world_size: int, port: int) -> dict[str, Any]:
         for _ in range(3):
             train_step(ddp, opt)
         state.engine.settle(30)
+        body = None
+        if state.exporter is not None:
+            url = f"http://127.0.0.1:{state.exporter.port}/metrics"
+            with urllib.request.urlopen(url, timeout=10) as r:
+                body = r.read().decode()
         result = {
             "said": said,
-            "exporter": state.exporter,
+            "exporter": state.exporter is not None,
             "messages": len(state.recorder.records()),
+            "body": body,
+            "port": None if state.exporter is None else state.exporter.port,
         }
         state.close()
     finally:
-        logging.getLogger("autotune").removeHandler(handler)
+        log.removeHandler(handler)
+        log.setLevel(level)
     return result
 
 

@@ -195,6 +195,7 @@ def test_a_real_runs_exposition_passes_promtool(storage: str) -> None:
             "autotune_hook_stepped_aside",  # the old name, for one release
             "autotune_host_cpu_seconds_total",
             "autotune_nvml_up",
+            "autotune_metrics_endpoints",
         ):
             assert f"{name}{{" in body or f"{name} " in body, name
         assert f'rank="{rank}"' in body and 'job="test-job"' in body
@@ -204,15 +205,35 @@ def test_a_real_runs_exposition_passes_promtool(storage: str) -> None:
 @pytest.mark.distributed
 def test_a_taken_port_leaves_training_running_with_a_warning_naming_the_setting() -> None:
     with socket.socket() as s:
+        # Local rank 1 serves metrics_port + 1: that port is taken, the one below it free.
         s.bind(("127.0.0.1", 0))
         s.listen()
-        port = s.getsockname()[1]
-        (got,) = run_local(port_taken, 1, port)
-    # The job trains on without its endpoint, and says why in one warning.
-    assert got["exporter"] is None and got["messages"] > 0
-    [warning] = [line for line in got["said"] if line.startswith("WARNING")]
-    assert f"rank 0 serves no metrics and trains on: autotune metrics: port {port} on " in warning
+        taken = s.getsockname()[1]
+        with socket.socket() as below:
+            below.bind(("127.0.0.1", taken - 1))  # free now (OSError: run the test again)
+        first, second = run_local(port_taken, 2, taken - 1)
+    # Rank 1 trains on without its endpoint, and says why in one warning.
+    assert not second["exporter"] and second["messages"] > 0
+    [warning] = [line for line in second["said"] if line.startswith("WARNING")]
+    assert f"rank 1 serves no metrics and trains on: autotune metrics: port {taken} on " in warning
     assert "127.0.0.1 is in use" in warning and "AUTOTUNE_METRICS_PORT" in warning
+    # Rank 0 serves, says once which rank does not, and its series count it.
+    assert first["exporter"] and first["messages"] > 0
+    [warning] = [line for line in first["said"] if "serves no endpoint" in line]
+    assert warning.startswith("WARNING: autotune metrics: rank 1 serves no endpoint (a port in use")
+    body = first["body"]
+    assert 'autotune_metrics_endpoints{local_rank="0",rank="0",state="serving"} 1.0' in body
+    assert 'autotune_metrics_endpoints{local_rank="0",rank="0",state="none"} 1.0' in body
+
+
+@pytest.mark.distributed
+def test_with_port_0_the_first_rank_logs_every_ranks_endpoint() -> None:
+    first, second = run_local(port_taken, 2, 0)
+    urls = [f"http://127.0.0.1:{r['port']}/metrics" for r in (first, second)]
+    said = f"INFO: autotune metrics: rank 0 {urls[0]}, rank 1 {urls[1]}"
+    assert said in first["said"], first["said"]
+    assert not any(line.startswith("INFO: autotune metrics: rank 0") for line in second["said"])
+    assert 'autotune_metrics_endpoints{local_rank="1",rank="1",state="none"} 0.0' in second["body"]
 
 
 @pytest.mark.distributed

@@ -11,7 +11,7 @@ from typing import Any
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from autotune import AutotuneState, Config
-from autotune.frameworks import attach, detach, log_values, plan_text
+from autotune.frameworks import attach, detach, log_values, summary_lines
 
 __all__ = ["AutotuneTrainerCallback", "register"]
 
@@ -53,9 +53,7 @@ class AutotuneTrainerCallback(TrainerCallback):
         if self.state is None:
             return
         if state.is_world_process_zero:
-            print(f"autotune plan: {plan_text(self.state)}")
-            if self.state.tuner is not None:
-                print(self.state.verdict())
+            print("\n".join(summary_lines(self.state)))
         detach(self.state)
 
 

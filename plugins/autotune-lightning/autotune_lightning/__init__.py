@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from autotune import AutotuneState, Config
-from autotune.frameworks import attach, detach, log_values, plan_text
+from autotune.frameworks import attach, detach, log_values, plan_text, summary_lines
 
 __all__ = ["AutotuneCallback"]
 
@@ -58,9 +58,8 @@ class AutotuneCallback(Callback):
         plan = plan_text(state)
         for logger in trainer.loggers:
             logger.log_hyperparams({"autotune/plan": plan})
-        rank_zero_info(f"autotune plan: {plan}")
-        if state.tuner is not None:
-            rank_zero_info(state.verdict())
+        for line in summary_lines(state):
+            rank_zero_info(line)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._close()

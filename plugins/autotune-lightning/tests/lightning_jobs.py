@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import lightning.pytorch as pl
+import lightning_utilities.core.rank_zero as rank_zero
 import torch
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
@@ -43,7 +45,33 @@ def data() -> DataLoader[tuple[torch.Tensor, ...]]:
     return DataLoader(TensorDataset(x, y), batch_size=16)
 
 
+class _Said(logging.Handler):
+    """What rank_zero_info said, autotune's lines only."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("autotune"):
+            self.lines.append(record.getMessage())
+
+
 def fit(rank: int, world_size: int, out: str, config: autotune.Config | None) -> dict[str, Any]:
+    said = _Said()
+    log = logging.getLogger(rank_zero.log.name)
+    log.addHandler(said)
+    level, log.level = log.level, logging.INFO
+    try:
+        result = _fit(world_size, out, config)
+    finally:
+        log.removeHandler(said)
+        log.setLevel(level)
+    result["said"] = said.lines
+    return result
+
+
+def _fit(world_size: int, out: str, config: autotune.Config | None) -> dict[str, Any]:
     module = Regressor()
     callbacks = [] if config is None else [AutotuneCallback(config)]
     trainer = pl.Trainer(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,10 @@ def test_the_callback_trains_through_autotune_like_plain_ddp(tmp_path: Path) -> 
     assert {r["autotune/locked"] for r in rows} <= {"0.0", "1.0"}
     hparams = (log_dir / "hparams.yaml").read_text()
     assert "autotune/plan:" in hparams and "fusion:" in hparams
+    # Rank 0 said the plain verdict first, then the plan, then the comparison in full.
+    said = tuned[0]["said"]
+    assert len(said) == 3, said
+    assert re.fullmatch(r"autotune: (\d\.\d\dx step time: faster|no gain|not decided).*", said[0])
+    assert said[1].startswith("autotune plan: ") and "fusion:" in said[1]
+    assert said[2].startswith("autotune vs plain DDP: "), said
+    assert tuned[1]["said"] == []  # once, on rank 0
