@@ -90,7 +90,9 @@ class NvmlMetrics(Collector):
         labels: Mapping[str, str] | None = None,
         select: Callable[[GpuReading], bool] | None = None,
     ) -> None:
-        self.query = query if query is not None else PynvmlQuery()
+        if query is None:  # a rank's: its host's first rank says it once, for every rank there
+            query = PynvmlQuery(warn=dict(labels or {}).get("local_rank", "0") == "0")
+        self.query = query
         self.labels = dict(labels or {})
         self.select = select
         self.hostname = socket.gethostname()
@@ -126,9 +128,13 @@ class NvmlMetrics(Collector):
 
 
 class PynvmlQuery:
-    """Readings through nvidia-ml-py (``import pynvml``), initialised on first use."""
+    """Readings through nvidia-ml-py (``import pynvml``), initialised on first use.
 
-    def __init__(self) -> None:
+    ``warn``: say at WARNING, once, that NVML is unavailable; else at DEBUG. The ranks of a host
+    share its NVML: only the first (local rank 0) says it, once per host, not once per rank."""
+
+    def __init__(self, warn: bool = True) -> None:
+        self.warn = warn
         self._lock = threading.Lock()
         self._pynvml: Any = None
         self._failure: str | None = None
@@ -150,8 +156,10 @@ class PynvmlQuery:
                     return pynvml
                 except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, ...
                     self._failure = f"{type(exc).__name__}: {exc}"
-                    _log.warning(
-                        "autotune: no GPU metrics, NVML is unavailable (%s)", self._failure
+                    _log.log(
+                        logging.WARNING if self.warn else logging.DEBUG,
+                        "autotune: no GPU metrics, NVML is unavailable (%s)",
+                        self._failure,
                     )
             raise NvmlUnavailable(self._failure)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import socket
 import subprocess
@@ -89,6 +90,21 @@ def test_no_nvml_is_reported_and_nothing_else_breaks() -> None:
     assert r.get_sample_value("autotune_nvml_up") == 0
     assert "autotune_gpu_" not in generate_latest(r).decode()
     assert value(r, "autotune_host_memory_total_bytes", {"Hostname": HOST}) > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a host without NVML")
+def test_no_nvml_is_said_once_per_host_by_its_first_rank(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="autotune")
+    for local_rank in ("0", "1", "2"):
+        r = registry_with(NvmlMetrics(labels={"rank": local_rank, "local_rank": local_rank}))
+        for _ in range(2):  # every scrape after the first says nothing again
+            generate_latest(r)
+        labels = {"rank": local_rank, "local_rank": local_rank}
+        assert r.get_sample_value("autotune_nvml_up", labels) == 0
+    said = [
+        (rec.levelname, rec.getMessage()) for rec in caplog.records if "NVML" in rec.getMessage()
+    ]
+    assert [level for level, _ in said] == ["WARNING", "DEBUG", "DEBUG"], said
 
 
 def test_real_nvml_here() -> None:
