@@ -87,10 +87,14 @@ def test_a_job_restarted_on_a_stored_baseline_steps_aside_within_a_few_steps(
     tmp_path: Path,
 ) -> None:
     args = ("base", CAP, "register", config(tmp_path), None, AFTER)
-    first = run_local(beside_plain, 2, *args, timeout_s=600)
+    run_local(beside_plain, 2, *args, timeout_s=600)
+    store = Store(str(config(tmp_path)["storage"]))
+    trials = store.trial_count()
+    assert trials > 0  # the first job screened
     again = run_local(beside_plain, 2, *args, timeout_s=600)
     check_stepped_aside(again)
-    assert again[0].aside_at < first[0].aside_at  # nothing screened again
+    # Nothing screened again (how many iterations the load takes depends on the machine's load).
+    assert store.trial_count() == trials
     assert "as the stored plan says" in again[0].verdict, again[0].verdict
 
 
