@@ -34,6 +34,7 @@ from autotune.algorithms import AllReduceAlgorithm, Comm, Pending, check_tensor,
 from autotune.ddp.events import Event, Failure, IterationDone, IterationEnd, Listener
 from autotune.ddp.kernel_clock import KernelClock, Ticket
 from autotune.ddp.stats import IterationRecord, MessageRecord
+from autotune.ddp.step_clock import StepClock
 from autotune.plan import BASELINE_CHOICE, Choice, Plan, size_class
 
 __all__ = ["Engine"]
@@ -120,7 +121,9 @@ class Engine:
         self._pending: list[_Bucket] = []
         self._starting = 0  # messages queued for, or being started by, the start thread
         self._last_bucket_at = 0.0  # when backward handed over its last bucket
-        self._last_end: float | None = None  # when the previous iteration ended
+        #: The step's clock: the host's, or the GPU's on CUDA (`autotune.ddp.step_clock`); made at
+        #: the first iteration's end, for its device.
+        self.step_clock: StepClock | None = None
         self._completed_at = 0.0  # when the latest bucket's future completed (completing thread)
         self._lock = threading.Lock()
         # Iterations: whose last bucket was submitted, whose IterationEnd listeners have run, and
@@ -250,7 +253,8 @@ class Engine:
         """The next iteration's step is not timed: the model ran iterations without the hook
         since the last one ended (`autotune.tuning.plain_check`). Call it between iterations,
         settled."""
-        self._last_end = None
+        if self.step_clock is not None:
+            self.step_clock.forget()
 
     def settle(self, timeout_s: float | None = None) -> bool:
         """Wait until every submitted iteration has been handled on the completing thread (its
@@ -533,9 +537,11 @@ class Engine:
                 # overtook: that wait belongs to this iteration's step, not the next one's.
                 end = max(finished if early else begin, self._completed_at)
                 exposed = max(0.0, end - self._last_bucket_at)
-                step = None if self._last_end is None else end - self._last_end
-                self._last_end = end
-                self._emit(IterationEnd(self.iteration, exposed, step))
+                if self.step_clock is None:
+                    self.step_clock = StepClock.for_device(started.flat.device)
+                timed = self.step_clock.end(self.iteration, end, stream)
+                step_of, step = (None, None) if timed is None else timed
+                self._emit(IterationEnd(self.iteration, exposed, step, step_of))
                 took = time.perf_counter() - begin
                 self._emit(IterationRecord(self.iteration, exposed, took))
                 with self._progress:

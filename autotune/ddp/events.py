@@ -28,7 +28,11 @@ class IterationEnd:
 
     iteration: int
     exposed_s: float  # from backward's last bucket to its last message done
-    step_s: float | None = None  # since the previous iteration's end (None for the first)
+    #: The step of iteration ``step_of``, from the end of the one before it (None: none known
+    #: yet). On the host's clock ``step_of`` is ``iteration``; on CUDA it is the GPU's step of an
+    #: iteration `autotune.ddp.step_clock.LAG` back (the same one on every rank).
+    step_s: float | None = None
+    step_of: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

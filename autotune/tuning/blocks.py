@@ -4,7 +4,8 @@ Where autotune compares DDP reducers (`autotune.tuning.buckets`: bucket sizes;
 `autotune.tuning.plain_check`: the hook against none), each arm runs a block of `BLOCK` iterations
 on a reducer of its own. A step is the time from one forward to the next; a block's figure is the
 median of its steps after the first `BLOCK_WARMUP` (a rebuilt reducer runs its first iteration in
-one bucket and rebuilds its buckets at the second), each the slowest rank's: the steps are
+one bucket and rebuilds its buckets at the second), on the GPU's clock on CUDA, each the slowest
+rank's: the steps are
 MAX-reduced over DDP's group at the block's end, in the forward pre-hook, where every rank is at
 the same iteration. Every rank then holds the same figures and decides alike, so the ranks switch
 reducers before the same forward without any orders.
@@ -12,14 +13,18 @@ reducers before the same forward without any orders.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from autotune.algorithms import bookkeeping_device
+from autotune.ddp.step_clock import DeviceEvent, StepClock
 
 __all__ = ["BLOCK", "BLOCK_WARMUP", "BlockTimer"]
 
@@ -29,12 +34,21 @@ BLOCK_WARMUP = 2
 
 
 class BlockTimer:
-    """Times ``ddp``'s iterations, from its forward pre-hook, in blocks of `BLOCK`."""
+    """Times ``ddp``'s iterations, from its forward pre-hook, in blocks of `BLOCK`.
 
-    def __init__(self, ddp: DistributedDataParallel) -> None:
+    On CUDA a step is the GPU's (`autotune.ddp.step_clock`): a CUDA event (``event``: made by
+    it, for stand-ins in tests) recorded on the current stream before each forward, the time
+    between consecutive ones read at the block's end, where the MAX over ranks waits for the GPU
+    anyway. Elsewhere it is the host's."""
+
+    def __init__(
+        self, ddp: DistributedDataParallel, event: Callable[[], DeviceEvent] | None = None
+    ) -> None:
         self._ddp = ddp
-        self._times: list[float] = []
-        self._last: float | None = None
+        if event is None and _device(ddp).type == "cuda":
+            event = StepClock.for_device(_device(ddp)).event
+        self._event = event
+        self._marks: list[Any] = []  # host seconds, or recorded events
         #: Iterations (forwards that all-reduce) seen so far: the comparison's cost.
         self.iterations = 0
 
@@ -46,15 +60,24 @@ class BlockTimer:
     def tick(self) -> float | None:
         """Before a forward that `counts`: the step that just ended is timed. At a block's end,
         the block's median step (the slowest rank's; a collective on DDP's group), else None."""
-        now = time.perf_counter()
-        if self._last is not None:
-            self._times.append(now - self._last)
+        if self._event is None:
+            self._marks.append(time.perf_counter())
+        else:
+            mark = self._event()
+            mark.record()  # on the current stream, before this forward's kernels
+            self._marks.append(mark)
         self.iterations += 1
-        self._last = now
-        if len(self._times) < BLOCK:
+        if len(self._marks) <= BLOCK:
             return None
-        steps, self._times = self._times[BLOCK_WARMUP:], []
+        marks, self._marks = self._marks, self._marks[-1:]
+        steps = self._steps(marks)[BLOCK_WARMUP:]
         return statistics.median(self.most(steps))
+
+    def _steps(self, marks: list[Any]) -> list[float]:
+        if self._event is None:
+            return [b - a for a, b in itertools.pairwise(marks)]
+        marks[-1].synchronize()  # the block's last forward reached on the GPU: all are timed
+        return [a.elapsed_time(b) / 1000.0 for a, b in itertools.pairwise(marks)]
 
     def most(self, values: list[float]) -> list[float]:
         """``values``, each the largest over the ranks of DDP's group."""

@@ -14,7 +14,6 @@ ask, tell and storage writes run on a worker thread on rank 0, off the training'
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
 import time
 from collections import deque
@@ -45,6 +44,7 @@ from autotune.tuning.plan_search import PlanSearch, shortlist
 from autotune.tuning.search import NOT_MEASURED, ClassSearch, Progress
 from autotune.tuning.space import search_space, space_tag
 from autotune.tuning.status import tuner_progress, tuner_table
+from autotune.tuning.steps import StepLog
 from autotune.tuning.stored import Stored, read_stored, stored_arm
 from autotune.tuning.worker import Worker
 from autotune.util.redact import redact_url
@@ -120,16 +120,17 @@ class Tuner:
         self._spaces: dict[int, list[Choice]] = {}
         self.plan_search: PlanSearch | None = None
         self._latencies: dict[int, list[float]] = {}
-        self._steps: list[float] = []
+        #: This window's steps, each with the plan its iteration ran.
+        self._steps = StepLog()
         self._inbox: deque[Callable[[], None]] = deque()
         self._store: Store | None = None
         self._saved = -1  # the plan search history's length when the table was last stored
         self._exchange_device: torch.device | None = None
         # The exchange in flight: started at one iteration end, finished at the next, with the
         # plan its measurements ran under.
-        self._exchange: tuple[dist.Work, torch.Tensor, Arm] | None = None
+        self._exchange: tuple[dist.Work, torch.Tensor, Arm, Arm] | None = None
         self._window_arm = baseline
-        self._received: tuple[wire.Window, Arm] | None = None
+        self._received: tuple[wire.Window, Arm, Arm] | None = None
         #: Tuning stopped for good: rank 0's storage failed mid-job (set on rank 0 at once, on
         #: every rank where the orders that say so arrive).
         self.frozen = False
@@ -178,23 +179,26 @@ class Tuner:
         if isinstance(event, MessageRecord):
             self._latencies.setdefault(event.size_class, []).append(event.seconds)
         elif isinstance(event, IterationEnd):
-            self._on_iteration_end(event.iteration, event.step_s)
+            self._on_iteration_end(event.iteration, event.step_s, event.step_of)
         elif isinstance(event, IterationDone):
             self._after_iteration(event.iteration)
         elif isinstance(event, Failure):
             self._on_failure(event.error)
 
-    def _on_iteration_end(self, iteration: int, step_s: float | None) -> None:
+    def _on_iteration_end(
+        self, iteration: int, step_s: float | None, step_of: int | None = None
+    ) -> None:
         """Before this iteration's futures complete: take in the exchange started one iteration
-        ago, so the plan it carries is in effect for every rank's next iteration."""
-        if step_s is not None:
-            self._steps.append(step_s)
+        ago, so the plan it carries is in effect for every rank's next iteration. The step is
+        ``step_of``'s (on CUDA, the GPU's of an iteration a few back: `autotune.ddp.step_clock`),
+        kept with the plan that iteration ran."""
+        self._steps.ended(iteration, self.arm, step_s, step_of)
         if self._exchange is not None:
-            work, result, measured_under = self._exchange
+            work, result, latencies_under, step_under = self._exchange
             self._exchange = None
             work.wait(timedelta(seconds=self.config.timeout_s))
             window, orders = wire.read(result.tolist())
-            self._received = (window, measured_under)
+            self._received = (window, latencies_under, step_under)
             if orders is not None:
                 self._apply(orders, iteration + 1)
 
@@ -203,19 +207,19 @@ class Tuner:
         exchange, which travels during the next iteration's compute."""
         begin = time.perf_counter()
         if self._received is not None:
-            window, measured_under = self._received
+            window, latencies_under, step_under = self._received
             self._received = None
             if self.rank == 0:
-                self._learn(window, measured_under)
+                self._learn(window, latencies_under, step_under)
         if self.cadence == wire.LOCKED and iteration % WATCH_EVERY:
             if self.arm != self._window_arm:  # a window holds one plan's iterations, or none
                 self._new_window()
         else:
             latencies = {c: min(s) for c, s in self._latencies.items()}  # see wire.Window
-            step = statistics.median(self._steps) if self._steps else None
+            step_under, step = self._steps.window(self._window_arm)
             orders = self._decide(iteration) if self.rank == 0 else None
             row = wire.write(wire.Window(latencies, step), orders)
-            self._exchange = (*self._start_all_reduce_max(row), self._window_arm)
+            self._exchange = (*self._start_all_reduce_max(row), self._window_arm, step_under)
             self.engine.switch_at(iteration + 1)  # where the orders it carries take effect
             self._new_window()
         self.off_path_s.append(time.perf_counter() - begin)
@@ -471,15 +475,16 @@ class Tuner:
         )
         return fusion_ok and all(c in self._space(cls) for cls, c in arm.choices)
 
-    def _learn(self, window: wire.Window, arm: Arm) -> None:
-        """Rank 0, after the exchange: the step to the plan search, latencies to the searches."""
+    def _learn(self, window: wire.Window, arm: Arm, step_arm: Arm | None = None) -> None:
+        """Rank 0, after the exchange: the step to the plan search (measured under
+        ``step_arm``, None: ``arm``), latencies (measured under ``arm``) to the searches."""
         plan_search = self.plan_search
         if not self.loaded or plan_search is None:
             return
         self.exchanges += 1
         if window.step_s is not None:
             told = len(plan_search.history)
-            plan_search.measure(arm, window.step_s)
+            plan_search.measure(arm if step_arm is None else step_arm, window.step_s)
             for kind, challenger, outcome in plan_search.history[told:]:
                 g = outcome.gain
                 _log.info(
