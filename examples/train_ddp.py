@@ -78,6 +78,7 @@ class Result:
     settled_after_s: float | None = None  # training time (from step 0) until then
     fusion_bytes: int = 0
     metrics: str | None = None  # what rank 0's exporter served at the end, if it was on
+    step_clock: str | None = None  # on CUDA: the step timed on the GPU, and how often it waited
 
 
 def rank_device(rank: int, kind: str) -> torch.device:
@@ -153,6 +154,12 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> Result:
             result.unhooked_at = status.unhooked_at
         if state.exporter is not None and rank == 0:
             result.metrics = scrape_once(state.exporter.port, state.config.metrics_host)
+        clock = state.engine.step_clock
+        if clock is not None and clock.on_device:
+            result.step_clock = (
+                f"step clock: the GPU's (CUDA events, read {clock.lag} iterations late); "
+                f"{clock.waited} readings waited for the GPU"
+            )
         hook_s = sorted(state.recorder.hook_times())
         result.hook_us_median = hook_s[len(hook_s) // 2] * 1e6 if hook_s else None
         state.close()
@@ -207,6 +214,8 @@ def summary(result: Result, world_size: int, args: argparse.Namespace) -> str:
         lines.append(f"tuner: {when}; fusion: {fusion}")
     if result.metrics is not None:
         lines.append(result.metrics)
+    if result.step_clock is not None:
+        lines.append(result.step_clock)
     if result.stats:
         lines.append(
             f"{'size class':>10}  {'algorithm':<10} {'segment':>9} {'state':>10} "
