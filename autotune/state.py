@@ -175,14 +175,19 @@ class AutotuneState:
                 self.tuner = Tuner(self.engine, group, self.config)
             if table is not None and table.buckets is not None:
                 self.unhooking = plan_file_buckets(
-                    table.buckets, self.config, _owner(self), self.guard
+                    table, dist.get_world_size(group), self.config, _owner(self), self.guard
                 )
             live = self.tuner
             if live is not None and live.unhooks:
                 buckets = bucket_tuner(live, self.config) if live.tune_fusion else None
                 catch = catch_hooks(live, self.engine, self.config)
                 self.unhooking = Unhooking(
-                    lambda: live.unhook_from, _owner(self), buckets, catch=catch, guard=self.guard
+                    lambda: live.unhook_from,
+                    _owner(self),
+                    buckets,
+                    catch=catch,
+                    guard=self.guard,
+                    carry=live.carry_plan,
                 )
             if self.config.metrics_port is not None:
                 from autotune import metrics  # prometheus_client only where wanted

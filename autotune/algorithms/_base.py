@@ -5,9 +5,9 @@ from __future__ import annotations
 import abc
 import dataclasses
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -15,6 +15,9 @@ from torch.distributed import ProcessGroup
 
 from autotune.algorithms._threads import one_thread
 from autotune.comm.groups import Comm, Traffic, connect, ensure_ready
+
+if TYPE_CHECKING:
+    from autotune.plan import Choice
 
 __all__ = ["SUPPORTED_DTYPES", "AllReduceAlgorithm", "Pending"]
 
@@ -99,6 +102,17 @@ class AllReduceAlgorithm(abc.ABC):
     #: Whether it applies a ``scale`` (`start`) itself, in a copy of the input it makes anyway
     #: (``Comm.scale``); otherwise `start` scales the input in place first.
     folds_scale: ClassVar[bool] = False
+    #: Who runs it without the hook, once autotune unhooks, from the plan handed to it (`carry`):
+    #: autotune-nccl's cells, through NCCL's tuner plugin's table. None: only the hook runs it.
+    carrier: ClassVar[str | None] = None
+
+    @classmethod
+    def carry(cls, classes: Mapping[int, Choice], ranks: int) -> str:
+        """Hand ``classes`` (size class -> a choice of an algorithm of this `carrier`) to the
+        backend, so that its own all-reduce runs them from now on, for jobs of ``ranks`` ranks;
+        say what it now runs, in a few words. Called on every rank, between iterations, as
+        autotune unhooks (`autotune.algorithms.carry`)."""
+        raise NotImplementedError(f"{cls.name} has no carrier: only the hook runs it")
 
     @classmethod
     def offered(cls, group: ProcessGroup, device: torch.device) -> bool:

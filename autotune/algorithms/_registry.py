@@ -5,17 +5,23 @@ from __future__ import annotations
 import re
 import threading
 import warnings
+from collections.abc import Mapping
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.algorithms._base import AllReduceAlgorithm
 from autotune.util.names import unknown
+
+if TYPE_CHECKING:
+    from autotune.plan import Choice
 
 __all__ = [
     "ALGORITHMS",
     "ENTRY_POINT_GROUP",
     "PLUGIN_SOURCES",
     "available",
+    "carried",
+    "carry",
     "get_algorithm",
     "get_algorithm_class",
     "load_plugins",
@@ -110,3 +116,30 @@ def get_algorithm_class(name: str) -> type[AllReduceAlgorithm]:
         known = sorted(ALGORITHMS)
         raise ValueError(f"{unknown('algorithm', [name], known)}; registered: {', '.join(known)}")
     return cls
+
+
+def carried(algorithm: str) -> bool:
+    """Whether the backend runs ``algorithm`` without the hook once autotune hands it the plan
+    (`AllReduceAlgorithm.carrier`): the baseline does anyway, an autotune-nccl cell through
+    NCCL's tuner plugin's table; a Python-driven schedule needs the hook."""
+    load_plugins()
+    cls = ALGORITHMS.get(algorithm)
+    return algorithm == "native" or (cls is not None and cls.carrier is not None)
+
+
+def carry(classes: Mapping[int, Choice], ranks: int) -> list[str]:
+    """Hand each carrier its classes of ``classes`` (the baseline's need no one), on every rank
+    as autotune unhooks; what each now runs. A class no carrier takes is a ValueError: the plan
+    needs the hook."""
+    load_plugins()
+    by_carrier: dict[str, dict[int, Choice]] = {}
+    first: dict[str, type[AllReduceAlgorithm]] = {}
+    for cls_bytes, choice in sorted(classes.items()):
+        if choice.algorithm == "native":
+            continue
+        algo = ALGORITHMS.get(choice.algorithm)
+        if algo is None or algo.carrier is None:
+            raise ValueError(f"{choice.algorithm} runs only through the hook: it has no carrier")
+        by_carrier.setdefault(algo.carrier, {})[cls_bytes] = choice
+        first.setdefault(algo.carrier, algo)
+    return [first[c].carry(taken, ranks) for c, taken in by_carrier.items()]

@@ -154,7 +154,9 @@ class Unhooking:
     ``catch``: where the tuner may lock a plan that needs the hook (see the module doc).
     ``guard``: keeps the fault contract on the model once it runs without the hook
     (`autotune.ddp.guard`): it watches the model from when it is known, and DDP's reducers are
-    rebuilt on its group.
+    rebuilt on its group. ``carry``: hands the locked plan's classes to the backend before the
+    reducer is rebuilt (`autotune.algorithms.carry`: NCCL's tuner plugin's table), on every rank
+    at the same forward; what the backend now runs.
     """
 
     def __init__(
@@ -165,8 +167,10 @@ class Unhooking:
         bucket_bytes: int | None = None,
         catch: PlainCheckHooks | None = None,
         guard: Guard | None = None,
+        carry: Callable[[], list[str]] | None = None,
     ) -> None:
         self._aside_from = unhook_from
+        self._carry = carry
         self._guard = guard
         self._catch_hooks = catch
         #: The check against plain DDP under way, or the last one run (None: none has run).
@@ -255,7 +259,13 @@ class Unhooking:
             self._remove()
             self._refuse(f"rebuilding DDP's reducer failed: {exc!r}")
             return
-        self._aside(ddp, iteration, "the locked plan is the backend's own all-reduce")
+        # Every rank hands the same classes over at the same forward: NCCL must run one
+        # algorithm and protocol for an all-reduce on every rank. A failure here raises.
+        carried = [] if self._carry is None else self._carry()
+        why = "the locked plan is the backend's own all-reduce"
+        if carried:
+            why = f"the locked plan runs on the backend's own all-reduce ({'; '.join(carried)})"
+        self._aside(ddp, iteration, why)
 
     def _aside(self, ddp: DistributedDataParallel, iteration: int, why: str) -> None:
         """The reducer has no hook from after ``iteration`` on: DDP's bucket size next."""

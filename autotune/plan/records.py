@@ -221,6 +221,16 @@ class Table:
         apply, by unhooking; a plan with a Python-driven class keeps the hook."""
         return all(e.choice == BASELINE_CHOICE for e in self.classes.values())
 
+    @property
+    def runs_without_hook(self) -> bool:
+        """Whether DDP runs every class without the hook once autotune unhooks: the baseline,
+        or an algorithm the backend runs from the plan handed to it (`autotune.algorithms.
+        carried`: autotune-nccl's cells, through NCCL's tuner plugin's table). Only then does a
+        bucket size (`buckets`) apply."""
+        from autotune.algorithms import carried
+
+        return all(carried(e.choice.algorithm) for e in self.classes.values())
+
     def to_json(self) -> dict[str, object]:
         return {
             "fingerprint": self.fingerprint,
@@ -277,10 +287,10 @@ class Table:
         assert fusion is None or isinstance(fusion, int)
         fingerprint = data.get("fingerprint")
         gain, lead, buckets = data.get("gain"), data.get("lead"), data.get("buckets")
-        if buckets is not None and not cls(classes).runs_native:
+        if buckets is not None and not cls(classes).runs_without_hook:
             raise ValueError(
-                "buckets: DDP's own bucket size is kept only where every class runs native "
-                "(autotune applies it by unhooking, without the hook)"
+                "buckets: DDP's own bucket size is kept only where every class runs without the "
+                "hook, native or an NCCL cell (autotune applies it by unhooking)"
             )
         return cls(
             classes,

@@ -373,9 +373,9 @@ def merge_tables(saved: Sequence[tuple[float, Table]]) -> Table:
     newest = newest_first[0][1] if newest_first else None
     lead = None if newest is None else newest.lead
     merged = Table(classes, fusion, fingerprint, lead=lead)
-    # The newest job's bucket size, where every class the merge keeps runs native (a class
-    # only an older job saw may keep its Python-driven plan, and with it the hook).
-    if newest is None or not merged.runs_native:
+    # The newest job's bucket size, where every class the merge keeps runs without the hook (a
+    # class only an older job saw may keep its Python-driven plan, and with it the hook).
+    if newest is None or not merged.runs_without_hook:
         return merged
     return dataclasses.replace(merged, buckets=newest.buckets)
 

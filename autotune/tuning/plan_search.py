@@ -23,7 +23,7 @@ The phases, as a diagram, and why each exists: docs/TUNER.md.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from autotune.plan import BASELINE_CHOICE, Arm, Choice, Gain, NearMiss
@@ -101,11 +101,16 @@ class PlanSearch:
         warmup: int,
         recheck_every: int,
         catch: bool = False,
+        needs_hook: Callable[[Arm], bool] | None = None,
     ) -> None:
         self.baseline = baseline
         #: Whether a plan that needs the hook meets plain DDP before it is locked (the job
         #: unhooks for the baseline; `autotune.tuning.plain_check`).
         self.catch = catch
+        #: Whether a plan needs the hook (default: any plan that is not the baseline's choices);
+        #: one that does not (autotune-nccl's cells, which NCCL runs from a table once autotune
+        #: unhooks: `autotune.algorithms.carried`) is locked without the check.
+        self.needs_hook = needs_hook or (lambda arm: bool(arm.choices))
         #: Whether ``gain`` is the check's: against plain DDP itself, in pairs of blocks.
         self.against_plain = False
         self.incumbent = baseline
@@ -188,7 +193,7 @@ class PlanSearch:
                 self._begin(self.baseline, lead.arm, "retry")
             else:
                 self._lock()
-        elif self.catch and stored.choices:
+        elif self.catch and self.needs_hook(stored):
             self.incumbent = stored
             self._lock()
         else:
@@ -358,5 +363,5 @@ class PlanSearch:
     def _lock(self) -> None:
         """Lock the incumbent; one that needs the hook goes to the check against plain DDP
         first, where the job has it."""
-        self.phase = "catch" if self.catch and self.incumbent.choices else "locked"
+        self.phase = "catch" if self.catch and self.needs_hook(self.incumbent) else "locked"
         self._locked_at = None

@@ -256,7 +256,8 @@ def tuner_table(tuner: Tuner) -> Table:
     table = Table(classes, fusion, fingerprint, plan_search.gain, plan_search.lead)
     # A stored bucket size holds while the baseline does: not once a plan (a stored lead's
     # retry, say) has won the job back for the hook.
-    return dataclasses.replace(table, buckets=tuner.buckets) if table.runs_native else table
+    keeps = table.runs_without_hook
+    return dataclasses.replace(table, buckets=tuner.buckets) if keeps else table
 
 
 def tuner_progress(tuner: Tuner) -> dict[int | str, Progress]:

@@ -24,7 +24,14 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from autotune.algorithms import agreed, bookkeeping_device, current_device, sibling_group
+from autotune.algorithms import (
+    agreed,
+    bookkeeping_device,
+    carried,
+    carry,
+    current_device,
+    sibling_group,
+)
 from autotune.comm import topology
 from autotune.ddp.events import Event, Failure, IterationDone, IterationEnd
 from autotune.ddp.stats import MessageRecord
@@ -161,6 +168,7 @@ class Tuner:
                 warmup=config.tune_warmup,
                 recheck_every=config.recheck_every,
                 catch=self.unhooks,
+                needs_hook=self.needs_hook,
             )
             self._open_store()
         #: Seconds each iteration's off-path work took (learning, deciding, starting the exchange).
@@ -255,11 +263,28 @@ class Tuner:
             self._catch_armed = True
         elif self._catch_armed and self.check_from is None:
             self.check_from, self._catch_armed = effective, False
-        ddp_runs_it = arm == self.baseline or (self.tune_fusion and not arm.choices)
+        ddp_runs_it = not self.needs_hook(arm) and (
+            self.tune_fusion or arm.fusion_bytes == self.baseline.fusion_bytes
+        )
         if self.cadence != wire.LOCKED or not ddp_runs_it:
             self.unhook_from = None
         elif self.unhook_from is None:
             self.unhook_from = effective
+
+    @staticmethod
+    def needs_hook(arm: Arm) -> bool:
+        """Whether ``arm`` runs only through the hook: a class on a Python-driven schedule. The
+        baseline's choices and autotune-nccl's cells run on DDP itself once autotune unhooks
+        (`autotune.algorithms.carried`), a fusion size as DDP's bucket size."""
+        return any(not carried(c.algorithm) for _, c in arm.choices)
+
+    def carry_plan(self) -> list[str]:
+        """Every rank, as autotune unhooks: hand the locked plan's classes to the backend (NCCL's
+        tuner plugin's table; nothing for the baseline's); what it now runs."""
+        classes = self.arm.as_dict()
+        if not classes:
+            return []
+        return carry(classes, dist.get_world_size(self.process_group))
 
     def caught(self, kept: bool, outcome: Outcome | None) -> None:
         """Every rank, once the check against plain DDP is over (`autotune.ddp.unhook.Unhooking`,

@@ -10,11 +10,12 @@ from collections.abc import Callable
 
 from torch.nn.parallel import DistributedDataParallel
 
+from autotune.algorithms import carry
 from autotune.config import Config
 from autotune.ddp.engine import Engine
 from autotune.ddp.guard import Guard
 from autotune.ddp.unhook import PlainCheckHooks, Unhooking
-from autotune.plan import Buckets
+from autotune.plan import Table
 from autotune.tuning.buckets import MAX_PAIRS, BucketTuner, why_not_tuned
 from autotune.tuning.plain_check import PlainCheck
 from autotune.tuning.tuner import Tuner
@@ -74,12 +75,19 @@ def catch_hooks(tuner: Tuner, engine: Engine, config: Config) -> PlainCheckHooks
 
 
 def plan_file_buckets(
-    buckets: Buckets, config: Config, ours: Callable[[object, object], bool], guard: Guard | None
+    table: Table,
+    ranks: int,
+    config: Config,
+    ours: Callable[[object, object], bool],
+    guard: Guard | None,
 ) -> Unhooking | None:
     """A plan file that keeps DDP's own all-reduce in buckets of its size: the hook unhooks
     after the first iteration, onto a reducer with that size (or the job's own, where the tuned
-    job kept its own). A table that says so has the backend's all-reduce for every class:
+    job kept its own), its NCCL cells handed to NCCL's tuner plugin (`autotune.algorithms.
+    carry`; ``ranks``: the job's). A table that says so runs every class without the hook:
     autotune stores a size only once it unhooked."""
+    buckets = table.buckets
+    assert buckets is not None
     if not config.unhook:
         warnings.warn(
             f"the plan file keeps {buckets.describe()}, which autotune applies by unhooking: "
@@ -89,4 +97,7 @@ def plan_file_buckets(
         return None
     # No gain: the size is the one the tuned job was built with; this job's own stays.
     size = None if buckets.gain is None else buckets.bucket_bytes
-    return Unhooking(lambda: 1, ours, bucket_bytes=size, guard=guard)
+    classes = {cls: e.choice for cls, e in table.classes.items()}
+    return Unhooking(
+        lambda: 1, ours, bucket_bytes=size, guard=guard, carry=lambda: carry(classes, ranks)
+    )

@@ -219,5 +219,10 @@ def test_the_table_keeps_the_bucket_size_and_refuses_a_bad_one() -> None:
 def test_a_table_keeps_a_bucket_size_only_with_the_backend_s_all_reduce_in_every_class() -> None:
     kept = Buckets(4 * MIB, Gain(0.85, 0.8, 0.9, 12))
     data = Table({MIB: Entry(Choice("tree"))}, None, buckets=kept).to_json()
-    with pytest.raises(ValueError, match="every class runs native"):
+    with pytest.raises(ValueError, match="every class runs without the hook"):
         Table.from_json(data)
+    # An NCCL cell (autotune-nccl) runs without the hook, from NCCL's tuner plugin's table.
+    cell = Table({MIB: Entry(Choice("nccl.ring.ll128")), 2 * MIB: Entry(Choice("native"))})
+    assert cell.runs_without_hook and not cell.runs_native
+    with_size = Table(cell.classes, None, buckets=kept)
+    assert Table.from_json(with_size.to_json()) == with_size

@@ -402,3 +402,35 @@ def test_a_fusion_only_plan_has_no_catch_and_a_stored_hook_plan_goes_straight_to
     assert c.match is not None and c.match.kind == "retry"
     drive(c, lambda arm, i: 0.9 if arm == stored else 1.0, 40)
     assert c.phase == "catch" and c.incumbent == stored
+
+
+def test_a_plan_that_needs_no_hook_is_locked_without_the_check_against_plain_ddp() -> None:
+    # autotune-nccl's cells: NCCL runs them from its tuner plugin's table once autotune unhooks
+    # (`autotune.algorithms.carried`), so there is no hook to check against plain DDP.
+    cell = Choice("nccl.ring.ll128")
+    won = Arm(((1 << 20, cell),), 0)
+
+    def search() -> PlanSearch:
+        return PlanSearch(
+            Arm(),
+            fusion_options=FUSION,
+            max_pairs=8,
+            warmup=0,
+            recheck_every=0,
+            catch=True,
+            needs_hook=lambda arm: any(c != cell for _, c in arm.choices),
+        )
+
+    c = search()
+    c.start(None)
+    drive(c, lambda arm, i: 1.0, 40)
+    c.screened([(1 << 20, cell, 0.001)])
+    drive(c, lambda arm, i: 0.8 if arm == won else 1.0, 40)
+    assert c.settled and c.phase == "locked" and c.incumbent == won
+    assert [k for k, _, _ in c.history] == ["fusion", "class"]
+    # Stored, it is confirmed against the baseline (through the hook), then locked.
+    c = search()
+    c.start(won)
+    assert c.phase == "confirm" and c.match is not None
+    drive(c, lambda arm, i: 0.8 if arm == won else 1.0, 40)
+    assert c.settled and c.incumbent == won

@@ -14,13 +14,18 @@ entry points of this distribution.
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import threading
+from collections.abc import Mapping
 from typing import ClassVar
 
 import torch
 from torch.distributed import ProcessGroup
 
 from autotune.algorithms import Comm, NativeAllReduce, Pending, backend_for
+from autotune.plan import Choice, Entry, Table
+from autotune.util.units import format_bytes
 from autotune_nccl import ALGORITHMS, PROTOCOLS, Tuner
 
 __all__ = ["COMBINATIONS", "NcclAllReduce", "combination", "usable"]
@@ -51,6 +56,25 @@ class NcclAllReduce(NativeAllReduce):
     nccl_algorithm: ClassVar[str]
     nccl_protocol: ClassVar[str]
     joins_auto = True
+    #: Once autotune unhooks, NCCL runs the cells from the plugin's table (`carry`).
+    carrier = "autotune-nccl"
+
+    @classmethod
+    def carry(cls, classes: Mapping[int, Choice], ranks: int) -> str:
+        """Load ``classes`` (size class -> a cell) into the plugin's table, as ``autotune show
+        --nccl-csv`` writes them (rows for all-reduces of ``ranks`` ranks, each class's size
+        range): from now on NCCL runs each all-reduce of those sizes on its cell without the
+        hook. The table replaces any other; a call still armed (`Tuner.arm`) comes first."""
+        entries = {c: Entry(choice, state="locked") for c, choice in classes.items()}
+        csv = Table(entries).nccl_csv(-1, ranks)
+        with tempfile.TemporaryDirectory(prefix="autotune-nccl-") as tmp:
+            path = os.path.join(tmp, "table.csv")
+            with open(path, "w") as f:
+                f.write(csv)
+            rows = controls().load_table(path)
+        cells = ", ".join(f"{format_bytes(c)}: {ch.algorithm}" for c, ch in sorted(classes.items()))
+        _log.info("autotune: NCCL's tuner plugin runs the tuned cells from a table: %s", cells)
+        return f"NCCL's tuner plugin runs {rows} row(s) of tuned cells: {cells}"
 
     def __init__(self, *, timeout_s: float | None = None) -> None:
         super().__init__(timeout_s=timeout_s)

@@ -211,6 +211,58 @@ def tune_on_fake_nccl(rank: int, world_size: int, storage: str, cap: int) -> Dri
     return result
 
 
+def unhook_on_fake_nccl(rank: int, world_size: int, storage: str, cap: int) -> dict[str, Any]:
+    """Tune on the fake NCCL with unhooking on: the locked cells need no hook, so autotune
+    unhooks and hands them to the plugin's table. Then what NCCL would run, with nothing armed,
+    for every size class the job sent, and whether the hook is gone."""
+    play_nccl()
+    torch.manual_seed(0)
+    model = DDP(
+        torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 8)),
+        bucket_cap_mb=0.05,
+    )
+    config = autotune.Config(
+        algorithms=("nccl.ring.ll128", "nccl.tree.simple"),
+        fusion_bytes=0,
+        tune_warmup=1,
+        tune_samples=2,
+        max_pairs=10,
+        storage=storage,
+        timeout_s=60,
+    )
+    state = autotune.register(model, config)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(rank)
+    after = 0
+    for _ in range(cap):
+        if all_settled(state):
+            after += 1
+            if after > 3:  # a few steps of plain DDP after unhooking
+                break
+        x, y = torch.randn(32, 256, generator=g), torch.randint(0, 8, (32,), generator=g)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    state.engine.settle(30)
+    plan = state.plan()
+    unhooking = state.unhooking
+    comm = NcclComm(v6(), comm_id=99, ranks=world_size, nodes=1)
+    ran = {cls: cheapest(comm.coll_info(cls)[0]) for cls in plan}
+    result = {
+        "plan": {cls: c.algorithm for cls, c in plan.items()},
+        "unhooked_at": None if unhooking is None else unhooking.at,
+        "catch": None if unhooking is None or unhooking.catch is None else "ran",
+        "hooks": len(getattr(model, "_comm_hooks", [])),
+        "ran": ran,
+        "rows": controls().table_rows,
+        "armed": controls().armed,
+        "verdict": state.verdict() if rank == 0 else "",
+    }
+    state.close()
+    controls().load_table(None)  # the process's, not the next test's
+    return result
+
+
 def exported_on_fake_nccl(
     rank: int, world_size: int, storage: str, iterations: int
 ) -> dict[str, Any]:
