@@ -155,8 +155,12 @@ class Driven:
     same_as_rank0: bool
 
 
-def tune_on_fake_nccl(rank: int, world_size: int, storage: str, cap: int) -> Driven:
-    """Train with the tuner choosing among NCCL's combinations, until every rank has settled."""
+def _train_on_fake_nccl(
+    rank: int, storage: str, cap: int, after: int = 0, **settings: Any
+) -> tuple[DDP, autotune.AutotuneState]:
+    """On the fake NCCL, train a small model with the tuner choosing among NCCL's combinations
+    (``settings`` added to its Config) until every rank has settled, then ``after`` steps more
+    (at most ``cap`` in all); the model and its settled state."""
     play_nccl()
     torch.manual_seed(0)
     model = DDP(
@@ -164,28 +168,42 @@ def tune_on_fake_nccl(rank: int, world_size: int, storage: str, cap: int) -> Dri
         bucket_cap_mb=0.05,
     )
     config = autotune.Config(
-        algorithms=("nccl.ring.ll128", "nccl.tree.simple", "nccl.nvls.simple"),
         fusion_bytes=0,
         tune_warmup=1,
         tune_samples=2,
         max_pairs=10,
         storage=storage,
         timeout_s=60,
-        # The baseline is slow only as this fake NCCL runs it through the hook: a job that
-        # unhooks would take the plan to plain DDP on gloo instead (autotune.tuning.plain_check).
-        unhook=False,
+        **settings,
     )
     state = autotune.register(model, config)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(rank)
+    settled = 0
     for _ in range(cap):
         if all_settled(state):
-            break
+            settled += 1
+            if settled > after:
+                break
         x, y = torch.randn(32, 256, generator=g), torch.randint(0, 8, (32,), generator=g)
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
         opt.zero_grad()
     state.engine.settle(30)
+    return model, state
+
+
+def tune_on_fake_nccl(rank: int, world_size: int, storage: str, cap: int) -> Driven:
+    """Train with the tuner choosing among NCCL's combinations, until every rank has settled."""
+    model, state = _train_on_fake_nccl(
+        rank,
+        storage,
+        cap,
+        algorithms=("nccl.ring.ll128", "nccl.tree.simple", "nccl.nvls.simple"),
+        # The baseline is slow only as this fake NCCL runs it through the hook: a job that
+        # unhooks would take the plan to plain DDP on gloo instead (autotune.tuning.plain_check).
+        unhook=False,
+    )
     tuner = state.tuner
     assert tuner is not None
     # The fake NCCL's calls, in order, line up with autotune's messages, in order.
@@ -215,35 +233,10 @@ def unhook_on_fake_nccl(rank: int, world_size: int, storage: str, cap: int) -> d
     """Tune on the fake NCCL with unhooking on: the locked cells need no hook, so autotune
     unhooks and hands them to the plugin's table. Then what NCCL would run, with nothing armed,
     for every size class the job sent, and whether the hook is gone."""
-    play_nccl()
-    torch.manual_seed(0)
-    model = DDP(
-        torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 8)),
-        bucket_cap_mb=0.05,
+    # A few steps of plain DDP after unhooking.
+    model, state = _train_on_fake_nccl(
+        rank, storage, cap, after=3, algorithms=("nccl.ring.ll128", "nccl.tree.simple")
     )
-    config = autotune.Config(
-        algorithms=("nccl.ring.ll128", "nccl.tree.simple"),
-        fusion_bytes=0,
-        tune_warmup=1,
-        tune_samples=2,
-        max_pairs=10,
-        storage=storage,
-        timeout_s=60,
-    )
-    state = autotune.register(model, config)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    g = torch.Generator().manual_seed(rank)
-    after = 0
-    for _ in range(cap):
-        if all_settled(state):
-            after += 1
-            if after > 3:  # a few steps of plain DDP after unhooking
-                break
-        x, y = torch.randn(32, 256, generator=g), torch.randint(0, 8, (32,), generator=g)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
-    state.engine.settle(30)
     plan = state.plan()
     unhooking = state.unhooking
     comm = NcclComm(v6(), comm_id=99, ranks=world_size, nodes=1)
