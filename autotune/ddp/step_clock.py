@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import torch
 
-__all__ = ["LAG", "DeviceEvent", "StepClock"]
+__all__ = ["LAG", "DeviceEvent", "StepClock", "device_event"]
 
 #: Iterations between a CUDA iteration's end and the reading of its step.
 LAG = 2
@@ -42,6 +42,14 @@ class DeviceEvent(Protocol):
     def elapsed_time(self, end_event: Any) -> float: ...  # milliseconds
 
 
+def device_event(device: torch.device) -> Callable[[], DeviceEvent] | None:
+    """What makes a timing event on ``device``: a CUDA event for a CUDA device; None (the
+    host's clock) elsewhere."""
+    if device.type == "cuda":
+        return lambda: torch.cuda.Event(enable_timing=True)
+    return None
+
+
 class StepClock:
     """Steps of consecutive iterations: on the host's clock (``event`` None, lag 0), or between
     device events made by ``event`` and read `LAG` iterations late."""
@@ -57,9 +65,7 @@ class StepClock:
     @classmethod
     def for_device(cls, device: torch.device) -> StepClock:
         """The GPU's clock for a CUDA device, the host's otherwise."""
-        if device.type == "cuda":
-            return cls(lambda: torch.cuda.Event(enable_timing=True))
-        return cls()
+        return cls(device_event(device))
 
     @property
     def on_device(self) -> bool:

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from autotune.algorithms import bookkeeping_device
-from autotune.ddp.step_clock import DeviceEvent, StepClock
+from autotune.ddp.step_clock import DeviceEvent, device_event
 
 __all__ = ["BLOCK", "BLOCK_WARMUP", "BlockTimer"]
 
@@ -45,9 +45,7 @@ class BlockTimer:
         self, ddp: DistributedDataParallel, event: Callable[[], DeviceEvent] | None = None
     ) -> None:
         self._ddp = ddp
-        if event is None and _device(ddp).type == "cuda":
-            event = StepClock.for_device(_device(ddp)).event
-        self._event = event
+        self._event = event if event is not None else device_event(_device(ddp))
         self._marks: list[Any] = []  # host seconds, or recorded events
         #: Iterations (forwards that all-reduce) seen so far: the comparison's cost.
         self.iterations = 0

@@ -193,9 +193,7 @@ class Tuner:
         elif isinstance(event, Failure):
             self._on_failure(event.error)
 
-    def _on_iteration_end(
-        self, iteration: int, step_s: float | None, step_of: int | None = None
-    ) -> None:
+    def _on_iteration_end(self, iteration: int, step_s: float | None, step_of: int | None) -> None:
         """Before this iteration's futures complete: take in the exchange started one iteration
         ago, so the plan it carries is in effect for every rank's next iteration. The step is
         ``step_of``'s (on CUDA, the GPU's of an iteration a few back: `autotune.ddp.step_clock`),
@@ -500,16 +498,16 @@ class Tuner:
         )
         return fusion_ok and all(c in self._space(cls) for cls, c in arm.choices)
 
-    def _learn(self, window: wire.Window, arm: Arm, step_arm: Arm | None = None) -> None:
+    def _learn(self, window: wire.Window, arm: Arm, step_arm: Arm) -> None:
         """Rank 0, after the exchange: the step to the plan search (measured under
-        ``step_arm``, None: ``arm``), latencies (measured under ``arm``) to the searches."""
+        ``step_arm``), latencies (measured under ``arm``) to the searches."""
         plan_search = self.plan_search
         if not self.loaded or plan_search is None:
             return
         self.exchanges += 1
         if window.step_s is not None:
             told = len(plan_search.history)
-            plan_search.measure(arm if step_arm is None else step_arm, window.step_s)
+            plan_search.measure(step_arm, window.step_s)
             for kind, challenger, outcome in plan_search.history[told:]:
                 g = outcome.gain
                 _log.info(
