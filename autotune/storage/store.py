@@ -17,7 +17,7 @@ import random
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -104,6 +104,9 @@ def storage_url(url: str | None = None, *, create: bool = True) -> str:
 warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used with Study.optimize")
 warnings.filterwarnings("ignore", ".*fail_stale_trials is experimental")
 
+
+#: A stored plan as `Store._records` reads it: (workload, saved at, attribute name, table JSON).
+_Record = tuple[str, float, str, object]
 
 #: Seconds between heartbeats of a job's running trials; a trial whose job has not beaten for
 #: `STALE_AFTER_S` is a dead job's, and only such trials are failed by another job.
@@ -254,15 +257,15 @@ class Store:
     def load_table(self, key: str, workload: str) -> Table | None:
         """The plan stored for fingerprint ``key`` and ``workload`` (every run's, merged), if a
         run of it locked one."""
-        return self._merged(key, lambda w: w == workload)
+        return self._merged(key, [r for r in self._records(key) if r[0] == workload])
 
     def load_seed(self, key: str) -> Table | None:
         """What seeds a job's search on fingerprint ``key``: the classes a sweep screened (and the
         plans stored before plans were kept per workload, `EARLIER`), merged; None if none."""
-        return self._merged(key, lambda w: w in (SWEEP, EARLIER))
+        return self._merged(key, [r for r in self._records(key) if r[0] in (SWEEP, EARLIER)])
 
-    def _merged(self, key: str, wanted: Callable[[str], bool]) -> Table | None:
-        saved = [r for r in self._records(key) if wanted(r[0])]
+    def _merged(self, key: str, saved: list[_Record]) -> Table | None:
+        """``saved`` (of `_records`), merged (`merge_tables`); None if there are none."""
         tables = []
         for workload, saved_at, name, raw in sorted(saved, key=lambda t: (t[1], t[2])):
             try:
@@ -275,7 +278,7 @@ class Store:
                 ) from exc
         return merge_tables(tables) if tables else None
 
-    def _records(self, key: str) -> list[tuple[str, float, str, object]]:
+    def _records(self, key: str) -> list[_Record]:
         """Every plan stored for ``key``: (workload, saved at, attribute name, table JSON)."""
         import optuna
 
@@ -283,7 +286,7 @@ class Store:
             study = optuna.load_study(study_name=f"autotune/{key}/plan", storage=self.storage)
         except KeyError:
             return []
-        out: list[tuple[str, float, str, object]] = []
+        out: list[_Record] = []
         for name, raw in study.user_attrs.items():
             if name == "table":  # written before plans were kept per run
                 out.append((EARLIER, 0.0, name, raw))
@@ -329,8 +332,9 @@ class Store:
             parts = name.split("/")
             if len(parts) == 3 and parts[0] == "autotune" and parts[2] == "plan":
                 key = parts[1]
-                for workload in dict.fromkeys(r[0] for r in self._records(key)):
-                    table = self.load_table(key, workload)
+                records = self._records(key)  # one read of the study for all its workloads
+                for workload in dict.fromkeys(r[0] for r in records):
+                    table = self._merged(key, [r for r in records if r[0] == workload])
                     if table is not None:
                         out[key, workload] = table
         return out
