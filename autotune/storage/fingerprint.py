@@ -119,8 +119,9 @@ def workload_name(layout: Sequence[tuple[int, str]]) -> str:
     return LAYOUT_PREFIX + digest[:12]
 
 
-def check_workload(name: object, what: str = "Config.workload") -> str:
-    """``name`` if a user may store plans under it, else a ValueError saying why."""
+def check_workload(name: object) -> None:
+    """A ValueError saying why ``name`` may not be a `Config.workload`, if it may not."""
+    what = "Config.workload"
     if not isinstance(name, str) or not name.strip() or name != name.strip():
         raise ValueError(
             f"{what}: expected a non-empty name without surrounding space, got {name!r}"
@@ -133,7 +134,6 @@ def check_workload(name: object, what: str = "Config.workload") -> str:
             f"plans stored before plans were kept per job; {LAYOUT_PREFIX}...: a job named by "
             "its gradient layout)"
         )
-    return name
 
 
 def fingerprint_key(fp: dict[str, str | int]) -> str:
