@@ -224,7 +224,12 @@ def test_tune_writes_a_plan_the_hook_starts_from(tmp_path: Path) -> None:
     job = run_local(train, 2, 400, config, False, True, None, True, timeout_s=600)[0]
     assert job.settled, (job.progress, job.duels)
     assert store.trial_count() == trials
-    assert {kind for kind, _, _ in job.duels} <= {"class", "combined"}, job.duels
+    # No fusion round, no screening: class paired tests (one per class the sweep chose other
+    # than native for), and where two or more won, each against the plan before it, the plan
+    # they make meets the baseline once ("confirm").
+    kinds = [kind for kind, _, _ in job.duels]
+    assert set(kinds) <= {"class", "combined", "confirm"}, job.duels
+    assert ("confirm" in kinds) == (kinds.count("class") >= 2), job.duels
     assert all(won for _, _, won in job.duels), job.duels
     assert job.plan and all(c == result.plan.classes[cls].choice for cls, c in job.plan.items())
     # The job stored a plan of its own; the sweep's classes are as the sweep left them.
