@@ -218,15 +218,27 @@ def test_a_real_runs_exposition_passes_promtool(storage: str) -> None:
     assert "autotune_tuner_trials_total" in bodies[0]  # rank 0 owns the studies
 
 
+def _taken_above_a_free_port() -> socket.socket:
+    """A listening socket on a loopback port whose port below is free (at the moment)."""
+    for _ in range(100):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        try:
+            with socket.socket() as below:
+                below.bind(("127.0.0.1", s.getsockname()[1] - 1))
+        except OSError:  # in use: another test's, or another process's
+            s.close()
+            continue
+        s.listen()
+        return s
+    raise AssertionError("no free loopback port below an ephemeral one in 100 tries")
+
+
 @pytest.mark.distributed
 def test_a_taken_port_leaves_training_running_with_a_warning_naming_the_setting() -> None:
-    with socket.socket() as s:
+    with _taken_above_a_free_port() as s:
         # Local rank 1 serves metrics_port + 1: that port is taken, the one below it free.
-        s.bind(("127.0.0.1", 0))
-        s.listen()
         taken = s.getsockname()[1]
-        with socket.socket() as below:
-            below.bind(("127.0.0.1", taken - 1))  # free now (OSError: run the test again)
         first, second = run_local(port_taken, 2, taken - 1)
     # Rank 1 trains on without its endpoint, and says why in one warning.
     assert not second["exporter"] and second["messages"] > 0
