@@ -8,9 +8,11 @@ size class; a completing thread waits for them in the same order, records what i
 A message the backend runs itself (`native`) is in flight while the next one starts, as DDP's
 own all-reduces are.
 
-When the backend runs a bucket as one message (the baseline: `native` on DDP's own buckets), the
-bucket's future completes from the backend's own completion callback, as PyTorch's
-``allreduce_hook`` does, and backward never waits for the completing thread. Plan switches stay
+When the backend runs a bucket as one message (the baseline: `native` on DDP's own buckets, or
+an ``nccl.*`` cell) on a CPU or on NCCL, the bucket is launched on the submitting thread and its
+future completes from the backend's own completion callback, as PyTorch's ``allreduce_hook``
+does: backward never waits for the completing thread, and on NCCL the host never waits for the
+GPU (`Engine._direct`). Plan switches stay
 in step on every rank because, where the tuner announced one (`Engine.switch_at`), an
 iteration's first bucket waits until the completing thread has handled the previous iteration's
 end (`IterationEnd`, where the switch happens); elsewhere that thread may fall up to two
@@ -25,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,9 +35,10 @@ from torch.distributed import ProcessGroup
 
 from autotune.algorithms import AllReduceAlgorithm, Comm, Pending, check_tensor, split
 from autotune.ddp.events import Event, Failure, IterationDone, IterationEnd, Listener
+from autotune.ddp.gpu import Gpu
 from autotune.ddp.kernel_clock import KernelClock, Ticket
 from autotune.ddp.stats import IterationRecord, MessageRecord
-from autotune.ddp.step_clock import StepClock
+from autotune.ddp.step_clock import DeviceEvent, StepClock
 from autotune.plan import BASELINE_CHOICE, Choice, Plan, size_class
 
 __all__ = ["Engine"]
@@ -45,7 +49,8 @@ class _Bucket:
     buffer: torch.Tensor  # flat; averaged in place
     future: torch.futures.Future[torch.Tensor]
     is_last: bool
-    ready: torch.cuda.Event | None  # recorded on the producing stream (CUDA only)
+    #: Recorded on the producing stream (CUDA), where a message starts on the side stream.
+    ready: DeviceEvent | None = None
 
     @property
     def nbytes(self) -> int:
@@ -63,6 +68,9 @@ class _Piece:
     sent_bytes: int | None
     early: bool = False  # the backend's callback completes the bucket's future (and sets finished)
     ticket: Ticket | None = None  # timed by NCCL's kernel time (`KernelClock`), not the host
+    #: Timed on the GPU (the NCCL lane without NCCL's clock): an event on the job's stream at
+    #: launch, and one the backend's callback records where the all-reduce has finished.
+    marks: list[DeviceEvent] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -96,13 +104,16 @@ class Engine:
         fusion_bytes: int = 0,
         diagnose: Callable[[BaseException, str | None], BaseException] | None = None,
         clock: KernelClock | None = None,
+        gpu: Gpu | None = None,
     ) -> None:
         """``diagnose(error, algorithm)``: turns the first failure into the error every bucket
         fails with (the state names the rank that failed first); None keeps it as raised.
         ``clock``: NCCL's own clock, where NCCL loaded autotune's profiler; a CUDA message that
         NCCL runs (an `asynchronous` algorithm on it) is then timed by its kernel time, and the
-        completing thread never synchronizes a stream for it."""
+        completing thread never synchronizes a stream for it. ``gpu``: the job's GPU
+        (`autotune.ddp.gpu`), made from the first bucket's device where None."""
         self.clock = clock
+        self.gpu = gpu
         self.group = group
         self.world_size = world_size
         self.plan = plan
@@ -147,11 +158,6 @@ class Engine:
         self._to_start: queue.SimpleQueue[list[_Bucket] | _Started | None] = queue.SimpleQueue()
         self._to_finish: queue.SimpleQueue[_Started | None] = queue.SimpleQueue()
         self._error: BaseException | None = None
-        # The side streams messages start on (CUDA), per device. Their own lock: the submitting
-        # thread starts a message inline with `_lock` held (`_dispatch`), and `_lock` is not
-        # reentrant. (Taking `_lock` here hung the first DDP step on CUDA, seen on an H200.)
-        self._streams: dict[torch.device, torch.cuda.Stream] = {}
-        self._streams_lock = threading.Lock()
         self._threads = [
             threading.Thread(target=self._start_loop, name="autotune-start", daemon=True),
             threading.Thread(target=self._finish_loop, name="autotune-finish", daemon=True),
@@ -175,19 +181,16 @@ class Engine:
             self._wait_for_plan(self._submitted + 1)
         if self.device is None:
             self.device, self.dtype = buffer.device, buffer.dtype
+            if self.gpu is None:
+                self.gpu = Gpu.of(buffer.device)
         if self._submitted == 0:
             dtype = str(buffer.dtype).removeprefix("torch.")
             sparse = "" if buffer.layout == torch.strided else f" {buffer.layout}"
             self.layout.append((buffer.numel() * buffer.element_size(), dtype + sparse))
-        cuda = buffer.is_cuda
         future: torch.futures.Future[torch.Tensor] = (
-            torch.futures.Future(devices=[buffer.device]) if cuda else torch.futures.Future()
+            torch.futures.Future() if self.gpu is None else self.gpu.future()
         )
-        ready = None
-        if cuda:
-            ready = torch.cuda.Event()
-            ready.record(torch.cuda.current_stream(buffer.device))
-        bucket = _Bucket(buffer, future, is_last, ready)
+        bucket = _Bucket(buffer, future, is_last)
         with self._lock:
             if self._error is not None:
                 self._fail(future, self._error)
@@ -207,6 +210,7 @@ class Engine:
                 if limit == 0 or bucket.nbytes >= limit:
                     self._dispatch([bucket])
                 else:
+                    self._mark_ready([bucket])
                     self._pending.append(bucket)
             if is_last:
                 self._last_bucket_at = time.perf_counter()
@@ -301,6 +305,7 @@ class Engine:
             if direct is not None:
                 self._hand_over(direct)
                 return
+        self._mark_ready(buckets)
         nbytes = sum(b.nbytes for b in buckets)
         inline = self._starting == 0 and all(
             self.algorithm_for(self.plan.choice(n).algorithm).asynchronous
@@ -313,16 +318,31 @@ class Engine:
             self._starting += 1
             self._to_start.put(buckets)
 
+    def _mark_ready(self, buckets: list[_Bucket]) -> None:
+        """On CUDA, mark each bucket's gradient ready on the stream that made it (the current
+        one, on the submitting thread): a message that starts on the side stream waits for it."""
+        if self.gpu is not None:
+            for b in buckets:
+                if b.ready is None:
+                    b.ready = self.gpu.mark()
+
     def _direct(self, bucket: _Bucket) -> _Started | None:
-        """The baseline's lane: a CPU bucket sent as one message by an algorithm the backend
-        runs (`native`), started here on a kept connection and completed by the backend's own
-        callback, for what PyTorch's ``allreduce_hook`` costs. None where it does not apply.
+        """The baseline's lane: a bucket sent as one message by an algorithm the backend runs
+        (`native`, every ``nccl.*`` cell), started here on a kept connection and completed by
+        the backend's own callback, for what PyTorch's ``allreduce_hook`` costs. None where it
+        does not apply.
 
         Only the submitting (autograd) thread launches here, so the lane may share the job's
-        group with DDP's own collectives; the start thread never does."""
+        group with DDP's own collectives; the start thread never does. On CUDA the all-reduce is
+        launched with the current stream current, as DDP launches its own: the backend orders
+        it after the gradient (NCCL's stream waits for the current one), no side stream or event
+        of autotune's does. On NCCL the host waits for nothing: NCCL's future is complete at
+        launch, and its callback, run at once, completes the bucket's future on a stream that
+        waits for the all-reduce. The message is timed on the GPU: by NCCL's clock where its
+        profiler is loaded, else between an event at launch and one the callback records."""
         nbytes = bucket.nbytes
-        if bucket.ready is not None or 0 < self.fusion_bytes < nbytes or self._closing:
-            return None  # CUDA (streams to order), cut into pieces, or not from backward
+        if 0 < self.fusion_bytes < nbytes or self._closing:
+            return None  # cut into pieces, or not from backward
         choice = self.plan.choice(nbytes)
         started = _Started([bucket], bucket.buffer, algorithm=choice.algorithm)
         try:
@@ -330,14 +350,21 @@ class Engine:
             if lane is None:
                 return None
             algo, comm = lane
+            gpu = self.gpu
             check_tensor(bucket.buffer)
             bucket.buffer.mul_(1.0 / self.world_size)  # as `_start` explains
-            begin = time.perf_counter()
-            pending = algo.launch(bucket.buffer, comm)
+            piece = _Piece(nbytes, choice, Pending(), 0.0, None, None, None)
+            if gpu is not None and self.clock is not None:
+                piece.ticket = self.clock.expect(nbytes)
+            elif gpu is not None:
+                start = gpu.event()
+                start.record()  # on the current stream, where the gradient was made
+                piece.marks.append(start)
+            piece.started = time.perf_counter()
+            piece.pending = algo.launch(bucket.buffer, comm)
         except BaseException as exc:
             started.error = exc
             return started
-        piece = _Piece(nbytes, choice, pending, begin, None, None, None)
         started.pieces.append(piece)
         self._complete_early(bucket, piece)
         return started
@@ -416,7 +443,7 @@ class Engine:
 
     def _start(self, started: _Started) -> None:
         buckets = started.buckets
-        with self._stream_for(started.flat.device) as stream:
+        with self._side() as stream:
             if stream is not None:
                 for b in buckets:
                     if b.ready is not None:  # recorded on the stream that produced it (CUDA)
@@ -456,16 +483,28 @@ class Engine:
                 )
 
     def _complete_early(self, bucket: _Bucket, piece: _Piece) -> None:
-        """Have the backend's completion callback complete ``bucket``'s future, where it has one
-        (on CPU): backward then goes on without waiting for the completing thread. A failure is
-        left to that thread, which fails the future with the diagnosed error."""
+        """Have the backend's completion callback complete ``bucket``'s future, where it has one:
+        backward then goes on without waiting for the completing thread. A failure is left to
+        that thread, which fails the future with the diagnosed error. (A world of one has
+        nothing to wait for: its future completes here.)"""
         future = piece.pending.future
         if future is None:
+            if piece.pending.done:
+                piece.early, piece.finished = True, time.perf_counter()
+                bucket.future.set_result(bucket.buffer)
             return
         piece.early = True
+        gpu = self.gpu
 
         def done(fut: torch.futures.Future[list[torch.Tensor]]) -> None:
+            # On CUDA the callback runs with streams current that wait for the all-reduce
+            # (torch.futures.Future.add_done_callback): what it records or completes here
+            # follows the all-reduce on the GPU, while the host goes on.
             piece.finished = time.perf_counter()
+            if piece.marks and gpu is not None:
+                stop = gpu.event()
+                stop.record()
+                piece.marks.append(stop)
             try:
                 fut.value()
             except Exception:
@@ -504,14 +543,16 @@ class Engine:
                 self._fail(b.future, error)
 
     def _finish(self, started: _Started) -> None:
-        with self._stream_for(started.flat.device) as stream:
+        with self._side() as stream:
             buckets = started.buckets
             finished = 0.0
             on_nccl_clock: list[tuple[_Piece, int]] = []
             for piece in started.pieces:
                 started.algorithm = piece.choice.algorithm
-                piece.pending.wait()  # on CUDA: the stream waits for NCCL's, the host does not
-                if stream is not None and piece.ticket is None:
+                # On CUDA the side stream waits for NCCL's; with a timeout (autotune's) the
+                # host waits too, here, off the step (the lane's futures are complete).
+                piece.pending.wait()
+                if stream is not None and piece.ticket is None and not piece.early:
                     stream.synchronize()  # time the transfer, not the launch; surface errors here
                 if piece.early:
                     buckets[0].future.wait()  # the callback has run: it timed the message
@@ -520,6 +561,12 @@ class Engine:
                     continue
                 if piece.ticket is not None:  # timed once NCCL's record is in, futures first
                     on_nccl_clock.append((piece, self.iteration))
+                    continue
+                if len(piece.marks) == 2:  # on the GPU, from launch to the callback's event
+                    start, stop = piece.marks
+                    stop.synchronize()  # past already: the all-reduce was waited for above
+                    took = start.elapsed_time(stop) / 1000.0
+                    self._emit(self._record(piece, took, self.iteration, "cuda"))
                     continue
                 self._emit(self._record(piece, finished - piece.started, self.iteration))
             if len(buckets) > 1:
@@ -538,7 +585,7 @@ class Engine:
                 end = max(finished if early else begin, self._completed_at)
                 exposed = max(0.0, end - self._last_bucket_at)
                 if self.step_clock is None:
-                    self.step_clock = StepClock.for_device(started.flat.device)
+                    self.step_clock = StepClock(None if self.gpu is None else self.gpu.event)
                 timed = self.step_clock.end(self.iteration, end, stream)
                 step_of, step = (None, None) if timed is None else timed
                 self._emit(IterationEnd(self.iteration, exposed, step, step_of))
@@ -619,13 +666,10 @@ class Engine:
             future.set_exception(error)  # type: ignore[arg-type]
 
     @contextlib.contextmanager
-    def _stream_for(self, device: torch.device) -> Iterator[torch.cuda.Stream | None]:
-        if device.type != "cuda":
+    def _side(self) -> Iterator[Any]:
+        """On CUDA, the GPU's side stream made current (yielded); None elsewhere."""
+        if self.gpu is None:
             yield None
             return
-        with self._streams_lock:
-            stream = self._streams.get(device)
-            if stream is None:
-                stream = self._streams[device] = torch.cuda.Stream(device)
-        with torch.cuda.stream(stream):
+        with self.gpu.side() as stream:
             yield stream

@@ -46,8 +46,9 @@ class MessageRecord:
     world_size: int
     started: float  # time.perf_counter() at its start, for timelines
     sent_bytes: int | None = None  # what this rank put on the wire (None: the backend's business)
-    #: How ``seconds`` was taken: "host" (launch to completion, as the host saw it) or "nccl"
-    #: (the kernel's time on NCCL's clock, from its profiler: autotune.ddp.kernel_clock).
+    #: How ``seconds`` was taken: "host" (launch to completion, as the host saw it), "nccl"
+    #: (the kernel's time on NCCL's clock, from its profiler: autotune.ddp.kernel_clock) or
+    #: "cuda" (CUDA events: from the launch on the job's stream to the all-reduce's end).
     timer: str = "host"
 
     @property

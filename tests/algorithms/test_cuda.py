@@ -69,7 +69,7 @@ def test_nccl_two_ranks() -> None:
     assert not problems, "\n".join(problems[:20])
 
 
-def _ddp_matches(world_size: int, backend: str) -> None:
+def _ddp_matches(world_size: int, backend: str, env: dict[str, str] | None = None) -> None:
     import sys
     from pathlib import Path
 
@@ -78,7 +78,7 @@ def _ddp_matches(world_size: int, backend: str) -> None:
 
     names = available() if backend == "nccl" else algorithms_under_test()
     per_rank = run_local(
-        train_all, world_size, names, ["base"], "cuda", backend=backend, timeout_s=600
+        train_all, world_size, names, ["base"], "cuda", backend=backend, env=env, timeout_s=600
     )
     for i, t in enumerate(per_rank[0]):
         for hooked, plain in zip(t.hooked, t.plain, strict=True):
@@ -95,6 +95,18 @@ def test_hook_on_cuda_nccl_world_of_one() -> None:
 @needs_cuda
 def test_hook_on_cuda_tensors_over_gloo() -> None:
     _ddp_matches(2, "gloo")
+
+
+@pytest.mark.skipif(
+    not _nccl_allows_ranks_sharing_a_gpu(),
+    reason="needs two GPUs, or one GPU and NCCL >= 2.30 (NCCL_MULTI_RANK_GPU_ENABLE)",
+)
+def test_hook_on_nccl_two_ranks() -> None:
+    # `native` and the nccl.* cells on the hook's lane (launched on the autograd thread, futures
+    # completed from NCCL's): the same gradients as DDP without the hook.
+    _ddp_matches(
+        2, "nccl", {"NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_TUNER_PLUGIN": library_path()}
+    )
 
 
 def sweep_on(world_size: int, backend: str, device: str) -> None:

@@ -17,6 +17,7 @@ import torch
 from autotune.algorithms import AllReduceAlgorithm, Comm, PeerError, Pending
 from autotune.ddp.engine import Engine
 from autotune.ddp.events import Event, IterationDone, IterationEnd
+from autotune.ddp.gpu import Gpu
 from autotune.ddp.stats import Recorder
 from autotune.plan import Choice, Plan, size_class
 
@@ -462,13 +463,13 @@ def test_a_cuda_message_starts_inline_with_the_lock_held(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(torch.cuda, "Stream", Stream)
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
-    engine = on_backend(Backend("a", []))
+    engine = on_backend(Backend("a", []), gpu=Gpu(torch.device("cuda", 0)))
     got: list[object] = []
 
     def pick() -> None:
         with engine._lock:  # as `_dispatch` holds it
             for _ in range(2):
-                with engine._stream_for(torch.device("cuda", 0)) as stream:
+                with engine._side() as stream:
                     got.append(stream)
 
     t = threading.Thread(target=pick, daemon=True)

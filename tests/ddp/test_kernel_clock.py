@@ -1,11 +1,11 @@
 """A CUDA message NCCL runs is timed by NCCL's own clock where its profiler is loaded: the engine
 takes a ticket per message at launch, completes the buckets' futures without synchronizing a
 stream, then emits each message's record with the kernel time of the profiler record matched to
-it. Played on CPU: a stand-in stream (counting synchronizations) and a stand-in profiler."""
+it. Played on CPU: a played GPU (tests/ddp/played_gpu.py, counting stream synchronizations) and a
+stand-in profiler."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from played_gpu import PlayedGpu, Stream
 from test_engine import Backend
 
 from autotune.comm.nccl_feed import NcclFeed
@@ -68,17 +69,6 @@ class Nccl(Backend):
         return self.launch(buf, comm)
 
 
-class Stream:
-    def __init__(self) -> None:
-        self.synchronized = 0
-
-    def synchronize(self) -> None:
-        self.synchronized += 1
-
-    def wait_event(self, event: object) -> None:
-        pass
-
-
 @pytest.fixture
 def played() -> Iterator[tuple[Profiler, NcclFeed]]:
     profiler = Profiler()
@@ -91,8 +81,9 @@ def one_bucket(clock: KernelClock | None) -> tuple[Engine, Recorder, Stream]:
     """A 64-byte bucket sent as two 32-byte messages on NCCL, from an engine whose messages start
     on a stand-in side stream (as on CUDA); NCCL has finished both when this returns, and the
     bucket's future has completed."""
-    stream, algo = Stream(), Nccl("a", [])
-    engine = on_cuda(algo, clock, stream)
+    gpu, algo = PlayedGpu(), Nccl("a", [])
+    stream = gpu.stream
+    engine = on_cuda(algo, clock, gpu)
     recorder = Recorder()
     engine.subscribe(recorder.record)
     future = engine.submit(torch.ones(16), is_last=True)
@@ -102,24 +93,18 @@ def one_bucket(clock: KernelClock | None) -> tuple[Engine, Recorder, Stream]:
     return engine, recorder, stream
 
 
-def on_cuda(algo: Nccl, clock: KernelClock | None, stream: Stream) -> Engine:
-    """An engine of 2 ranks running ``algo`` whose messages start on ``stream`` (as on CUDA),
-    cutting a 64-byte bucket into two 32-byte messages."""
-    engine = Engine(
+def on_cuda(algo: Nccl, clock: KernelClock | None, gpu: PlayedGpu) -> Engine:
+    """An engine of 2 ranks running ``algo`` on the played ``gpu`` (as on CUDA), cutting a
+    64-byte bucket into two 32-byte messages."""
+    return Engine(
         group=None,  # type: ignore[arg-type]
         world_size=2,
         plan=Plan(Choice("a")),
         algorithm_for=lambda name: algo,
         fusion_bytes=32,
         clock=clock,
+        gpu=gpu,  # type: ignore[arg-type]
     )
-
-    @contextlib.contextmanager
-    def stream_for(device: torch.device) -> Iterator[Stream]:
-        yield stream
-
-    engine._stream_for = stream_for  # type: ignore[method-assign,assignment]
-    return engine
 
 
 def test_nccl_messages_take_the_kernel_time_and_no_stream_is_synchronized(

@@ -1,0 +1,147 @@
+"""On NCCL the hook's baseline (and every ``nccl.*`` cell) does what plain DDP does with a bucket:
+the all-reduce is launched on the autograd thread with the gradient's stream current, and the
+bucket's future completes from NCCL's own future, complete at launch; nothing of autotune's
+synchronizes a stream, marks or waits for an event, or hops to another thread before backward
+goes on. Played on the CPU (tests/ddp/played_gpu.py), counting what the engine asks of the GPU."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from played_gpu import PlayedGpu, PlayedNccl
+
+from autotune.algorithms import AllReduceAlgorithm, Comm, Pending
+from autotune.ddp.engine import Engine
+from autotune.ddp.stats import Recorder
+from autotune.plan import Choice, Plan
+
+
+def engine_on(gpu: PlayedGpu, algo: AllReduceAlgorithm, **options: Any) -> Engine:
+    engine = Engine(
+        group=None,  # type: ignore[arg-type]
+        world_size=2,
+        plan=Plan(Choice("a")),
+        algorithm_for=lambda name: algo,
+        gpu=gpu,  # type: ignore[arg-type]
+        **options,
+    )
+    return engine
+
+
+def test_a_bucket_on_nccl_completes_at_launch_and_nothing_waits_for_the_gpu() -> None:
+    gpu = PlayedGpu()
+    nccl = PlayedNccl(gpu, took_ms=[3.0, 5.0])
+    engine = engine_on(gpu, nccl)
+    recorder = Recorder()
+    engine.subscribe(recorder.record)
+    me = threading.current_thread().name
+    for _ in range(2):  # two iterations of two buckets
+        for n, last in ((8, False), (4, True)):
+            future = engine.submit(torch.ones(n), is_last=last)
+            # Complete before NCCL has finished (its work is still held), and never handed to a
+            # thread of autotune's: backward goes on at once, as under plain DDP.
+            assert future.done() and not nccl.finished.is_set()
+            assert future.value().tolist() == [0.5] * n  # averaged: scaled by 1/world
+    assert nccl.launched == [me] * 4  # on the autograd thread, in bucket order
+    # Nothing marked a gradient ready, waited for an event, or synchronized a stream, and the
+    # only events recorded on the autograd thread are each message's start and end marks.
+    assert gpu.marks == 0 and gpu.stream.waited_events == 0 and gpu.stream.synchronized == 0
+    assert me not in gpu.sides
+    assert gpu.recorded.count(me) == 2 * 4
+    nccl.finish()  # the GPU gets there
+    assert engine.settle(10)
+    # Each message timed on the GPU: from its launch to the all-reduce's end.
+    got = [(r.nbytes, r.seconds, r.timer) for r in recorder.records()]
+    assert got == [(32, 0.003, "cuda"), (16, 0.005, "cuda")] * 2
+    assert [r.iteration for r in recorder.iterations()] == [1, 2]
+    # The completing thread waited for NCCL off the step; it synchronized no stream for it.
+    assert gpu.stream.synchronized == 0
+    engine.close()
+
+
+def test_with_nccls_profiler_a_lane_message_takes_a_ticket_and_no_event() -> None:
+    gpu = PlayedGpu()
+    nccl = PlayedNccl(gpu, took_ms=[3.0])
+    clock = SimpleNamespace(tickets=[])
+
+    def expect(nbytes: int) -> Any:
+        ticket = SimpleNamespace(nbytes=nbytes)
+        clock.tickets.append(ticket)
+        return ticket
+
+    clock.expect = expect
+    clock.seconds = lambda ticket, timeout_s=None: 0.007
+    engine = engine_on(gpu, nccl, clock=clock)
+    recorder = Recorder()
+    engine.subscribe(recorder.record)
+    assert engine.submit(torch.ones(4), is_last=True).done()
+    assert [t.nbytes for t in clock.tickets] == [16]
+    assert threading.current_thread().name not in gpu.recorded  # no start or end mark
+    nccl.finish()
+    assert engine.settle(10)
+    assert [(r.seconds, r.timer) for r in recorder.records()] == [(0.007, "nccl")]
+    assert gpu.stream.synchronized == 0
+    engine.close()
+
+
+class PythonDriven(AllReduceAlgorithm):
+    """An algorithm autotune drives (tree, ring, ...), on the played GPU: it has finished when
+    `start` returns, on the side stream."""
+
+    name = "a"
+
+    def connect(self, group, device, *, dedicated=True):  # type: ignore[no-untyped-def]
+        return SimpleNamespace(size=2, backend="nccl", traffic=None)
+
+    def _run(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> None:
+        pass
+
+    def _start(self, buf: torch.Tensor, comm: Any, segment_elems: int) -> Pending:
+        return Pending()
+
+
+@pytest.mark.parametrize("what", ["python-driven", "cut"])
+def test_off_the_lane_a_cuda_message_orders_streams_and_completes_on_the_finish_thread(
+    what: str,
+) -> None:
+    # What the hook adds where it drives the message (docs/HOOK.md): the gradient marked ready,
+    # the side stream waiting for it, the side stream synchronized, the future completed by
+    # the completing thread.
+    gpu = PlayedGpu()
+    nccl = PlayedNccl(gpu, took_ms=[3.0])
+    if what == "cut":  # a bucket cut into two messages, each NCCL's
+        engine = engine_on(gpu, nccl, fusion_bytes=8)
+    else:
+        engine = engine_on(gpu, PythonDriven())
+    future = engine.submit(torch.ones(4), is_last=True)
+    if what == "cut":
+        assert not future.done()  # the completing thread waits for NCCL first
+        nccl.finish()
+    future.wait()
+    assert engine.settle(10)
+    messages = 2 if what == "cut" else 1
+    assert gpu.marks == 1 and gpu.stream.waited_events == 1
+    assert gpu.stream.synchronized == messages
+    assert "autotune-finish" in gpu.sides
+    engine.close()
+
+
+def test_a_world_of_one_completes_its_bucket_at_once() -> None:
+    gpu = PlayedGpu()
+    nccl = PlayedNccl(gpu, took_ms=[3.0], size=1)
+    engine = Engine(
+        group=None,  # type: ignore[arg-type]
+        world_size=1,
+        plan=Plan(Choice("a")),
+        algorithm_for=lambda name: nccl,
+        gpu=gpu,  # type: ignore[arg-type]
+    )
+    future = engine.submit(torch.ones(4), is_last=True)
+    assert future.done() and future.value().tolist() == [1.0] * 4
+    assert engine.settle(10)
+    assert gpu.stream.synchronized == 0 and gpu.marks == 0
+    engine.close()
