@@ -351,6 +351,8 @@ class Engine:
                 return None
             algo, comm = lane
             gpu = self.gpu
+            if gpu is not None and comm.backend == "nccl" and not self._all_the_backends():
+                return None  # one communicator, one order: see `_all_the_backends`
             check_tensor(bucket.buffer)
             bucket.buffer.mul_(1.0 / self.world_size)  # as `_start` explains
             piece = _Piece(nbytes, choice, Pending(), 0.0, None, None, None)
@@ -368,6 +370,26 @@ class Engine:
         started.pieces.append(piece)
         self._complete_early(bucket, piece)
         return started
+
+    def _all_the_backends(self) -> bool:
+        """Whether every message the plan sends is one of DDP's buckets on an asynchronous
+        algorithm (the backend's own): on NCCL the lane is taken only then.
+
+        NCCL's kernels wait for their peers, and two communicators in use at once may hang each
+        other: NCCL's guide asks for one order on every rank, its maintainers for one
+        communicator at a time (NVIDIA/nccl#195). A lane message runs on the job's
+        communicator; the others on autotune's groups, some launched from the start thread,
+        which a lane message could overtake on one rank and not on another. So on NCCL the lane
+        is all or nothing, per plan and fusion size. Both change on every rank alike, at an
+        iteration end the next iteration's first bucket waits for, and the finish thread has
+        waited there for every message before it: the two kinds of message never overlap.
+        (gloo's groups are host-driven and independent.)"""
+        if self.fusion_bytes:
+            return False
+        choices = self.plan.choices()
+        return choices is not None and all(
+            self.algorithm_for(c.algorithm).asynchronous for c in choices
+        )
 
     def _lane(self, name: str, device: torch.device) -> tuple[AllReduceAlgorithm, Comm] | None:
         """Algorithm ``name`` and its kept connection on the job's own group, where the backend

@@ -109,6 +109,7 @@ class Plan:
 
     def __init__(self, default: Rule | Choice | None = None) -> None:
         self._default: Rule | None = None
+        self._fixed: Choice | None = None  # the default, where it is one choice, not a rule
         self._chosen: dict[int, Choice] = {}
         self._seen: set[int] = set()
         self._lock = threading.Lock()
@@ -118,10 +119,10 @@ class Plan:
     def set_default(self, default: Rule | Choice) -> None:
         """The choice for size classes without an explicit one: a fixed choice, or a rule."""
         if isinstance(default, Choice):
-            fixed = default
+            fixed = self._fixed = default
             self._default = lambda nbytes: fixed
         else:
-            self._default = default
+            self._fixed, self._default = None, default
 
     def _fallback(self, cls: int) -> Choice:
         assert self._default is not None, "the plan has no default rule yet"
@@ -146,6 +147,14 @@ class Plan:
         """Run exactly ``chosen`` (size class -> choice) from now on, the default elsewhere."""
         with self._lock:
             self._chosen = dict(chosen)
+
+    def choices(self) -> list[Choice] | None:
+        """Every choice the plan can make now (the explicit ones and the default); None where a
+        rule picks the default, which may pick anything."""
+        if self._fixed is None:
+            return None
+        with self._lock:
+            return [self._fixed, *self._chosen.values()]
 
     def table(self) -> dict[int, Choice]:
         """The choice for every size class seen so far, smallest first."""

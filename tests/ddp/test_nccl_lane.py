@@ -17,7 +17,7 @@ from played_gpu import PlayedGpu, PlayedNccl
 from autotune.algorithms import AllReduceAlgorithm, Comm, Pending
 from autotune.ddp.engine import Engine
 from autotune.ddp.stats import Recorder
-from autotune.plan import Choice, Plan
+from autotune.plan import Choice, Plan, size_class
 
 
 def engine_on(gpu: PlayedGpu, algo: AllReduceAlgorithm, **options: Any) -> Engine:
@@ -92,7 +92,7 @@ class PythonDriven(AllReduceAlgorithm):
     """An algorithm autotune drives (tree, ring, ...), on the played GPU: it has finished when
     `start` returns, on the side stream."""
 
-    name = "a"
+    name = "t"
 
     def connect(self, group, device, *, dedicated=True):  # type: ignore[no-untyped-def]
         return SimpleNamespace(size=2, backend="nccl", traffic=None)
@@ -116,7 +116,7 @@ def test_off_the_lane_a_cuda_message_orders_streams_and_completes_on_the_finish_
     if what == "cut":  # a bucket cut into two messages, each NCCL's
         engine = engine_on(gpu, nccl, fusion_bytes=8)
     else:
-        engine = engine_on(gpu, PythonDriven())
+        engine = engine_on(gpu, PythonDriven())  # the plan's "a" is this algorithm
     future = engine.submit(torch.ones(4), is_last=True)
     if what == "cut":
         assert not future.done()  # the completing thread waits for NCCL first
@@ -144,4 +144,38 @@ def test_a_world_of_one_completes_its_bucket_at_once() -> None:
     assert future.done() and future.value().tolist() == [1.0] * 4
     assert engine.settle(10)
     assert gpu.stream.synchronized == 0 and gpu.marks == 0
+    engine.close()
+
+
+@pytest.mark.parametrize("mixed", ["a class on a Python-driven algorithm", "fusion on"])
+def test_on_nccl_the_lane_is_all_or_nothing(mixed: str) -> None:
+    # Two NCCL communicators in use at once may hang each other: where any message of the plan
+    # runs on autotune's groups, every message does, in bucket order, as before the lane.
+    gpu = PlayedGpu()
+    nccl = PlayedNccl(gpu, took_ms=[3.0])
+    algos: dict[str, AllReduceAlgorithm] = {"a": nccl, "t": PythonDriven()}
+    engine = Engine(
+        group=None,  # type: ignore[arg-type]
+        world_size=2,
+        plan=Plan(Choice("a")),
+        algorithm_for=algos.__getitem__,
+        gpu=gpu,  # type: ignore[arg-type]
+    )
+    if mixed == "fusion on":
+        engine.fusion_bytes = 1 << 20
+    else:
+        engine.plan.set(size_class(1 << 20), Choice("t"))  # a class no bucket here is in
+    future = engine.submit(torch.ones(8), is_last=True)  # 32 bytes: NCCL's all-reduce
+    assert not future.done()  # the completing thread completes it, once NCCL has finished
+    nccl.finish()
+    future.wait()
+    assert engine.settle(10)
+    assert gpu.marks == 1 and gpu.stream.waited_events == 1 and gpu.stream.synchronized == 1
+    # The plan back to the backend's own everywhere (at an iteration end, as the tuner does):
+    # the lane again.
+    engine.fusion_bytes = 0
+    engine.plan.replace({})
+    assert engine.submit(torch.ones(8), is_last=True).done()
+    assert gpu.marks == 1
+    assert engine.settle(10)
     engine.close()

@@ -48,6 +48,15 @@ def test_replace_runs_exactly_the_given_choices() -> None:
     plan.set(4096, Choice("tree"))
     plan.replace({1 << 20: Choice("ring")})
     assert plan.choice(4096) == Choice("native") and plan.choice(1 << 20) == Choice("ring")
+    # Every choice it can make, seen or not: the default and the explicit ones.
+    assert plan.choices() == [Choice("native"), Choice("ring")]
+
+
+def test_a_plan_with_a_rule_cannot_say_every_choice_it_makes() -> None:
+    plan = Plan(lambda cls: Choice("tree" if cls <= 1 << 20 else "native"))
+    assert plan.choices() is None
+    plan.set_default(Choice("native"))
+    assert plan.choices() == [Choice("native")]
 
 
 def test_a_tables_gain_reads_back_and_bad_gains_are_refused() -> None:
