@@ -9,8 +9,8 @@
 # shows them), plugins (autotune-nccl's tuner and profiler under the image's NCCL at world size 1,
 # then at 2 ranks on the NCCL 2.30.7 build: benchmarks/nccl_plugins.py), tests (tests/algorithms/test_cuda.py), example (the example at world size 1 on NCCL and at 2
 # on gloo with CUDA tensors), gain-gloo (benchmarks/step_gain.py on CUDA tensors over gloo, 2
-# ranks), gain-nccl (the same on NCCL; 2 ranks on one GPU need NCCL 2.30 or newer, which it
-# checks first), faults-nccl (the fault contract on NCCL at 2 ranks, benchmarks/faults.py
+# ranks; GPT-2 small in bf16 and ResNet-50, benchmarks/gpu_models.py), gain-nccl (the same on
+# NCCL; 2 ranks on one GPU need NCCL 2.30 or newer, which it checks first), faults-nccl (the fault contract on NCCL at 2 ranks, benchmarks/faults.py
 # --nccl: the same NCCL check; not in the default run). Each writes its log, and the
 # benchmarks their JSON, under
 # $OUT (default: gpu-checks/), at most seven files. PY names the Python (default: python3).
@@ -146,6 +146,17 @@ print(PynvmlQuery().readings())
 registry = CollectorRegistry()
 registry.register(NvmlMetrics())
 print(generate_latest(registry).decode())
+# step_gain's ResNet-50 (benchmarks/gpu_models.py) against torchvision's, tensor for tensor.
+import sys
+sys.path.insert(0, "benchmarks")
+from gpu_models import resnet50
+try:
+    import torchvision
+    theirs = [tuple(p.shape) for p in torchvision.models.resnet50().parameters()]
+    ours = [tuple(p.shape) for p in resnet50().parameters()]
+    print("resnet50: the same tensors as torchvision", torchvision.__version__, ours == theirs)
+except ImportError as exc:
+    print("resnet50: torchvision not there to compare:", exc)
 EOF
     } 2>&1 | tee "$OUT/env.txt"
 }
@@ -169,10 +180,10 @@ example_phase() {
     } 2>&1 | tee "$OUT/example.log"
 }
 
-gain() {  # gain BACKEND
-    capped 280 "$PY" benchmarks/step_gain.py --device cuda --backend "$1" \
-        --world-sizes 2 --paired-steps 100 --paired-seconds 3 --run-timeout 90 \
-        --json "$OUT/step-gain-cuda-$1.json" 2>&1 | tee "$OUT/step-gain-cuda-$1.log"
+gain() {  # gain BACKEND MODELS: the models sized for a GPU (benchmarks/gpu_models.py)
+    capped 280 "$PY" benchmarks/step_gain.py --device cuda --backend "$1" --models "$2" \
+        --world-sizes 2 --tune-steps 300 --paired-steps 100 --paired-seconds 3 \
+        --run-timeout 90 --json "$OUT/step-gain-cuda-$1.json" 2>&1 | tee "$OUT/step-gain-cuda-$1.log"
 }
 
 faults_phase() {  # the fault contract on NCCL, 2 ranks: NCCL's watchdog against autotune's
@@ -180,7 +191,7 @@ faults_phase() {  # the fault contract on NCCL, 2 ranks: NCCL's watchdog against
 }
 
 nccl_phase() {
-    two_nccl_ranks gain nccl 2>&1 | tail -3
+    two_nccl_ranks gain nccl gpt2,resnet50 2>&1 | tail -3
 }
 
 if [ "${1:-}" = wheels ]; then
@@ -197,7 +208,7 @@ for phase in "${@:-env plugins tests example gain-gloo gain-nccl}"; do
             plugins) plugins_phase ;;
             tests) tests_phase ;;
             example) example_phase ;;
-            gain-gloo) gain gloo ;;
+            gain-gloo) gain gloo resnet50,gpt2 ;;  # 100 MB of fp32 gradients a step first
             gain-nccl) nccl_phase ;;
             faults-nccl) faults_phase ;;
             *) echo "unknown phase $p (env, plugins, tests, example, gain-gloo, gain-nccl, faults-nccl)" >&2; exit 2 ;;

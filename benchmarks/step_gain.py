@@ -32,11 +32,13 @@ autotune arm on that plan (a stored table's JSON, as `autotune.Config.plan_file`
 one plan makes of the step, to compare two versions of an algorithm on the same plan.
 
 ``--device cuda`` trains on CUDA tensors (rank r on GPU r modulo the GPUs there are; with one GPU
-every rank shares it), on gloo (autotune stages through pinned host memory) or, with
-``--backend nccl``, on NCCL (several ranks on one GPU need NCCL 2.30 or newer and
-``NCCL_MULTI_RANK_GPU_ENABLE=1`` in the environment). A step is then timed until the GPU has
-finished it. Written for issue 10's GPU cell; on the one lease so far (an H200) it hung at
-the first step, in the hook (fixed since: docs/BENCHMARKS.md, "On a GPU").
+every rank shares it), on gloo (which stages them through host memory itself; autotune's
+Python-driven algorithms stage through pinned host memory) or, with ``--backend nccl``, on NCCL
+(several ranks on one GPU need NCCL 2.30 or newer and ``NCCL_MULTI_RANK_GPU_ENABLE=1`` in the
+environment). A step is then timed until the GPU has finished it. ``--models gpt2,resnet50``
+are sized for a GPU (benchmarks/gpu_models.py: GPT-2 small in bf16, ResNet-50). Written for
+issue 10's GPU cell; on the one lease so far (an H200) it hung at the first step, in the hook
+(fixed since: docs/BENCHMARKS.md, "On a GPU").
 
 Exploring cost: run 1's total step time until it locked, minus run 3's median plain step times as
 many steps (the restart's cost likewise). Ratios below 1 are faster than plain DDP; intervals
@@ -67,9 +69,14 @@ from autotune.testing.settled import all_settled, control_device, everywhere
 from autotune.tuning.paired_test import median_interval
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_models import gpt2, resnet50
 from train_ddp import build_model, rank_device
 
 MODELS = ("mlp", "transformer", "convnet")
+#: Sized for a GPU (benchmarks/gpu_models.py): GPT-2 small in bf16 (4 sequences of 512 tokens a
+#: rank), ResNet-50 in fp32 (32 images of 224 x 224 a rank).
+GPU_MODELS = ("gpt2", "resnet50")
 #: Runs 1 and 2 end this many steps after autotune unhooked and decided DDP's bucket size
 #: (or at ``--tune-steps``): nothing changes after that.
 AFTER_DECIDED = 20
@@ -123,7 +130,30 @@ def _model_and_batch(name: str, seed: int) -> tuple[torch.nn.Module, Any]:
             return torch.randn(16, 3, 32, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
 
         return model, batch
-    raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+    if name == "gpt2":
+        model = gpt2()
+        vocabulary = model.wte.num_embeddings
+
+        def batch(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+            tokens = torch.randint(0, vocabulary, (4, 513), generator=g)
+            return tokens[:, :-1], tokens[:, 1:].flatten()  # each position's next token
+
+        return model, batch
+    if name == "resnet50":
+        model = resnet50()
+        # Four batches drawn once, taken in a random order: drawing 32 images a step would
+        # cost the host more than the GPU's step (the contents do not change the step's time).
+        pool = [
+            torch.randn(32, 3, 224, 224, generator=torch.Generator().manual_seed(i))
+            for i in range(4)
+        ]
+
+        def batch(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+            i = int(torch.randint(0, len(pool), (1,), generator=g))
+            return pool[i], torch.randint(0, 1000, (32,), generator=g)
+
+        return model, batch
+    raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS + GPU_MODELS)}")
 
 
 def _step(ddp: torch.nn.Module, opt: torch.optim.Optimizer, x: Any, y: Any) -> float:
@@ -389,7 +419,11 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--world-sizes", default="2,4")
-    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument(
+        "--models",
+        default=",".join(MODELS),
+        help=f"of {', '.join(MODELS + GPU_MODELS)}; the last {len(GPU_MODELS)} are sized for a GPU",
+    )
     p.add_argument(
         "--tune-steps", type=int, default=1000, help="run 1 and run 2, at most (see AFTER_DECIDED)"
     )
