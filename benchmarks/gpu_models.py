@@ -46,7 +46,10 @@ class _Block(nn.Module):
         q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
         y = functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(y.transpose(1, 2).reshape(batch, positions, width))
-        return x + self.fc_proj(functional.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
+        out: torch.Tensor = x + self.fc_proj(
+            functional.gelu(self.fc(self.ln_2(x)), approximate="tanh")
+        )
+        return out
 
 
 class GPT2(nn.Module):
@@ -74,7 +77,8 @@ class GPT2(nn.Module):
         x = self.wte(tokens) + self.wpe(where)
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln_f(x)).flatten(0, 1)
+        logits: torch.Tensor = self.head(self.ln_f(x))
+        return logits.flatten(0, 1)
 
 
 def gpt2(dtype: torch.dtype = torch.bfloat16, **shape: int) -> GPT2:
@@ -127,7 +131,8 @@ class ResNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = functional.max_pool2d(functional.relu(self.bn1(self.conv1(x))), 3, 2, padding=1)
         x = self.stages(x)
-        return self.fc(torch.flatten(functional.adaptive_avg_pool2d(x, 1), 1))
+        logits: torch.Tensor = self.fc(torch.flatten(functional.adaptive_avg_pool2d(x, 1), 1))
+        return logits
 
 
 def resnet50(classes: int = 1000) -> ResNet:

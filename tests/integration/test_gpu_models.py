@@ -47,8 +47,8 @@ def test_resnet50_has_resnet50s_parameters_and_strides() -> None:
     assert shapes == [(1, 256, 56, 56), (1, 512, 28, 28), (1, 1024, 14, 14), (1, 2048, 7, 7)]
     assert tuple(out.shape) == (1, 1000)
     # The stride on the 3x3 convolution of each stage's first block (v1.5), not the 1x1.
-    first = model.stages[1][0]
-    assert (first.conv1.stride, first.conv2.stride) == ((1, 1), (2, 2))
+    strides = {n: m.stride for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d)}
+    assert (strides["stages.1.0.conv1"], strides["stages.1.0.conv2"]) == ((1, 1), (2, 2))
 
 
 def test_gpt2_is_causal_and_learns_through_its_tied_embedding() -> None:
