@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from autotune.plan import Entry, Table
 from autotune.storage.failures import cannot_open, racing
@@ -60,10 +61,18 @@ def as_url(storage: str) -> str:
 
 
 def sqlite_path(url: str) -> Path | None:
-    """The file of an SQLite URL (None: another database, or SQLite in memory)."""
+    """The file of an SQLite URL (None: another database, or SQLite in memory), also where the
+    URL names it as an SQLite URI filename (``sqlite:///file:/path/t.db?mode=ro&uri=true``)."""
     if not url.startswith("sqlite:///"):
         return None
-    path = url.removeprefix("sqlite:///").split("?", 1)[0]
+    path, _, query = url.removeprefix("sqlite:///").partition("?")
+    options = query.lower().split("&")
+    if "uri=true" in options and path.startswith("file:"):
+        if "mode=memory" in options:
+            return None
+        path = unquote(path.removeprefix("file:"))
+        if path.startswith("//"):  # file://AUTHORITY/PATH: the authority is empty or localhost
+            path = "/" + path[2:].partition("/")[2]
     return Path(path) if path and path != ":memory:" else None
 
 

@@ -28,6 +28,26 @@ def test_a_path_is_an_sqlite_file_made_absolute(
     assert sqlite_path("sqlite:///:memory:") is None and sqlite_path("mysql://h/db") is None
 
 
+def test_an_sqlite_uri_filename_names_its_file_and_makes_no_directory_of_its_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SQLite's URI filenames (a read-only storage: mode=ro): the file is the URI's path. Read as
+    # a relative path, "file:/tmp/..." made a directory named "file:" wherever the job ran.
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "a b" / "t.db"
+    for url in (
+        f"sqlite:///file:{db}?mode=ro&uri=true",
+        f"sqlite:///file://{tmp_path / 'a%20b' / 't.db'}?uri=true",
+        f"sqlite:///file://localhost{tmp_path / 'a%20b' / 't.db'}?uri=true&mode=ro",
+    ):
+        assert sqlite_path(url) == db, url
+        assert storage_url(url) == url
+    assert (tmp_path / "a b").is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a b"]
+    assert sqlite_path("sqlite:///file:x.db?mode=memory&uri=true") is None
+    assert sqlite_path("sqlite:///file:x.db?mode=ro") == Path("file:x.db")  # not a URI
+
+
 def test_a_job_makes_its_storages_directory(tmp_path: Path) -> None:
     where = tmp_path / "not" / "yet" / "tuning.db"
     url = storage_url(str(where))
