@@ -12,7 +12,7 @@ iteration end, so the MAX over ranks combines the same iteration's steps.
 
 Example::
 
-    >>> clock = StepClock.for_device(torch.device("cuda", 0))
+    >>> clock = StepClock(device_event(torch.device("cuda", 0)))
     >>> clock.end(iteration, time.perf_counter(), stream)  # (iteration - LAG, its step) or None
 """
 
@@ -61,11 +61,6 @@ class StepClock:
         self._marks: deque[tuple[int, DeviceEvent]] = deque()
         #: Readings that had to wait for the GPU (it was more than `lag` iterations behind).
         self.waited = 0
-
-    @classmethod
-    def for_device(cls, device: torch.device) -> StepClock:
-        """The GPU's clock for a CUDA device, the host's otherwise."""
-        return cls(device_event(device))
 
     @property
     def on_device(self) -> bool:

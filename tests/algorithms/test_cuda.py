@@ -50,10 +50,13 @@ def _nccl_allows_ranks_sharing_a_gpu() -> bool:
     return torch.cuda.device_count() >= 2 or version[:2] >= (2, 30)
 
 
-@pytest.mark.skipif(
+needs_two_nccl_ranks = pytest.mark.skipif(
     not _nccl_allows_ranks_sharing_a_gpu(),
     reason="needs two GPUs, or one GPU and NCCL >= 2.30 (NCCL_MULTI_RANK_GPU_ENABLE)",
 )
+
+
+@needs_two_nccl_ranks
 def test_nccl_two_ranks() -> None:
     got = run_conformance(
         2,
@@ -97,10 +100,7 @@ def test_hook_on_cuda_tensors_over_gloo() -> None:
     _ddp_matches(2, "gloo")
 
 
-@pytest.mark.skipif(
-    not _nccl_allows_ranks_sharing_a_gpu(),
-    reason="needs two GPUs, or one GPU and NCCL >= 2.30 (NCCL_MULTI_RANK_GPU_ENABLE)",
-)
+@needs_two_nccl_ranks
 def test_hook_on_nccl_two_ranks() -> None:
     # `native` and the nccl.* cells on the hook's lane (launched on the autograd thread, futures
     # completed from NCCL's): the same gradients as DDP without the hook.

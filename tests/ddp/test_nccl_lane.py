@@ -20,16 +20,22 @@ from autotune.ddp.stats import Recorder
 from autotune.plan import Choice, Plan, size_class
 
 
-def engine_on(gpu: PlayedGpu, algo: AllReduceAlgorithm, **options: Any) -> Engine:
-    engine = Engine(
+def engine_on(
+    gpu: PlayedGpu,
+    algos: AllReduceAlgorithm | dict[str, AllReduceAlgorithm],
+    world_size: int = 2,
+    **options: Any,
+) -> Engine:
+    """An engine on the played ``gpu`` whose plan runs "a" everywhere: ``algos`` by name, or
+    one algorithm for every name."""
+    return Engine(
         group=None,  # type: ignore[arg-type]
-        world_size=2,
+        world_size=world_size,
         plan=Plan(Choice("a")),
-        algorithm_for=lambda name: algo,
+        algorithm_for=algos.__getitem__ if isinstance(algos, dict) else lambda name: algos,
         gpu=gpu,  # type: ignore[arg-type]
         **options,
     )
-    return engine
 
 
 def test_a_bucket_on_nccl_completes_at_launch_and_nothing_waits_for_the_gpu() -> None:
@@ -133,13 +139,7 @@ def test_off_the_lane_a_cuda_message_orders_streams_and_completes_on_the_finish_
 def test_a_world_of_one_completes_its_bucket_at_once() -> None:
     gpu = PlayedGpu()
     nccl = PlayedNccl(gpu, took_ms=[3.0], size=1)
-    engine = Engine(
-        group=None,  # type: ignore[arg-type]
-        world_size=1,
-        plan=Plan(Choice("a")),
-        algorithm_for=lambda name: nccl,
-        gpu=gpu,  # type: ignore[arg-type]
-    )
+    engine = engine_on(gpu, nccl, world_size=1)
     future = engine.submit(torch.ones(4), is_last=True)
     assert future.done() and future.value().tolist() == [1.0] * 4
     assert engine.settle(10)
@@ -153,14 +153,7 @@ def test_on_nccl_the_lane_is_all_or_nothing(mixed: str) -> None:
     # runs on autotune's groups, every message does, in bucket order, as before the lane.
     gpu = PlayedGpu()
     nccl = PlayedNccl(gpu, took_ms=[3.0])
-    algos: dict[str, AllReduceAlgorithm] = {"a": nccl, "t": PythonDriven()}
-    engine = Engine(
-        group=None,  # type: ignore[arg-type]
-        world_size=2,
-        plan=Plan(Choice("a")),
-        algorithm_for=algos.__getitem__,
-        gpu=gpu,  # type: ignore[arg-type]
-    )
+    engine = engine_on(gpu, {"a": nccl, "t": PythonDriven()})
     if mixed == "fusion on":
         engine.fusion_bytes = 1 << 20
     else:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from autotune.ddp.step_clock import LAG, StepClock
+from autotune.ddp.step_clock import LAG, StepClock, device_event
 from autotune.plan import Arm, Choice
 from autotune.tuning.blocks import BLOCK, BLOCK_WARMUP, BlockTimer
 from autotune.tuning.steps import StepLog, window_step
@@ -102,7 +102,7 @@ def test_forget_drops_what_is_not_read_yet() -> None:
 
 
 def test_on_the_host_the_step_is_the_hosts_of_this_iteration() -> None:
-    clock = StepClock.for_device(torch.device("cpu"))
+    clock = StepClock(device_event(torch.device("cpu")))
     assert not clock.on_device and clock.lag == 0
     assert clock.end(1, 1.0) is None
     assert clock.end(2, 1.25) == (2, 0.25)
