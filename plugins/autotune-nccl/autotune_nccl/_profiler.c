@@ -407,7 +407,9 @@ static void finish(ap_coll *c, int flags) {
     uint64_t gfirst = 0, glast = 0, glong = 0, hfirst = 0, hlast = 0, hlong = 0;
     int gpu = 1, seen = 0;
     uint64_t used = atomic_load(&c->ch_used);
-    for (int ch = 0; used >> ch; ch++) {
+    /* Bounded by the count, not by `used >> ch`: shifting a uint64_t by 64 is undefined (x86
+     * shifts by 0), and with channel 63 in use that loop ran off g_chans (seen on an H200). */
+    for (int ch = 0; ch < AP_MAX_CHANNELS; ch++) {
         if (!(used >> ch & 1)) continue;
         ap_chan *k = &g_chans[i][ch];
         uint64_t s = atomic_load(&k->start), e = atomic_load(&k->stop);
@@ -526,7 +528,7 @@ static void start_coll(ap_comm *comm, void **handle, const ap_coll_descr *d) {
     atomic_fetch_add_explicit(&g_in_flight, 1, RELAXED);
     size_t i = (size_t)(c - g_pool);
     uint64_t used = atomic_exchange(&c->ch_used, 0); /* the channels the slot's last user set */
-    for (int ch = 0; used >> ch; ch++)
+    for (int ch = 0; ch < AP_MAX_CHANNELS; ch++)
         if (used >> ch & 1) memset(&g_chans[i][ch], 0, sizeof(ap_chan));
     if (comm->comm_id == 0 && d->comm_hash != 0) comm->comm_id = d->comm_hash; /* v3 */
     ap_record r = {0};

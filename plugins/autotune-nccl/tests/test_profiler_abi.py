@@ -191,6 +191,27 @@ def test_a_bad_channel_id_and_a_missing_timer_fall_back_without_a_crash(prof: Pr
     comm.finalize()
 
 
+@pytest.mark.parametrize("version", ["v5", "v6"])
+def test_all_64_channels_and_the_slot_reused_after_them(prof: Profiler, version: str) -> None:
+    # NCCL 2.30.7 on an H200 ran tree/LL at 256 KiB on all 64 channels (MAXCHANNELS); a loop
+    # over the channel bits that shifted a uint64_t by 64 ran off the channel array there and
+    # took the process down (docs/BENCHMARKS.md, "On a GPU"). Channel 63 must count, and the
+    # slot must come back clean for the next collective.
+    comm = ProfiledComm(version, comm_id=0x64)
+    timers = [(1_000 + ch, 50_000 + ch) for ch in range(64)]
+    played = comm.collective("AllReduce", count=1 << 16, algo="TREE", proto="LL", timers=timers)
+    [r] = prof.drain()
+    assert (r.seq, r.channels, r.channels_seen, r.incomplete) == (played.seq, 64, 64, False)
+    assert (r.clock, r.kernel_ns, r.longest_ns) == ("gpu", 50_063 - 1_000, 49_000)
+    # Every slot of the pool once more: each starts from cleared channels, channel 63 too.
+    for _ in range(prof.pool_capacity):
+        comm.collective("AllReduce", count=1024, timers=[(10, 20)])
+    got = prof.drain()
+    assert len(got) == prof.pool_capacity
+    assert {(x.channels_seen, x.kernel_ns) for x in got} == {(1, 10)}
+    comm.finalize()
+
+
 def test_producers_on_many_threads_lose_nothing_uncounted(prof: Profiler) -> None:
     before = prof.stats()
     threads, per_thread = 4, 3000
