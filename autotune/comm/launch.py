@@ -1,13 +1,17 @@
 """Start N local ranks on 127.0.0.1 and run one function on each: for tests, benchmarks, examples.
 
 The parent owns the rendezvous store on a free port it picks itself (no port race), and collects
-each rank's return value or traceback; a rank that hangs is killed at the deadline.
+each rank's return value or traceback; a rank that hangs is killed at the deadline, after it
+prints where each of its threads was (Python's faulthandler, on SIGUSR1, to its stderr).
 """
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import os
 import pickle
+import signal
 import sys
 import tempfile
 import time
@@ -88,6 +92,8 @@ def _child(
         MASTER_PORT=str(port),
     )
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # never leave the loopback interface
+    # A rank still running at the deadline is asked where it is before it is killed (`_end`).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     result: tuple[str, Any, float] | None = None
     try:
         import torch
@@ -202,7 +208,7 @@ def launch(
             # Interrupted here (Ctrl-C, a test's timeout): no rank outlives its launcher.
             _end(procs)
             raise
-        killed = _end(procs)
+        killed = _end(procs, stacks=first_failure is None)
         results = []
         for r, p in enumerate(procs):
             if r in killed:
@@ -243,8 +249,21 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _end(procs: list[Any]) -> set[int]:
-    """Kill the ranks still running and reap them all; the ranks that were killed."""
+#: How long a hung rank is given to print its threads' stacks before it is killed.
+STACKS_S = 2.0
+
+
+def _end(procs: list[Any], stacks: bool = False) -> set[int]:
+    """Kill the ranks still running and reap them all; the ranks that were killed.
+
+    ``stacks``: first ask each (SIGUSR1) to print where its threads are, for a deadline's report.
+    """
+    alive = [p for p in procs if p.pid is not None and p.is_alive()]
+    if stacks and alive:
+        for p in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGUSR1)
+        time.sleep(STACKS_S)
     killed = set()
     for r, p in enumerate(procs):
         if p.pid is None:

@@ -53,6 +53,21 @@ def test_deadline_kills_hung_ranks() -> None:
     assert all("killed" in (r.error or "") for r in results)
 
 
+def _hang_writing_stderr_to(rank: int, world_size: int, folder: str) -> None:
+    err = os.open(Path(folder, f"stderr.{rank}"), os.O_WRONLY | os.O_CREAT)
+    os.dup2(err, 2)  # where the rank's faulthandler writes (fd 2)
+    time.sleep(600)
+
+
+@pytest.mark.distributed
+def test_a_hung_rank_says_where_it_was_before_it_is_killed(tmp_path: Path) -> None:
+    results = launch(_hang_writing_stderr_to, 2, str(tmp_path), timeout_s=3)
+    assert all("killed: still running at the timeout" in (r.error or "") for r in results)
+    for rank in range(2):
+        stacks = Path(tmp_path, f"stderr.{rank}").read_text()
+        assert "line" in stacks and "in _hang_writing_stderr_to" in stacks, stacks
+
+
 def _hang_and_say(rank: int, world_size: int, folder: str) -> None:
     Path(folder, str(rank)).write_text(str(os.getpid()))
     time.sleep(600)
