@@ -232,6 +232,11 @@ class Transport:
                 for src, s in zip(sources, sends, strict=True)
             ]
             works = dist.batch_isend_irecv(ops) if ops else []
+            if len(works) == 1 and len(ops) > 1:
+                # NCCL coalesces the batch into one group and returns one Work for all of it
+                # (distributed_c10d.batch_isend_irecv returns the coalescing manager's works);
+                # that Work stands for each operation of the batch.
+                works = works * len(ops)
         else:
             works = [
                 _work(dist.irecv(dest, group=g, group_src=r.peer, tag=r.channel))
