@@ -59,6 +59,8 @@ setup() {
             .whl/*.whl || return 1
     fi
     "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --target "$site" \
+        plugins/autotune-baselines || echo "plugins/autotune-baselines did not install: the sweep tests need it"
+    "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --target "$site" \
         plugins/autotune-nccl || echo "plugins/autotune-nccl did not build: tests/algorithms/test_cuda.py cannot load it"
     export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
     nccl230_setup
@@ -81,7 +83,7 @@ nccl230_setup() {
             [ "$want" = "$got" ] || { echo "sha256 of $lib is $got, expected $want: not used"; return 0; }
         fi
         local seen
-        seen=$(LD_PRELOAD="$lib" NCCL_MULTI_RANK_GPU_ENABLE=1 "$PY" -c 'import torch; print(".".join(map(str, torch.cuda.nccl.version())))' 2>&1)
+        seen=$(LD_PRELOAD="$lib" NCCL_MULTI_RANK_GPU_ENABLE=1 "$PY" -m autotune.comm.nccl_version 2>&1)
         echo "torch with LD_PRELOAD=$lib reports NCCL: $seen"
         if [ "$seen" = "2.30.7" ]; then
             NCCL230="$lib"
@@ -96,7 +98,7 @@ nccl230_setup() {
 two_nccl_ranks() {  # two_nccl_ranks COMMAND...: on 2 ranks of NCCL, preloading 2.30.7 if needed
     if [ -n "$NCCL230" ]; then
         LD_PRELOAD="$NCCL230" NCCL_MULTI_RANK_GPU_ENABLE=1 "$@"
-    elif "$PY" -c 'import sys, torch; sys.exit(torch.cuda.device_count() < 2 and torch.cuda.nccl.version()[:2] < (2, 30))'; then
+    elif "$PY" -c 'import sys, torch; sys.exit(from autotune.comm.nccl_version import runtime_version as v; sys.exit(torch.cuda.device_count() < 2 and (v() or (0,))[:2] < (2, 30))'; then
         NCCL_MULTI_RANK_GPU_ENABLE=1 "$@"
     else
         echo "skipped: 2 ranks on one GPU need NCCL >= 2.30 (see nccl-2.30.txt): $*"
@@ -104,14 +106,18 @@ two_nccl_ranks() {  # two_nccl_ranks COMMAND...: on 2 ranks of NCCL, preloading 
     fi
 }
 
-plugins_phase() {  # NCCL loading both plugins; each steered cell read back from the profiler
+plugins_phase() {  # NCCL loading both plugins at 2 ranks (NCCL's one-rank path calls neither);
+    # each steered cell read back from the profiler; where that fails, the tuner alone, to tell
+    # which of the two it was.
+    export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING,PROFILE
     {
-        NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING,PROFILE capped 60 "$PY" \
-            benchmarks/nccl_plugins.py --world-size 1 --json "$OUT/plugins-1.json"
         two_nccl_ranks capped 120 "$PY" benchmarks/nccl_plugins.py --world-size 2 \
-            --json "$OUT/plugins-2.json"
+            --json "$OUT/plugins-2.json" ||
+            two_nccl_ranks capped 90 "$PY" benchmarks/nccl_plugins.py --world-size 2 \
+                --no-profiler --json "$OUT/plugins-2-tuner-only.json"
     } 2>&1 | tee "$OUT/plugins.log" | grep -v "NCCL INFO" | tail -80
-    grep -E "PROFILER|TUNER|Profiler|Tuner|autotune" "$OUT/plugins.log" | head -40
+    unset NCCL_DEBUG NCCL_DEBUG_SUBSYS
+    grep -E "PROFILER|TUNER|Profiler|Tuner|autotune|steered" "$OUT/plugins.log" | head -60
 }
 
 capped() {  # capped SECONDS COMMAND...: COMMAND, ended at SECONDS or where the budget ends
@@ -136,7 +142,8 @@ env_phase() {
 import sys, torch
 print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)
 print("devices", torch.cuda.device_count(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
-print("nccl", torch.cuda.nccl.version() if torch.distributed.is_nccl_available() else None)
+from autotune.comm.nccl_version import runtime_version
+print("nccl: torch built with", torch.cuda.nccl.version() if torch.distributed.is_nccl_available() else None, "runs", runtime_version())
 import autotune, optuna
 print("autotune", autotune.__version__, "optuna", optuna.__version__)
 # The GPU series as a scrape shows them: only a fake NVML has fed them anywhere else.
@@ -165,8 +172,8 @@ tests_phase() {  # three at a time: the GPU is shared, the ranks are many
     # On the 2.30.7 build where torch took it: the two-rank NCCL tests skip on the image's 2.28.9.
     local preload=()
     [ -n "$NCCL230" ] && preload=(env LD_PRELOAD="$NCCL230" NCCL_MULTI_RANK_GPU_ENABLE=1)
-    capped 240 "${preload[@]}" "$PY" -m pytest -p no:cacheprovider -n 3 --timeout 75 -rfEs \
-        --durations=10 tests/algorithms/test_cuda.py \
+    capped 240 "${preload[@]}" "$PY" -m pytest -p no:cacheprovider -n "${XDIST:-3}" --timeout 75 -rfEs \
+        --durations=10 ${CUDA_TESTS:-tests/algorithms/test_cuda.py} \
         2>&1 | tee "$OUT/test_cuda.log"
 }
 
@@ -183,7 +190,7 @@ example_phase() {
 gain() {  # gain BACKEND MODELS: the models sized for a GPU (benchmarks/gpu_models.py)
     capped 280 "$PY" benchmarks/step_gain.py --device cuda --backend "$1" --models "$2" \
         --world-sizes 2 --tune-steps 300 --paired-steps 100 --paired-seconds 3 \
-        --run-timeout 90 --json "$OUT/step-gain-cuda-$1.json" 2>&1 | tee "$OUT/step-gain-cuda-$1.log"
+        --run-timeout "${GAIN_RUN_TIMEOUT:-90}" --json "$OUT/step-gain-cuda-$1.json" 2>&1 | tee "$OUT/step-gain-cuda-$1.log"
 }
 
 faults_phase() {  # the fault contract on NCCL, 2 ranks: NCCL's watchdog against autotune's
@@ -191,7 +198,12 @@ faults_phase() {  # the fault contract on NCCL, 2 ranks: NCCL's watchdog against
 }
 
 nccl_phase() {
-    two_nccl_ranks gain nccl gpt2,resnet50 2>&1 | tail -3
+    two_nccl_ranks gain nccl "${NCCL_MODELS:-gpt2,resnet50}" 2>&1 | tail -3
+}
+
+example_nccl_phase() {
+    two_nccl_ranks capped 90 "$PY" examples/train_ddp.py --world-size 2 --device cuda \
+        --backend nccl --steps 300 2>&1 | tee "$OUT/example-nccl.log"
 }
 
 if [ "${1:-}" = wheels ]; then
@@ -208,6 +220,7 @@ for phase in "${@:-env plugins tests example gain-gloo gain-nccl}"; do
             plugins) plugins_phase ;;
             tests) tests_phase ;;
             example) example_phase ;;
+            example-nccl) example_nccl_phase ;;
             gain-gloo) gain gloo resnet50,gpt2 ;;  # 100 MB of fp32 gradients a step first
             gain-nccl) nccl_phase ;;
             faults-nccl) faults_phase ;;

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.comm.launch import launch
+from autotune.comm.nccl_version import runtime_version
 
 SIZES = (4 << 10, 256 << 10, 4 << 20, 64 << 20)
 
@@ -39,6 +40,7 @@ def group_summary(
     from autotune_nccl.collectives import cell_of
 
     mine = [r for r in records if r.func == "AllReduce" and r.nbytes == nbytes]
+    profiled = os.environ.get("NCCL_PROFILER_PLUGIN", "none") != "none"
     ran = sorted({"/".join(cell_of(r)) for r in mine})
     times = [r.kernel_ns / 1e3 for r in mine if r.kernel_ns > 0]
     return {
@@ -46,7 +48,8 @@ def group_summary(
         "steered": "/".join(steered) if steered else None,
         "records": len(mine),
         "ran": ran,
-        "as_steered": steered is None or ran == ["/".join(steered)],
+        # None: nothing to tell it by (NCCL_PROFILER_PLUGIN=none, --no-profiler).
+        "as_steered": None if not profiled else steered is None or ran == ["/".join(steered)],
         "kernel_us_median": statistics.median(times) if times else None,
         "clock": sorted({r.clock for r in mine}),
         "channels": sorted({r.channels for r in mine}),
@@ -93,6 +96,8 @@ def rank_main(rank: int, world_size: int, sizes: list[int], reps: int) -> dict[s
         common = sorted(set.intersection(*(set(o) for o in offered))) if offered[0] else []
         for cell in common:
             algo, proto = cell.split("/")
+            # Said before it runs: where NCCL fails a cell hard (a crash), the log names it.
+            print(f"rank {rank}: {nbytes} B steered to {cell}", file=sys.stderr, flush=True)
             for _ in range(reps):
                 tuner.arm(algo, proto)
                 dist.all_reduce(t)
@@ -105,7 +110,7 @@ def rank_main(rank: int, world_size: int, sizes: list[int], reps: int) -> dict[s
     predictions, dropped = tuner.predictions()
     return {
         "rank": rank,
-        "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+        "nccl": ".".join(map(str, runtime_version() or torch.cuda.nccl.version())),
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(device),
         "profiler": vars(profiler.stats()),
@@ -157,12 +162,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--timeout", type=float, default=240.0)
     p.add_argument("--json", type=Path, required=True)
+    p.add_argument(
+        "--no-profiler", action="store_true", help="load the tuner alone (to tell which crashes)"
+    )
     args = p.parse_args(argv)
     from autotune_nccl import library_path
 
     env = {
         "NCCL_TUNER_PLUGIN": library_path(),
-        "NCCL_PROFILER_PLUGIN": library_path(),
+        "NCCL_PROFILER_PLUGIN": "none" if args.no_profiler else library_path(),
         "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "INFO"),
         "NCCL_DEBUG_SUBSYS": os.environ.get("NCCL_DEBUG_SUBSYS", "INIT,TUNING,PROFILE"),
     }
@@ -180,14 +188,14 @@ def main(argv: list[str] | None = None) -> int:
         args.json.with_suffix(f".rank{rank}.prom").write_text(value.pop("prom"))
         out.append(value)
         for g in value["groups"]:
-            mark = "ok " if g["as_steered"] else "NOT"
+            mark = {True: "ok ", False: "NOT", None: "?  "}[g["as_steered"]]
             print(
                 f"rank {rank} {g['bytes']:>9} B {g['steered'] or 'nccl own':<22} {mark} "
                 f"ran {','.join(g['ran']) or '-':<22} {g['records']:>3} records "
                 f"{g['kernel_us_median'] or 0:9.1f} us  tuner {g['tuner']}"
             )
     args.json.write_text(json.dumps(out, indent=1, default=str))
-    failed = [g for r in out for g in r.get("groups", ()) if not g["as_steered"]]
+    failed = [g for r in out for g in r.get("groups", ()) if g["as_steered"] is False]
     return 1 if failed or any("error" in r for r in out) else 0
 
 

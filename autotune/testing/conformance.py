@@ -32,11 +32,25 @@ __all__ = [
     "reference",
     "run_conformance",
     "run_in_group",
+    "runnable_on",
 ]
 
 
 #: What stands for NCCL's own algorithm x protocol combinations (autotune-nccl's "nccl.*").
 NCCL_COMBINATION = "nccl.ring.simple"
+
+
+def runnable_on(where: str, names: Sequence[str] | None = None) -> list[str]:
+    """``names`` (default: every registered algorithm) whose class says it runs on ``where``
+    ("nccl/cuda", "gloo/cpu", ...: `AllReduceAlgorithm.runs_on`); ``shm``, for one, runs on
+    gloo with CPU tensors only."""
+    from autotune.algorithms import get_algorithm_class
+
+    return [
+        n
+        for n in (available() if names is None else names)
+        if where in get_algorithm_class(n).runs_on
+    ]
 
 
 def algorithms_under_test() -> list[str]:
