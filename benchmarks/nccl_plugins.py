@@ -33,14 +33,13 @@ SIZES = (4 << 10, 256 << 10, 4 << 20, 64 << 20)
 
 
 def group_summary(
-    records: list[Any], nbytes: int, steered: tuple[str, str] | None
+    records: list[Any], nbytes: int, steered: tuple[str, str] | None, profiled: bool = True
 ) -> dict[str, Any]:
     """What the profiler recorded for one group of all-reduces of ``nbytes``: which cells ran,
     whether they are the steered one, and the kernel time (median, us)."""
     from autotune_nccl.collectives import cell_of
 
     mine = [r for r in records if r.func == "AllReduce" and r.nbytes == nbytes]
-    profiled = os.environ.get("NCCL_PROFILER_PLUGIN", "none") != "none"
     ran = sorted({"/".join(cell_of(r)) for r in mine})
     times = [r.kernel_ns / 1e3 for r in mine if r.kernel_ns > 0]
     return {
@@ -48,7 +47,7 @@ def group_summary(
         "steered": "/".join(steered) if steered else None,
         "records": len(mine),
         "ran": ran,
-        # None: nothing to tell it by (NCCL_PROFILER_PLUGIN=none, --no-profiler).
+        # None: nothing to tell it by (``profiled`` False: NCCL_PROFILER_PLUGIN=none).
         "as_steered": None if not profiled else steered is None or ran == ["/".join(steered)],
         "kernel_us_median": statistics.median(times) if times else None,
         "clock": sorted({r.clock for r in mine}),
@@ -81,6 +80,7 @@ def rank_main(rank: int, world_size: int, sizes: list[int], reps: int) -> dict[s
     device = torch.device("cuda", rank % torch.cuda.device_count())
     torch.cuda.set_device(device)
     tuner, profiler = Tuner(), Profiler()
+    profiled = os.environ.get("NCCL_PROFILER_PLUGIN", "none") != "none"
     groups, drained = [], []
     for nbytes in sizes:
         t = torch.ones(nbytes // 4, device=device)
@@ -90,7 +90,7 @@ def rank_main(rank: int, world_size: int, sizes: list[int], reps: int) -> dict[s
         usable = sorted(tuner.last().usable)
         records = drain_until_quiet(profiler)
         drained.extend(records)
-        groups.append({**group_summary(records, nbytes, None), "tuner": _report(tuner)})
+        groups.append({**group_summary(records, nbytes, None, profiled), "tuner": _report(tuner)})
         offered: list[list[str]] = [[] for _ in range(world_size)]
         dist.all_gather_object(offered, ["/".join(c) for c in usable])
         common = sorted(set.intersection(*(set(o) for o in offered))) if offered[0] else []
@@ -104,7 +104,7 @@ def rank_main(rank: int, world_size: int, sizes: list[int], reps: int) -> dict[s
             torch.cuda.synchronize()
             records = drain_until_quiet(profiler)
             drained.extend(records)
-            summary = group_summary(records, nbytes, (algo, proto))
+            summary = group_summary(records, nbytes, (algo, proto), profiled)
             groups.append({**summary, "tuner": _report(tuner)})
     tuner.disarm()
     predictions, dropped = tuner.predictions()

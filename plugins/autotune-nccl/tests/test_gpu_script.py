@@ -31,6 +31,8 @@ def test_a_group_is_as_steered_only_if_every_record_ran_the_steered_cell() -> No
     simple = [r for r in records if r.protocol == "SIMPLE"]
     assert group_summary(simple, 4096, ("ring", "Simple"))["as_steered"]
     assert group_summary(records, 4096, None)["as_steered"]  # NCCL's own: whatever it chose
+    # The tuner alone (--no-profiler): no record can tell, so no verdict either way.
+    assert group_summary([], 4096, ("ring", "Simple"), profiled=False)["as_steered"] is None
     text = _prometheus(records, Tuner().predictions()[0], profiler)
     names = {f.name for f in text_string_to_metric_families(text)}
     assert "autotune_nccl_collective_seconds" in names
