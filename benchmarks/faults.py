@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "jobs"))
 from ddp_jobs import faulty_training, setup_with_env
 from fault_jobs import (
     plan_that_steps_aside,
