@@ -18,12 +18,14 @@ __all__ = [
     "PeerError",
     "Traffic",
     "backend_for",
+    "backend_name",
     "bookkeeping_device",
     "connect",
     "current_device",
     "ensure_ready",
     "forget_p2p_group",
     "group_timeout",
+    "host_backend",
     "on_forget",
     "p2p_group",
     "sibling_group",
@@ -120,6 +122,17 @@ class Comm:
         return int(t.item())
 
 
+#: Backends registered to stand in for another, by name: autotune treats each as the one it plays
+#: (`autotune.testing.played_nccl` plays NCCL on CPU tensors for the suite).
+STAND_INS: dict[str, str] = {"played_nccl": "nccl"}
+
+
+def backend_name(group: ProcessGroup) -> str:
+    """``group``'s backend as ``dist.get_backend`` names it, a stand-in as the one it plays."""
+    name = str(dist.get_backend(group))
+    return STAND_INS.get(name, name)
+
+
 def backend_for(group: ProcessGroup, device: torch.device) -> str:
     """Name the backend ``group`` uses for tensors on ``device`` ("gloo", "nccl", ...)."""
     # get_backend_config reads like "cpu:gloo,cuda:nccl"; a single-backend group lists both devices.
@@ -127,9 +140,9 @@ def backend_for(group: ProcessGroup, device: torch.device) -> str:
     for entry in config.split(","):
         device_type, _, backend = entry.partition(":")
         if backend and device_type == device.type:
-            return backend
+            return STAND_INS.get(backend, backend)
     if ":" not in config:
-        return config
+        return STAND_INS.get(config, config)
     raise ValueError(
         f"process group backend {config!r} has no backend for {device.type} tensors; "
         f"initialise the group with a backend for {device.type} (e.g. 'cpu:gloo,cuda:nccl')"
@@ -201,19 +214,41 @@ def p2p_group(group: ProcessGroup | None = None, timeout: timedelta | None = Non
         return dedicated
 
 
-def sibling_group(group: ProcessGroup, purpose: str, timeout: timedelta | None) -> ProcessGroup:
+def sibling_group(
+    group: ProcessGroup, purpose: str, timeout: timedelta | None, *, host: bool = False
+) -> ProcessGroup:
     """A new group of ``group``'s ranks and backend for autotune's ``purpose`` (its description:
     ``autotune_<purpose>:<group name>``), whose collectives give up after ``timeout`` (None:
-    torch's default for the backend). Made collectively over ``group``'s members only."""
+    torch's default for the backend). Made collectively over ``group``'s members only.
+
+    ``host``: on gloo for CPU tensors whatever ``group`` runs, for what autotune exchanges
+    from a thread of its own (see `host_backend`)."""
     made = dist.new_group(
         ranks=dist.get_process_group_ranks(group),
-        backend=dist.get_backend_config(group),
+        backend=host_backend(group) if host else dist.get_backend_config(group),
         timeout=timeout,
         use_local_synchronization=True,
         group_desc=f"autotune_{purpose}:{group.group_name}",
     )
     assert isinstance(made, ProcessGroup)
     return made
+
+
+def host_backend(group: ProcessGroup) -> str:
+    """The backend for what autotune exchanges over ``group``'s ranks from a thread of its own
+    (the tuner's window, on the completing thread): ``group``'s own where it runs CPU tensors
+    on gloo, else gloo.
+
+    NCCL's kernels wait for their peers, so every rank must launch on its communicators in one
+    order; a launch from autotune's completing thread races the job's own launches from the
+    autograd thread, and would win on one rank and lose on another (NVIDIA/nccl#195). Host
+    traffic on gloo orders nothing on the GPU: NCCL carries the gradients alone."""
+    try:
+        if backend_for(group, torch.device("cpu")) == "gloo":
+            return dist.get_backend_config(group)
+    except ValueError:
+        pass
+    return "gloo"
 
 
 def forget_p2p_group(group: ProcessGroup | None = None) -> ProcessGroup | None:

@@ -79,6 +79,7 @@ def _child(
     pg_timeout_s: float,
     threads: int,
     env: Mapping[str, str],
+    setup: Callable[[], None] | None,
     args: tuple[Any, ...],
     out: str,
 ) -> None:
@@ -102,6 +103,8 @@ def _child(
         torch.set_num_threads(threads)
         # The forkserver imported torch before this rank's environment was set.
         dist.set_debug_level_from_env()
+        if setup is not None:  # before the group: it may register the backend
+            setup()
         store = dist.TCPStore(
             "127.0.0.1", port, world_size, is_master=serves_store, wait_for_workers=False
         )
@@ -145,6 +148,7 @@ def launch(
     env: Mapping[str, str] | None = None,
     threads: int | None = None,
     store_on_rank0: bool = False,
+    setup: Callable[[], None] | None = None,
 ) -> list[RankResult]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` local ranks; return each rank's result.
 
@@ -154,6 +158,8 @@ def launch(
     at ``timeout_s``. ``threads``: torch intra-op threads per rank (default: cores / ranks).
     ``store_on_rank0``: rank 0 serves the rendezvous store, as under ``mp.spawn`` with
     ``env://`` (a hung rank 0 then hangs the store), on a port the parent found free.
+    ``setup``: run in each rank, its environment set, before its process group (importable, as
+    ``fn``): `autotune.testing.played_nccl.install` registers the backend it names.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -182,6 +188,7 @@ def launch(
                     pg_timeout_s,
                     threads,
                     env or {},
+                    setup,
                     args,
                     outs[r],
                 ),

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from autotune.algorithms import PeerError, sibling_group
+from autotune.comm.groups import backend_name
 from autotune.comm.liveness import Liveness
 
 __all__ = ["Guard", "guarded_group", "install"]
@@ -45,7 +46,7 @@ def guarded_group(group: dist.ProcessGroup, timeout_s: float) -> dist.ProcessGro
     for DDP's reducers without the hook; None where the backend is NCCL, whose watchdog bounds
     its own collectives (by the job group's timeout), and a second communicator costs GPU
     memory. Collective: call it on every rank of ``group``."""
-    if dist.get_backend(group) != "gloo":
+    if backend_name(group) != "gloo":
         return None
     return sibling_group(group, "ddp", timedelta(seconds=timeout_s))
 

@@ -13,7 +13,7 @@ import math
 import random
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -250,6 +250,7 @@ def run_conformance(
     backend: str = "gloo",
     env: Mapping[str, str] | None = None,
     node_of: Sequence[int] | None = None,
+    setup: Callable[[], None] | None = None,
 ) -> list[Outcome]:
     """Run every case on every algorithm in ``names`` across ``world_size`` spawned ranks.
 
@@ -259,7 +260,8 @@ def run_conformance(
     share GPUs round-robin), over ``backend`` "gloo" (staged through host memory) or "nccl".
     ``node_of``: the node of each rank, to check topology-aware algorithms on a layout one host
     cannot have (the ranks name their nodes through `autotune.comm.topology.NODE_ID_ENV`); None: as
-    the ranks find themselves.
+    the ranks find themselves. ``setup``: run in each rank before its group (`autotune.comm.launch`:
+    `autotune.testing.played_nccl.install` for ``backend="played_nccl"``).
     """
     if node_of is not None and len(node_of) != world_size:
         raise ValueError(f"node_of names {len(node_of)} ranks' nodes, the world has {world_size}")
@@ -277,6 +279,7 @@ def run_conformance(
         timeout_s=max(300.0, 4 * timeout_s),
         backend=backend,
         env=env,
+        setup=setup,
     )
     return [o for outcomes in per_rank for o in outcomes]
 

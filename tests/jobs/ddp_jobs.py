@@ -18,6 +18,7 @@ import autotune
 from autotune.algorithms import Comm, RingAllReduce, register
 from autotune.config import Config
 from autotune.ddp.stats import MessageRecord
+from autotune.testing import played_nccl
 
 
 class Net(torch.nn.Module):
@@ -134,7 +135,9 @@ def train_pair(
 def train_all(
     rank: int, world_size: int, algorithms: list[str], variants: list[str], device: str = "cpu"
 ) -> list[Trained]:
-    return [train_pair(rank, a, VARIANTS[v], device=device) for v in variants for a in algorithms]
+    out = [train_pair(rank, a, VARIANTS[v], device=device) for v in variants for a in algorithms]
+    played_nccl.final_check()  # on the played NCCL: every launch in one order on every rank
+    return out
 
 
 def bf16_gradient_error(

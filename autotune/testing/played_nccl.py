@@ -1,0 +1,432 @@
+"""A played NCCL for the suite: a process group that keeps NCCL's semantics where autotune relies
+on them, on CPU tensors, over gloo, and fails the job where the real one would hang.
+
+CI has no GPU, and the GPU machines are lent rarely and briefly; what the suite cannot run on
+NCCL it must play as strictly as NCCL behaves. Each rule below is read from the source of
+PyTorch 2.11 (torch/distributed/distributed_c10d.py, torch/csrc/distributed/c10d/
+ProcessGroupNCCL.cpp) and NCCL 2.28/2.30 (src/enqueue.cc, docs "Using multiple NCCL
+communicators concurrently"):
+
+- **A coalesced batch returns one Work.** ``dist.batch_isend_irecv`` on a NCCL group takes
+  its "NCCL style coalescing" branch (``type(group) is ProcessGroup and
+  group._get_backend(device).supports_coalescing``): the batch runs as one NCCL group inside
+  ``_coalescing_manager`` and the call returns ``cm.works``, one Work for the whole batch. A
+  Python process group never takes that branch, so `install` wraps ``batch_isend_irecv`` for
+  played groups: one `PlayedWork` covers every operation of the batch.
+- **wait(timeout) blocks the host.** ``WorkNCCL::wait`` with a timeout polls ``isCompleted``
+  every millisecond (``kSynchronizeBusyWaitMillis``) until the work is done or the timeout
+  passes, then throws ("Work ran for ... milliseconds before timing out."). `PlayedWork.wait`
+  does the same, against the inner gloo work.
+- **One order of launches on every rank.** NCCL's kernels wait for their peers: two ranks
+  launching the same communicator's operations in different orders, or interleaving two
+  communicators' launches differently, hang (NCCL's guide: issue them "in the same order on
+  all ranks", otherwise "deadlocks could ensue"; NVIDIA/nccl#195). gloo, which carries the
+  data here, would not hang, so every launch is checked instead: for each pair of ranks, the
+  sequence of launches that concern both (a collective on a communicator they share; a
+  point-to-point batch between them) must be the same on both. Where it differs the
+  operation that sees it raises `OrderError` with both ranks' sequences, and so does every
+  later launch and wait (the job fails, as it would hang on a GPU).
+- **Stream order is played as host order.** On CUDA an all-reduce's future is complete at
+  launch and what follows on the stream waits for the data. A CPU tensor has no stream: a
+  future complete before the data would let DDP's reducer read a bucket not yet reduced. So
+  a played future completes when the data is there, and ``wait()`` without a timeout blocks
+  (``WorkNCCL::wait`` makes the current stream wait instead).
+
+Launches can be jittered (``jitter_s``: a random sleep before each, seeded per rank), so that
+races between a rank's threads resolve differently on different ranks, as timing does on a
+GPU machine: what the order check exists to catch.
+
+Use it through `autotune.comm.launch` (``setup=install``, ``backend=BACKEND``)::
+
+    >>> launch(fn, 2, backend=played_nccl.BACKEND, setup=played_nccl.install)
+
+autotune treats the group as NCCL (`autotune.comm.groups.STAND_INS`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import (
+    AllgatherOptions,
+    AllreduceOptions,
+    BarrierOptions,
+    BroadcastOptions,
+)
+
+__all__ = [
+    "BACKEND",
+    "JITTER_ENV",
+    "Launch",
+    "OrderError",
+    "PlayedGroup",
+    "PlayedWork",
+    "final_check",
+    "install",
+    "launches",
+]
+
+#: The backend's name for ``init_process_group`` and ``new_group``.
+BACKEND = "played_nccl"
+#: Seconds of random delay before each launch (the environment of the ranks), default none.
+JITTER_ENV = "AUTOTUNE_PLAYED_NCCL_JITTER_S"
+#: NCCL's poll of a work's completion while a timed wait blocks the host.
+POLL_S = 0.001
+_KEYS = "played_nccl/order"
+
+
+class OrderError(RuntimeError):
+    """Two ranks launched NCCL operations in different orders: on a GPU the job would hang."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch on a played communicator, as this rank made it."""
+
+    comm: str  # the group's name, the same on every member
+    seq: int  # its place among the communicator's launches on this rank
+    op: str  # "all_reduce", "broadcast", "all_gather", "barrier" or "p2p"
+    nbytes: int  # a collective's bytes (0 for p2p)
+    thread: str
+    #: Point-to-point: the bytes of each send to, and receive from, each peer (global ranks).
+    sends: tuple[tuple[int, int], ...] = ()
+    recvs: tuple[tuple[int, int], ...] = ()
+
+    def with_peer(self, peer: int) -> dict[str, Any]:
+        """What this launch is to ``peer``: what the peer's matching launch must mirror."""
+        out: dict[str, Any] = {"comm": self.comm, "op": self.op, "nbytes": self.nbytes}
+        if self.op == "p2p":
+            out["sends"] = [n for p, n in self.sends if p == peer]
+            out["recvs"] = [n for p, n in self.recvs if p == peer]
+        out["seq"], out["thread"] = self.seq, self.thread
+        return out
+
+    def peers(self, members: Sequence[int], me: int) -> list[int]:
+        if self.op == "p2p":
+            return sorted({p for p, _ in (*self.sends, *self.recvs)})
+        return [m for m in members if m != me]
+
+
+def _mirrors(mine: dict[str, Any], theirs: dict[str, Any]) -> bool:
+    same = ("comm", "op", "nbytes")
+    if any(mine[k] != theirs[k] for k in same):
+        return False
+    return mine.get("sends") == theirs.get("recvs") and mine.get("recvs") == theirs.get("sends")
+
+
+def _say(entry: dict[str, Any]) -> str:
+    what = entry["op"]
+    if what == "p2p":
+        what += f" send {entry['sends']} recv {entry['recvs']}"
+    elif entry["nbytes"]:
+        what += f" {entry['nbytes']} B"
+    return f"{what} on group {entry['comm']} (its launch #{entry['seq']}), thread {entry['thread']}"
+
+
+class _Order:
+    """This process's launches on played communicators, and their check against each peer's."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.store: dist.Store | None = None
+        self.rank = -1
+        self.log: list[Launch] = []
+        self.failure: OrderError | None = None
+        self._per_comm: dict[str, int] = {}
+        self._shared: dict[int, int] = {}  # peer -> launches shared with it so far
+        self._unchecked: list[tuple[int, int, dict[str, Any]]] = []  # (peer, index, mine)
+        self._jitter = 0.0
+        self._random = random.Random()
+
+    def reset(self, store: dist.Store, rank: int) -> None:
+        with self.lock:
+            self.store, self.rank = store, rank
+            self.log.clear()
+            self.failure = None
+            self._per_comm.clear()
+            self._shared.clear()
+            self._unchecked.clear()
+            self._jitter = float(os.environ.get(JITTER_ENV, "0") or 0)
+            self._random = random.Random(rank)
+
+    def launch(self, comm: str, members: Sequence[int], op: str, nbytes: int = 0,
+               sends: tuple[tuple[int, int], ...] = (),
+               recvs: tuple[tuple[int, int], ...] = ()) -> None:  # fmt: skip
+        if self._jitter:
+            time.sleep(self._random.uniform(0.0, self._jitter))
+        with self.lock:
+            self._raise()
+            seq = self._per_comm.get(comm, 0)
+            self._per_comm[comm] = seq + 1
+            entry = Launch(comm, seq, op, nbytes, threading.current_thread().name, sends, recvs)
+            self.log.append(entry)
+            store = self.store
+            assert store is not None, "played NCCL: install() before the process group"
+            for peer in entry.peers(members, self.rank):
+                index = self._shared.get(peer, 0)
+                self._shared[peer] = index + 1
+                mine = entry.with_peer(peer)
+                store.set(f"{_KEYS}/{self.rank}-{peer}/{index}", json.dumps(mine))
+                self._unchecked.append((peer, index, mine))
+            self._check(wait_s=0.0)
+
+    def check(self, wait_s: float = 0.0) -> None:
+        """Compare what the peers have launched so far (waiting up to ``wait_s`` for the rest);
+        raise `OrderError` where a pair's sequences differ."""
+        with self.lock:
+            self._raise()
+            self._check(wait_s)
+
+    def _raise(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
+    def _check(self, wait_s: float) -> None:
+        store = self.store
+        assert store is not None
+        deadline = time.monotonic() + wait_s
+        left: list[tuple[int, int, dict[str, Any]]] = []
+        for peer, index, mine in self._unchecked:
+            key = f"{_KEYS}/{peer}-{self.rank}/{index}"
+            while not store.check([key]) and time.monotonic() < deadline:
+                time.sleep(POLL_S)
+            if not store.check([key]):
+                left.append((peer, index, mine))
+                continue
+            theirs = json.loads(store.get(key))
+            if not _mirrors(mine, theirs):
+                self.failure = OrderError(self._report(peer, index))
+                raise self.failure
+        self._unchecked = left
+
+    def _report(self, peer: int, index: int) -> str:
+        store = self.store
+        assert store is not None
+        first = max(0, index - 4)
+        lines = [
+            f"played NCCL: ranks {self.rank} and {peer} launched in different orders (on a GPU "
+            f"the job would hang); their launches that concern both, from #{first}:"
+        ]
+        for who, other in ((self.rank, peer), (peer, self.rank)):
+            lines.append(f"  rank {who}:")
+            for i in range(first, index + 1):
+                key = f"{_KEYS}/{who}-{other}/{i}"
+                if store.check([key]):
+                    lines.append(f"    #{i} {_say(json.loads(store.get(key)))}")
+        return "\n".join(lines)
+
+
+_ORDER = _Order()
+
+
+def launches() -> list[Launch]:
+    """This process's launches on played communicators, in order (for tests)."""
+    with _ORDER.lock:
+        return list(_ORDER.log)
+
+
+class PlayedWork(dist.Work):
+    """One NCCL Work: an operation, or a whole coalesced batch, carried by gloo's works."""
+
+    def __init__(self, inner: list[dist.Work], what: str) -> None:
+        super().__init__()
+        self._inner = inner
+        self._what = what
+        self._began = time.monotonic()
+        self._waited = 0  # the inner works waited for so far, in order
+
+    def is_completed(self) -> bool:
+        return self._waited == len(self._inner) or all(w.is_completed() for w in self._inner)
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        """Block until every operation is done (the host plays the stream); with a timeout,
+        raise once it has passed, as ``WorkNCCL::wait`` does. (gloo's point-to-point works
+        complete only when waited for, so they are waited on, with what is left of the
+        timeout, rather than polled.)"""
+        _ORDER.check()
+        deadline = time.monotonic() + timeout.total_seconds() if timeout else None
+        while self._waited < len(self._inner):  # a work done stays done (gloo's would block)
+            w = self._inner[self._waited]
+            if deadline is None:
+                w.wait()
+                self._waited += 1
+                continue
+            try:
+                w.wait(timedelta(seconds=max(deadline - time.monotonic(), POLL_S)))
+            except RuntimeError as exc:
+                if time.monotonic() < deadline - 0.05:  # gloo's clock may end it a bit early
+                    raise  # a failure, not the timeout
+                ran = (time.monotonic() - self._began) * 1000
+                raise dist.DistBackendError(
+                    f"[played NCCL] {self._what}: Work ran for {ran:.0f} milliseconds before "
+                    f"timing out (wait timeout {timeout})."
+                ) from exc
+            self._waited += 1
+        _ORDER.check()
+        return True
+
+    def get_future(self) -> torch.futures.Future[Any]:
+        """Complete once the data is there (see the module's last rule), with the operation's
+        tensors; for a batch, once every operation is."""
+        if len(self._inner) == 1:
+            return self._inner[0].get_future()
+        futures = [w.get_future() for w in self._inner]
+        return torch.futures.collect_all(futures).then(lambda f: [x.value() for x in f.value()])
+
+
+def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class PlayedGroup(dist.ProcessGroup):
+    """A NCCL communicator, played: each operation checked for order and carried by gloo."""
+
+    def __init__(self, options: Any, _backend_options: Any = None) -> None:
+        super().__init__(options.group_rank, options.group_size)  # type: ignore[call-arg]
+        self._inner: Any = dist.ProcessGroupGloo(
+            options.store, options.group_rank, options.group_size, options.timeout
+        )
+        self.comm = str(options.group_id)
+        # Global ranks (torch leaves the list empty for the default group: all of them).
+        members = [int(r) for r in options.global_ranks_in_group]
+        self.members = members or list(range(options.group_size))
+        #: Inside a played ``batch_isend_irecv``: its operations' works and launches, to be
+        #: launched as one.
+        self._batch: tuple[list[dist.Work], list[tuple[int, int]], list[tuple[int, int]]] | None
+        self._batch = None
+
+    def getBackendName(self) -> str:  # PyProcessGroup's names for what C++ asks
+        return BACKEND
+
+    def getGroupName(self) -> str:
+        return self.comm
+
+    @property
+    def group_name(self) -> str:  # type: ignore[override]
+        """The group's name (torch stores it on the C++ backends a Python group lacks)."""
+        return self.comm
+
+    def _launched(self, op: str, tensors: Sequence[torch.Tensor], work: dist.Work) -> PlayedWork:
+        what = f"{op} of {_nbytes(tensors)} bytes on {self.comm}"
+        return PlayedWork([work], what)
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:  # type: ignore[override]
+        _ORDER.launch(self.comm, self.members, "all_reduce", _nbytes(tensors))
+        work = self._inner.allreduce(tensors, opts if opts is not None else AllreduceOptions())
+        return self._launched("all_reduce", tensors, work)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:  # type: ignore[override]
+        _ORDER.launch(self.comm, self.members, "broadcast", _nbytes(tensors))
+        work = self._inner.broadcast(tensors, opts if opts is not None else BroadcastOptions())
+        return self._launched("broadcast", tensors, work)
+
+    def allgather(  # type: ignore[override]
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> dist.Work:
+        _ORDER.launch(self.comm, self.members, "all_gather", _nbytes(inputs))
+        work = self._inner.allgather(outputs, inputs, opts or AllgatherOptions())
+        return self._launched("all_gather", inputs, work)
+
+    def barrier(self, opts: Any = None) -> dist.Work:
+        _ORDER.launch(self.comm, self.members, "barrier")
+        work = self._inner.barrier(opts if opts is not None else BarrierOptions())
+        return PlayedWork([work], f"barrier on {self.comm}")
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> dist.Work:
+        return self._p2p(self._inner.send(tensors, dst, tag), sends=[(dst, _nbytes(tensors))])
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> dist.Work:
+        return self._p2p(self._inner.recv(tensors, src, tag), recvs=[(src, _nbytes(tensors))])
+
+    def _p2p(
+        self,
+        work: dist.Work,
+        sends: list[tuple[int, int]] = (),  # type: ignore[assignment]
+        recvs: list[tuple[int, int]] = (),  # type: ignore[assignment]
+    ) -> dist.Work:
+        # Peers as global ranks: what the check compares across ranks.
+        sends = [(self.members[p], n) for p, n in sends]
+        recvs = [(self.members[p], n) for p, n in recvs]
+        if self._batch is not None:
+            works, batch_sends, batch_recvs = self._batch
+            works.append(work)
+            batch_sends.extend(sends)
+            batch_recvs.extend(recvs)
+            return work
+        # A lone send or receive is a launch of its own (ncclSend/ncclRecv outside a group).
+        # gloo posts it before the check: its peer's matching operation may wait for it.
+        _ORDER.launch(self.comm, self.members, "p2p", 0, tuple(sends), tuple(recvs))
+        return PlayedWork([work], f"point-to-point on {self.comm}")
+
+    def batch(self, run: Callable[[], None]) -> PlayedWork:
+        """Run ``run`` (which posts sends and receives on this group) as one coalesced launch."""
+        assert self._batch is None, "played NCCL: batches do not nest"
+        self._batch = ([], [], [])
+        try:
+            run()
+            works, sends, recvs = self._batch
+        finally:
+            self._batch = None
+        _ORDER.launch(self.comm, self.members, "p2p", 0, tuple(sends), tuple(recvs))
+        return PlayedWork(works, f"batch of {len(works)} point-to-point operations on {self.comm}")
+
+
+_original_batch = dist.batch_isend_irecv
+
+
+def _batch_isend_irecv(p2p_op_list: list[dist.P2POp]) -> list[dist.Work]:
+    """``dist.batch_isend_irecv`` as on NCCL for a played group: one Work for the batch."""
+    group = p2p_op_list[0].group if p2p_op_list else None
+    if group is None:
+        group = dist.group.WORLD
+    if not isinstance(group, PlayedGroup):
+        return _original_batch(p2p_op_list)
+
+    def post() -> None:
+        for op in p2p_op_list:
+            key = "group_dst" if op.op is dist.isend else "group_src"
+            op.op(op.tensor, group=op.group, tag=op.tag, **{key: op.group_peer})
+
+    return [group.batch(post)]
+
+
+def _create(options: Any, backend_options: Any) -> PlayedGroup:
+    return PlayedGroup(options, backend_options)
+
+
+def install() -> None:
+    """Register the played NCCL (``BACKEND``) in this process; call it before
+    ``init_process_group`` (``autotune.comm.launch``'s ``setup``)."""
+    if not hasattr(dist.Backend, BACKEND.upper()):
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+    dist.batch_isend_irecv = _batch_isend_irecv
+    rank = int(os.environ.get("RANK", "0"))
+    _ORDER.reset(_store(), rank)
+
+
+def _store() -> dist.Store:
+    """The launcher's store (every rank's environment names it)."""
+    return dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=60),
+    )
+
+
+def final_check(wait_s: float = 10.0) -> None:
+    """Wait up to ``wait_s`` for the peers' launches still unseen and compare them: call it at
+    the end of a job on the played NCCL, so no divergence goes unseen (elsewhere: nothing)."""
+    if _ORDER.store is not None:
+        _ORDER.check(wait_s)

@@ -1,0 +1,78 @@
+"""Every algorithm that runs on NCCL, on the played NCCL (autotune.testing.played_nccl): directly,
+and through the hook against DDP's own gradients, at 2 and 3 ranks; NCCL's rules kept, every
+launch checked for one order on every rank. What test_cuda.py runs on a GPU, run in CI."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from ddp_jobs import digest, faulty_training, train_all
+
+from autotune.comm.launch import launch, run_local
+from autotune.testing import played_nccl
+from autotune.testing.conformance import (
+    Case,
+    algorithms_under_test,
+    failures,
+    run_conformance,
+    runnable_on,
+)
+
+pytestmark = pytest.mark.distributed
+ON: dict[str, Any] = {"backend": played_nccl.BACKEND, "setup": played_nccl.install}
+#: What runs on NCCL; one of NCCL's own algorithm x protocol cells stands for all (the played
+#: NCCL consults no tuner plugin: autotune-nccl's own tests play that).
+NAMES = runnable_on("nccl/cuda", algorithms_under_test())
+
+
+def _cases(world_size: int) -> list[Case]:
+    out = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for numel in (0, 1, world_size + 1, 4099, 300_001):
+            out.append(Case(numel, dtype))
+        out.append(Case(300_001, dtype, segment_bytes=64 << 10))
+    return out
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_every_algorithm_sums_right(world_size: int) -> None:
+    assert {"native", "ring", "tree", "two_tree", "hierarchical_ring"} <= set(NAMES)
+    assert "shm" not in NAMES  # CPU tensors on gloo only
+    got = run_conformance(world_size, NAMES, case_list=_cases(world_size), **ON)
+    problems = failures(got)
+    assert not problems, "\n".join(problems[:20])
+
+
+def test_through_the_hook_the_gradients_are_ddps_own() -> None:
+    per_rank = run_local(train_all, 2, NAMES, ["base"], "cpu", timeout_s=600, **ON)
+    for i, t in enumerate(per_rank[0]):
+        assert t.algorithms_used == {t.algorithm}  # every message ran the algorithm fixed
+        for hooked, plain in zip(t.hooked, t.plain, strict=True):
+            rel = float((hooked.double() - plain.double()).norm() / plain.double().norm())
+            assert rel <= 1e-5, f"{t.algorithm}: {rel:.2e} from DDP without the hook"
+        assert len({digest(ts[i].hooked) for ts in per_rank}) == 1, f"{t.algorithm}: ranks differ"
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "native"])
+def test_a_dead_rank_is_named_to_every_survivor(algorithm: str) -> None:
+    results = launch(
+        faulty_training, 3, algorithm, "exit", 2, 60.0, timeout_s=120, grace_s=60, **ON
+    )
+    assert results[2].exitcode == 17
+    for r in results[:2]:
+        assert r.ok, r.error
+        fault = r.value
+        assert (fault.step, fault.kind, fault.rank) == (5, "PeerError", 2), fault
+        assert "rank 2 failed first (its process exited" in fault.message
+
+
+def test_a_stalled_rank_fails_the_others_at_their_timeout_with_one_culprit() -> None:
+    # NCCL's wait with a timeout blocks the host, then raises: the survivors give up at theirs.
+    results = launch(faulty_training, 3, "ring", "stall", 2, 4.0, timeout_s=120, grace_s=30, **ON)
+    survivors = [r.value for r in results[:2]]
+    assert all(r.ok for r in results[:2]), [r.error for r in results[:2]]
+    for f in survivors:
+        assert (f.kind, f.step) == ("PeerError", 5) and "0:00:04" in f.message, f
+    assert survivors[0].rank == survivors[1].rank is not None

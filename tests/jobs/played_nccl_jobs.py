@@ -1,0 +1,74 @@
+"""Ranks on the played NCCL (autotune.testing.played_nccl): its own rules, one per job."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from autotune.testing import played_nccl
+
+
+def one_work_per_batch(rank: int, world_size: int) -> dict[str, Any]:
+    peer = 1 - rank
+    mine = [torch.full((3,), float(rank)), torch.full((5,), 10.0 + rank)]
+    got = [torch.empty(3), torch.empty(5)]
+    ops = [dist.P2POp(dist.irecv, t, peer) for t in got]
+    ops += [dist.P2POp(dist.isend, t, peer) for t in mine]
+    works = dist.batch_isend_irecv(ops)
+    for _ in ops:  # the one Work stands for each operation: waiting it again is at once
+        works[0].wait(timedelta(seconds=30))
+    played_nccl.final_check()
+    [launch] = played_nccl.launches()
+    return {
+        "works": len(works),
+        "got": [t.tolist() for t in got],
+        "launch": (launch.op, launch.sends, launch.recvs),
+    }
+
+
+def timed_wait_times_out(rank: int, world_size: int) -> tuple[str, bool]:
+    """Rank 1 comes to the all-reduce 3 s late; rank 0 waits for it with a 0.5 s timeout:
+    what it raised, and whether the all-reduce was still incomplete then."""
+    if rank == 1:
+        time.sleep(3.0)
+    work = dist.all_reduce(torch.ones(4), async_op=True)
+    assert work is not None
+    said, pending = "", False
+    try:
+        work.wait(timedelta(seconds=0.5) if rank == 0 else timedelta(seconds=30))
+    except RuntimeError as exc:
+        said, pending = f"{type(exc).__name__}: {exc}", not work.is_completed()
+    if rank == 0:
+        work.wait()  # the peer came: the all-reduce ends on both ranks
+    return said, pending
+
+
+def crossed_communicators(rank: int, world_size: int) -> None:
+    """Rank 0 launches on A then B, rank 1 on B then A: on NCCL a hang."""
+    config = dist.get_backend_config()
+    a = dist.new_group(backend=config)
+    b = dist.new_group(backend=config)
+    order = [a, b] if rank == 0 else [b, a]
+    works = [dist.all_reduce(torch.ones(2), group=g, async_op=True) for g in order]
+    for w in works:
+        assert w is not None
+        w.wait()
+    played_nccl.final_check()
+
+
+def a_pair_and_a_bystander(rank: int, world_size: int) -> list[tuple[str, int]]:
+    """Ranks 0 and 1 swap a tensor on the world's communicator, rank 2 does not; then all
+    three all-reduce. Rank 2's launches differ from theirs, and rightly pass: the swap does
+    not concern it."""
+    if rank < 2:
+        peer = 1 - rank
+        got = torch.empty(2)
+        ops = [dist.P2POp(dist.irecv, got, peer), dist.P2POp(dist.isend, torch.ones(2), peer)]
+        dist.batch_isend_irecv(ops)[0].wait()
+    dist.all_reduce(torch.ones(2))
+    played_nccl.final_check()
+    return [(launch.op, len(launch.sends)) for launch in played_nccl.launches()]
