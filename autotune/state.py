@@ -34,6 +34,7 @@ from autotune.algorithms import (
     p2p_group,
 )
 from autotune.comm.faults import FailureBoard, release
+from autotune.comm.groups import backend_name
 from autotune.comm.nccl_feed import feed
 from autotune.config import Config
 from autotune.ddp.engine import Engine
@@ -133,7 +134,8 @@ class AutotuneState:
         #: The job's failure, once diagnosed: every later error of this state is this one.
         self.failure: PeerError | None = None
         #: NCCL's own clock for the messages NCCL runs, where NCCL loaded autotune's profiler.
-        nccl_feed = feed() if dist.get_backend(group) == "nccl" else None
+        # Not at world size 1: NCCL's one-rank path runs no algorithm and calls no profiler.
+        nccl_feed = feed() if backend_name(group) == "nccl" and self.world_size > 1 else None
         self.clock = KernelClock(nccl_feed, self.world_size) if nccl_feed is not None else None
         if self.clock is not None and dist.get_rank(group) == 0:
             _log.info("autotune: NCCL's messages timed on NCCL's own clock (its profiler plugin)")

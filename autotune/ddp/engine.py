@@ -36,7 +36,7 @@ from torch.distributed import ProcessGroup
 from autotune.algorithms import AllReduceAlgorithm, Comm, Pending, check_tensor, split
 from autotune.ddp.events import Event, Failure, IterationDone, IterationEnd, Listener
 from autotune.ddp.gpu import Gpu
-from autotune.ddp.kernel_clock import KernelClock, Ticket
+from autotune.ddp.kernel_clock import AUTOTUNE, LANE, KernelClock, Ticket
 from autotune.ddp.stats import IterationRecord, MessageRecord
 from autotune.ddp.step_clock import DeviceEvent, StepClock
 from autotune.plan import BASELINE_CHOICE, Choice, Plan, size_class
@@ -351,14 +351,14 @@ class Engine:
                 return None
             algo, comm = lane
             gpu = self.gpu
-            if gpu is not None and comm.backend == "nccl" and not self._all_the_backends():
+            if comm.backend == "nccl" and not self._all_the_backends():
                 return None  # one communicator, one order: see `_all_the_backends`
             check_tensor(bucket.buffer)
             bucket.buffer.mul_(1.0 / self.world_size)  # as `_start` explains
             piece = _Piece(nbytes, choice, Pending(), 0.0, None, None, None)
             if gpu is not None and self.clock is not None:
-                piece.ticket = self.clock.expect(nbytes)
-            elif gpu is not None:
+                piece.ticket = self.clock.expect(nbytes, LANE)
+            if gpu is not None and piece.ticket is None:
                 start = gpu.event()
                 start.record()  # on the current stream, where the gradient was made
                 piece.marks.append(start)
@@ -489,7 +489,7 @@ class Engine:
                     piece.mul_(scale)
                 ticket = None
                 if stream is not None and self.clock is not None and algo.asynchronous:
-                    ticket = self.clock.expect(nbytes)
+                    ticket = self.clock.expect(nbytes, AUTOTUNE)
                 begin = time.perf_counter()
                 pending = algo.start(
                     piece, self.group, segment_bytes=choice.segment_bytes, **folded

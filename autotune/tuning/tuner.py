@@ -146,8 +146,10 @@ class Tuner:
         self.storage_error: str | None = None
         # The exchange's own group: it runs alongside the next iteration's messages, and
         # collectives on a shared group would have to be issued in the same order everywhere.
+        # On the host (gloo) whatever the job runs: launched from the completing thread, on
+        # NCCL it would race the job's own launches (`autotune.comm.groups.host_backend`).
         # Made before the storage is opened, which can fail on rank 0 alone.
-        self.group = sibling_group(group, "tuner", timedelta(seconds=config.timeout_s))
+        self.group = sibling_group(group, "tuner", timedelta(seconds=config.timeout_s), host=True)
         # Which ranks share a node, for the fingerprint: learnt here, where every rank is.
         self.topology = topology.detect(self.group, timedelta(seconds=config.timeout_s))
         #: What "auto" chooses among: the configured candidates this group can run.

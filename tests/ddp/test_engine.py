@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -230,7 +231,7 @@ class Threaded(Recording):
         return super().start(tensor)
 
     def connect(self, group, device, *, dedicated=True):  # type: ignore[no-untyped-def]
-        return None  # no peers here; `launch` takes what `connect` gave
+        return SimpleNamespace(backend="gloo")  # no peers here; `launch` takes what it gave
 
     def launch(self, buf, comm) -> Pending:  # type: ignore[no-untyped-def]
         return self.start(buf)
@@ -286,7 +287,7 @@ class Backend(AllReduceAlgorithm):
         self.futures: list[torch.futures.Future[list[torch.Tensor]]] = []
 
     def connect(self, group, device, *, dedicated=True):  # type: ignore[no-untyped-def]
-        return None
+        return SimpleNamespace(backend="gloo")
 
     def launch(self, buf, comm) -> Pending:  # type: ignore[no-untyped-def]
         future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()

@@ -18,7 +18,7 @@ from test_engine import Backend
 
 from autotune.comm.nccl_feed import NcclFeed
 from autotune.ddp.engine import Engine
-from autotune.ddp.kernel_clock import KernelClock
+from autotune.ddp.kernel_clock import AUTOTUNE, GIVE_UP, LANE, KernelClock, Ticket
 from autotune.ddp.stats import Recorder
 from autotune.plan import Choice, Plan
 
@@ -122,7 +122,7 @@ def test_nccl_messages_take_the_kernel_time_and_no_stream_is_synchronized(
     got = [(r.nbytes, r.seconds, r.timer) for r in recorder.records()]
     assert got == [(32, 0.003, "nccl"), (32, 0.005, "nccl")]
     assert stream.synchronized == 0
-    assert (clock.matched, clock.missed, clock.comm_id) == (2, 0, COMM)
+    assert (clock.matched, clock.missed, clock.comm_ids) == (2, 0, {AUTOTUNE: COMM})
     engine.close()
     clock.close()
 
@@ -152,12 +152,71 @@ def test_without_a_clock_every_cuda_message_synchronizes_its_stream() -> None:
     engine.close()
 
 
+def tickets(clock: KernelClock, *sizes: int, route: str = LANE) -> list[Ticket]:
+    out = [clock.expect(n, route) for n in sizes]
+    assert all(t is not None for t in out)
+    return out  # type: ignore[return-value]
+
+
 def test_tickets_match_in_launch_order_by_size(played: tuple[Profiler, NcclFeed]) -> None:
     profiler, feed = played
     clock = KernelClock(feed, world_size=2)
-    small, large, small2 = clock.expect(32), clock.expect(64), clock.expect(32)
+    small, large, small2 = tickets(clock, 32, 64, 32)
     profiler.put(record(64, 7_000), record(32, 1_000), record(32, 2_000))
     profiler.put(record(32, 5, func="AllGather"), record(32, 0))  # not all-reduces, or untimed
     assert clock.seconds(large) == 7e-6
     assert clock.seconds(small) == 1e-6 and clock.seconds(small2) == 2e-6
+    clock.close()
+
+
+def test_the_lane_and_autotunes_group_each_match_their_own_communicator(
+    played: tuple[Profiler, NcclFeed],
+) -> None:
+    # The lane runs on the job's communicator, autotune's own messages on its group's: the
+    # clock pinned itself to the first and made the other's tickets wait out their time, each.
+    profiler, feed = played
+    clock = KernelClock(feed, world_size=2, wait_s=2.0)
+    [lane] = tickets(clock, 32)
+    profiler.put(record(32, 1_000, comm_id=0xA1))
+    assert clock.seconds(lane) == 1e-6
+    [ours, ours2] = tickets(clock, 32, 32, route=AUTOTUNE)
+    [lane2] = tickets(clock, 32)
+    # The job's communicator's next record goes to the lane, the other's to autotune's route.
+    profiler.put(record(32, 2_000, comm_id=0xB2), record(32, 3_000, comm_id=0xA1))
+    profiler.put(record(32, 4_000, comm_id=0xB2))
+    assert (clock.seconds(ours), clock.seconds(ours2), clock.seconds(lane2)) == (2e-6, 4e-6, 3e-6)
+    assert clock.comm_ids == {LANE: 0xA1, AUTOTUNE: 0xB2} and clock.missed == 0
+    clock.close()
+
+
+def test_a_route_no_record_ever_answers_stops_taking_tickets(
+    played: tuple[Profiler, NcclFeed],
+) -> None:
+    # As NCCL's one-rank path, or a NCCL that does not call the profiler for a collective:
+    # after GIVE_UP misses the route takes no ticket, so no message waits for a record again.
+    profiler, feed = played
+    clock = KernelClock(feed, world_size=2, wait_s=0.01)
+    for _ in range(GIVE_UP):
+        [t] = tickets(clock, 32)
+        assert clock.seconds(t) is None
+    assert clock.expect(32, LANE) is None
+    [other] = tickets(clock, 32, route=AUTOTUNE)  # the other route still has its chance
+    profiler.put(record(32, 5_000))
+    assert clock.seconds(other) == 5e-6
+    assert clock.expect(64, AUTOTUNE) is not None
+    clock.close()
+
+
+def test_a_route_that_was_answered_keeps_its_tickets_after_misses(
+    played: tuple[Profiler, NcclFeed],
+) -> None:
+    profiler, feed = played
+    clock = KernelClock(feed, world_size=2, wait_s=0.01)
+    [t] = tickets(clock, 32)
+    profiler.put(record(32, 1_000))
+    assert clock.seconds(t) == 1e-6
+    for _ in range(GIVE_UP + 1):
+        [t] = tickets(clock, 32)
+        assert clock.seconds(t) is None  # late records: withdrawn, counted
+    assert clock.expect(32, LANE) is not None and clock.missed == GIVE_UP + 1
     clock.close()

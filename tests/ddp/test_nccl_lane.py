@@ -74,8 +74,8 @@ def test_with_nccls_profiler_a_lane_message_takes_a_ticket_and_no_event() -> Non
     nccl = PlayedNccl(gpu, took_ms=[3.0])
     clock = SimpleNamespace(tickets=[])
 
-    def expect(nbytes: int) -> Any:
-        ticket = SimpleNamespace(nbytes=nbytes)
+    def expect(nbytes: int, route: str) -> Any:
+        ticket = SimpleNamespace(nbytes=nbytes, route=route)
         clock.tickets.append(ticket)
         return ticket
 
@@ -85,7 +85,7 @@ def test_with_nccls_profiler_a_lane_message_takes_a_ticket_and_no_event() -> Non
     recorder = Recorder()
     engine.subscribe(recorder.record)
     assert engine.submit(torch.ones(4), is_last=True).done()
-    assert [t.nbytes for t in clock.tickets] == [16]
+    assert [(t.nbytes, t.route) for t in clock.tickets] == [(16, "lane")]
     assert threading.current_thread().name not in gpu.recorded  # no start or end mark
     nccl.finish()
     assert engine.settle(10)

@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
 from autotune.algorithms import Comm, NativeAllReduce, Pending, RingAllReduce, register
+from autotune.testing import played_nccl
 from autotune.testing.settled import all_settled
 
 #: Messages up to this many bytes are "small" for the size-dependent algorithms below.
@@ -209,6 +210,7 @@ def tune(
     if compare:
         for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
             rel = max(rel, float((a.double() - b.double()).norm() / b.double().norm()))
+    played_nccl.final_check()  # on the played NCCL: one order of launches everywhere
     state.engine.settle(30)
     result = Tuned(
         plan=state.plan(),

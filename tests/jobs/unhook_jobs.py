@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
 from autotune.storage import Store
+from autotune.testing import played_nccl
 from autotune.testing.settled import everywhere
 
 #: A tuner that can only keep the baseline: one candidate (native), DDP's buckets, quick trials.
@@ -141,6 +142,7 @@ def beside_plain(
             opt.zero_grad()
         calls.append(len(state.recorder.hook_calls()) - before)
         synced.append(not accumulate)
+    played_nccl.final_check()  # on the played NCCL: one order of launches everywhere
     unhooking = state.unhooking
     search = None if unhooking is None or unhooking.buckets is None else unhooking.buckets.search
     rel = max(
