@@ -67,10 +67,14 @@ class _Piece:
     first_wait_s: float | None
     sent_bytes: int | None
     early: bool = False  # the backend's callback completes the bucket's future (and sets finished)
-    ticket: Ticket | None = None  # timed by NCCL's kernel time (`KernelClock`), not the host
-    #: Timed on the GPU (the NCCL lane without NCCL's clock): an event on the job's stream at
-    #: launch, and one the backend's callback records where the all-reduce has finished.
+    ticket: Ticket | None = None  # NCCL's kernel time, beside the GPU's (`KernelClock`)
+    #: On CUDA, every message is timed on the GPU: an event where it can start (its gradient
+    #: ready on the stream it starts on) and one where it has ended there, recorded before
+    #: anything waits for it (by the backend's callback, or on the side stream after a
+    #: Python-driven schedule). The second ends the iteration on the step's clock.
     marks: list[DeviceEvent] = field(default_factory=list)
+    #: Completes once the end event is recorded, where a callback records it.
+    stopped: torch.futures.Future[Any] | None = None
 
 
 @dataclass(slots=True)
@@ -356,9 +360,9 @@ class Engine:
             check_tensor(bucket.buffer)
             bucket.buffer.mul_(1.0 / self.world_size)  # as `_start` explains
             piece = _Piece(nbytes, choice, Pending(), 0.0, None, None, None)
-            if gpu is not None and self.clock is not None:
-                piece.ticket = self.clock.expect(nbytes, LANE)
-            if gpu is not None and piece.ticket is None:
+            if gpu is not None:
+                if self.clock is not None:
+                    piece.ticket = self.clock.expect(nbytes, LANE)
                 start = gpu.event()
                 start.record()  # on the current stream, where the gradient was made
                 piece.marks.append(start)
@@ -490,10 +494,16 @@ class Engine:
                 ticket = None
                 if stream is not None and self.clock is not None and algo.asynchronous:
                     ticket = self.clock.expect(nbytes, AUTOTUNE)
+                marks: list[DeviceEvent] = []
+                if stream is not None:
+                    assert self.gpu is not None
+                    marks.append(self.gpu.event())
+                    marks[0].record(stream)  # the side stream has waited for the gradient
                 begin = time.perf_counter()
                 pending = algo.start(
                     piece, self.group, segment_bytes=choice.segment_bytes, **folded
                 )
+                stopped = self._mark_end(pending, marks) if stream is not None else None
                 traffic = pending.traffic
                 first_wait = traffic.first_wait_s if traffic is not None else None
                 sent = traffic.bytes_sent if traffic is not None else None
@@ -501,8 +511,40 @@ class Engine:
                 # the wait behind earlier messages. (On CUDA only the stream knows.)
                 done = time.perf_counter() if pending.done and stream is None else None
                 started.pieces.append(
-                    _Piece(nbytes, choice, pending, begin, done, first_wait, sent, ticket=ticket)
+                    _Piece(
+                        nbytes,
+                        choice,
+                        pending,
+                        begin,
+                        done,
+                        first_wait,
+                        sent,
+                        ticket=ticket,
+                        marks=marks,
+                        stopped=stopped,
+                    )
                 )
+
+    def _mark_end(
+        self, pending: Pending, marks: list[DeviceEvent]
+    ) -> torch.futures.Future[Any] | None:
+        """Record the end event of a message started on the side stream (current here), where
+        its work ends on the GPU and before anything waits for it: in its future's callback,
+        which runs with streams current that wait for the backend's work (NCCL's: at once); else
+        now, the side stream having waited for the schedule's work. The future returned, if
+        any, completes once the event is recorded."""
+        gpu = self.gpu
+        assert gpu is not None
+
+        def stop(_: object = None) -> None:
+            end = gpu.event()
+            end.record()
+            marks.append(end)
+
+        if pending.future is not None and not pending.done:
+            return pending.future.then(stop)
+        stop()
+        return None
 
     def _complete_early(self, bucket: _Bucket, piece: _Piece) -> None:
         """Have the backend's completion callback complete ``bucket``'s future, where it has one:
@@ -568,27 +610,21 @@ class Engine:
         with self._side() as stream:
             buckets = started.buckets
             finished = 0.0
-            on_nccl_clock: list[tuple[_Piece, int]] = []
+            on_gpu: list[tuple[_Piece, int]] = []
             for piece in started.pieces:
                 started.algorithm = piece.choice.algorithm
                 # On CUDA the side stream waits for NCCL's; with a timeout (autotune's) the
                 # host waits too, here, off the step (the lane's futures are complete).
                 piece.pending.wait()
-                if stream is not None and piece.ticket is None and not piece.early:
-                    stream.synchronize()  # time the transfer, not the launch; surface errors here
+                if piece.stopped is not None:
+                    piece.stopped.wait()  # the callback that records its end event has run
                 if piece.early:
                     buckets[0].future.wait()  # the callback has run: it timed the message
                 finished = piece.finished or time.perf_counter()
                 if started.sparse:
                     continue
-                if piece.ticket is not None:  # timed once NCCL's record is in, futures first
-                    on_nccl_clock.append((piece, self.iteration))
-                    continue
-                if len(piece.marks) == 2:  # on the GPU, from launch to the callback's event
-                    start, stop = piece.marks
-                    stop.synchronize()  # past already: the all-reduce was waited for above
-                    took = start.elapsed_time(stop) / 1000.0
-                    self._emit(self._record(piece, took, self.iteration, "cuda"))
+                if len(piece.marks) == 2:  # on the GPU's clock: read once the futures are done
+                    on_gpu.append((piece, self.iteration))
                     continue
                 self._emit(self._record(piece, finished - piece.started, self.iteration))
             if len(buckets) > 1:
@@ -608,7 +644,11 @@ class Engine:
                 exposed = max(0.0, end - self._last_bucket_at)
                 if self.step_clock is None:
                     self.step_clock = StepClock(None if self.gpu is None else self.gpu.event)
-                timed = self.step_clock.end(self.iteration, end, stream)
+                # On the GPU: where the iteration's last message ended there, recorded before
+                # any wait (a mark recorded here would say when this thread got here).
+                last = started.pieces[-1].marks if started.pieces else []
+                mark = last[-1] if len(last) == 2 else None
+                timed = self.step_clock.end(self.iteration, end, stream, mark)
                 step_of, step = (None, None) if timed is None else timed
                 self._emit(IterationEnd(self.iteration, exposed, step, step_of))
                 took = time.perf_counter() - begin
@@ -628,15 +668,14 @@ class Engine:
                 self._completed_at = time.perf_counter()
             else:
                 self._completed_at = max(self._completed_at, finished)
-            for piece, iteration in on_nccl_clock:
-                assert piece.ticket is not None and self.clock is not None
-                seconds = self.clock.seconds(piece.ticket)
-                timer = "nccl"
-                if seconds is None:  # no record in time: the host's time, as without the clock
-                    if stream is not None:
-                        stream.synchronize()
-                    seconds, timer = time.perf_counter() - piece.started, "host"
-                self._emit(self._record(piece, seconds, iteration, timer))
+            for piece, iteration in on_gpu:
+                start, stop = piece.marks
+                stop.synchronize()  # the GPU is there, or nearly: the work was waited for
+                took = start.elapsed_time(stop) / 1000.0
+                kernel = None
+                if piece.ticket is not None and self.clock is not None:
+                    kernel = self.clock.seconds(piece.ticket)  # None: no record in time
+                self._emit(self._record(piece, took, iteration, "cuda", kernel))
             if buckets[-1].is_last:
                 self._emit(IterationDone(self.iteration))
                 with self._progress:
@@ -644,7 +683,12 @@ class Engine:
                     self._progress.notify_all()
 
     def _record(
-        self, piece: _Piece, seconds: float, iteration: int, timer: str = "host"
+        self,
+        piece: _Piece,
+        seconds: float,
+        iteration: int,
+        timer: str = "host",
+        kernel_s: float | None = None,
     ) -> MessageRecord:
         return MessageRecord(
             iteration=iteration,
@@ -658,6 +702,7 @@ class Engine:
             started=piece.started,
             sent_bytes=piece.sent_bytes,
             timer=timer,
+            kernel_s=kernel_s,
         )
 
     def _pieces(self, flat: torch.Tensor) -> list[torch.Tensor]:

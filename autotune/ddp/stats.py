@@ -46,10 +46,14 @@ class MessageRecord:
     world_size: int
     started: float  # time.perf_counter() at its start, for timelines
     sent_bytes: int | None = None  # what this rank put on the wire (None: the backend's business)
-    #: How ``seconds`` was taken: "host" (launch to completion, as the host saw it), "nccl"
-    #: (the kernel's time on NCCL's clock, from its profiler: autotune.ddp.kernel_clock) or
-    #: "cuda" (CUDA events: from the launch on the job's stream to the all-reduce's end).
+    #: How ``seconds`` was taken: "host" (start to completion, as the host saw it: the CPU) or
+    #: "cuda" (CUDA events, every message on a GPU, whatever runs it: from where its gradient
+    #: is ready on the stream it starts on to its end on the GPU). One clock per device, so a
+    #: size class compares its candidates on one.
     timer: str = "host"
+    #: NCCL's own kernel time for the message, where its profiler is loaded and it ran one
+    #: collective (`autotune.ddp.kernel_clock`); beside ``seconds``, never instead of it.
+    kernel_s: float | None = None
 
     @property
     def busbw_gbps(self) -> float:

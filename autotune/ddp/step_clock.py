@@ -72,16 +72,20 @@ class StepClock:
         self._last_host = None
         self._marks.clear()
 
-    def end(self, iteration: int, host_s: float, stream: Any = None) -> tuple[int, float] | None:
-        """``iteration`` ended, on the host at ``host_s`` (``time.perf_counter()``), its last
-        message on ``stream`` (CUDA). Returns (an iteration, its step in seconds) where one is
-        known now: this one on the host's clock, the one `lag` iterations back on the GPU's;
-        None for the first (nothing to time it from)."""
+    def end(
+        self, iteration: int, host_s: float, stream: Any = None, mark: DeviceEvent | None = None
+    ) -> tuple[int, float] | None:
+        """``iteration`` ended, on the host at ``host_s`` (``time.perf_counter()``); on CUDA at
+        ``mark``, an event recorded where its last message ended on the GPU, before anything
+        waited for it (else one recorded now on ``stream``). Returns (an iteration, its step in
+        seconds) where one is known now: this one on the host's clock, the one `lag`
+        iterations back on the GPU's; None for the first (nothing to time it from)."""
         if self.event is None:
             last, self._last_host = self._last_host, host_s
             return None if last is None else (iteration, host_s - last)
-        mark = self.event()
-        mark.record(stream)
+        if mark is None:
+            mark = self.event()
+            mark.record(stream)
         self._marks.append((iteration, mark))
         if len(self._marks) < self.lag + 2:
             return None

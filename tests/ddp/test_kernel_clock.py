@@ -107,7 +107,7 @@ def on_cuda(algo: Nccl, clock: KernelClock | None, gpu: PlayedGpu) -> Engine:
     )
 
 
-def test_nccl_messages_take_the_kernel_time_and_no_stream_is_synchronized(
+def test_nccl_messages_carry_its_kernel_time_beside_the_gpus_and_no_stream_is_synchronized(
     played: tuple[Profiler, NcclFeed],
 ) -> None:
     profiler, feed = played
@@ -119,23 +119,24 @@ def test_nccl_messages_take_the_kernel_time_and_no_stream_is_synchronized(
     profiler.put(record(32, 1_000, comm_id=0xD0, nranks=4), record(64, 9_000_000))
     profiler.put(record(32, 3_000_000), record(32, 5_000_000))
     assert engine.settle(10)
-    got = [(r.nbytes, r.seconds, r.timer) for r in recorder.records()]
-    assert got == [(32, 0.003, "nccl"), (32, 0.005, "nccl")]
+    # One clock for every message on a GPU (CUDA events), NCCL's kernel time beside it.
+    got = [(r.nbytes, r.timer, r.kernel_s) for r in recorder.records()]
+    assert got == [(32, "cuda", 0.003), (32, "cuda", 0.005)]
     assert stream.synchronized == 0
     assert (clock.matched, clock.missed, clock.comm_ids) == (2, 0, {AUTOTUNE: COMM})
     engine.close()
     clock.close()
 
 
-def test_without_a_record_in_time_the_host_times_it_as_before(
+def test_without_a_record_in_time_a_message_has_no_kernel_time_and_the_same_clock(
     played: tuple[Profiler, NcclFeed],
 ) -> None:
     profiler, feed = played
     clock = KernelClock(feed, world_size=2, wait_s=0.05)
     engine, recorder, stream = one_bucket(clock)
     assert engine.settle(10)
-    assert [r.timer for r in recorder.records()] == ["host", "host"]
-    assert stream.synchronized == 2 and clock.missed == 2
+    assert [(r.timer, r.kernel_s) for r in recorder.records()] == [("cuda", None)] * 2
+    assert stream.synchronized == 0 and clock.missed == 2
     # A record that comes late matches no withdrawn ticket.
     profiler.put(record(32, 1_000))
     feed.poll()
@@ -144,11 +145,11 @@ def test_without_a_record_in_time_the_host_times_it_as_before(
     clock.close()
 
 
-def test_without_a_clock_every_cuda_message_synchronizes_its_stream() -> None:
+def test_without_a_clock_every_cuda_message_is_timed_on_the_gpu_no_stream_synchronized() -> None:
     engine, recorder, stream = one_bucket(None)
     assert engine.settle(10)
-    assert [r.timer for r in recorder.records()] == ["host", "host"]
-    assert stream.synchronized == 2
+    assert [(r.timer, r.kernel_s) for r in recorder.records()] == [("cuda", None)] * 2
+    assert stream.synchronized == 0
     engine.close()
 
 

@@ -16,6 +16,7 @@ from played_gpu import PlayedGpu, PlayedNccl
 
 from autotune.algorithms import AllReduceAlgorithm, Comm, Pending
 from autotune.ddp.engine import Engine
+from autotune.ddp.events import IterationEnd
 from autotune.ddp.stats import Recorder
 from autotune.plan import Choice, Plan, size_class
 
@@ -69,7 +70,7 @@ def test_a_bucket_on_nccl_completes_at_launch_and_nothing_waits_for_the_gpu() ->
     engine.close()
 
 
-def test_with_nccls_profiler_a_lane_message_takes_a_ticket_and_no_event() -> None:
+def test_with_nccls_profiler_a_lane_message_takes_a_ticket_beside_its_events() -> None:
     gpu = PlayedGpu()
     nccl = PlayedNccl(gpu, took_ms=[3.0])
     clock = SimpleNamespace(tickets=[])
@@ -86,10 +87,13 @@ def test_with_nccls_profiler_a_lane_message_takes_a_ticket_and_no_event() -> Non
     engine.subscribe(recorder.record)
     assert engine.submit(torch.ones(4), is_last=True).done()
     assert [(t.nbytes, t.route) for t in clock.tickets] == [(16, "lane")]
-    assert threading.current_thread().name not in gpu.recorded  # no start or end mark
+    # Its start and end marks, on the autograd thread (the callback runs at launch on NCCL).
+    assert gpu.recorded.count(threading.current_thread().name) == 2
     nccl.finish()
     assert engine.settle(10)
-    assert [(r.seconds, r.timer) for r in recorder.records()] == [(0.007, "nccl")]
+    assert [(r.seconds, r.timer, r.kernel_s) for r in recorder.records()] == [
+        (0.003, "cuda", 0.007)
+    ]
     assert gpu.stream.synchronized == 0
     engine.close()
 
@@ -129,9 +133,9 @@ def test_off_the_lane_a_cuda_message_orders_streams_and_completes_on_the_finish_
         nccl.finish()
     future.wait()
     assert engine.settle(10)
-    messages = 2 if what == "cut" else 1
     assert gpu.marks == 1 and gpu.stream.waited_events == 1
-    assert gpu.stream.synchronized == messages
+    # Timed on the GPU, by events on the side stream: nothing synchronizes it to time them.
+    assert gpu.stream.synchronized == 0
     assert "autotune-finish" in gpu.sides
     engine.close()
 
@@ -163,7 +167,7 @@ def test_on_nccl_the_lane_is_all_or_nothing(mixed: str) -> None:
     nccl.finish()
     future.wait()
     assert engine.settle(10)
-    assert gpu.marks == 1 and gpu.stream.waited_events == 1 and gpu.stream.synchronized == 1
+    assert gpu.marks == 1 and gpu.stream.waited_events == 1 and gpu.stream.synchronized == 0
     # The plan back to the backend's own everywhere (at an iteration end, as the tuner does):
     # the lane again.
     engine.fusion_bytes = 0
@@ -171,4 +175,50 @@ def test_on_nccl_the_lane_is_all_or_nothing(mixed: str) -> None:
     assert engine.submit(torch.ones(8), is_last=True).done()
     assert gpu.marks == 1
     assert engine.settle(10)
+    engine.close()
+
+
+def test_the_steps_clock_reads_where_each_iteration_ended_on_the_gpu() -> None:
+    # Iteration i's gradient is ready at 10 i ms on the GPU; its one all-reduce takes 3 or 5 ms
+    # in turn. The step between two iteration ends is the GPU's: 10 ms, plus this iteration's
+    # all-reduce, less the last one's. The mark used to be recorded on the completing thread
+    # after the host had waited for the all-reduce: it read when that thread got there.
+    gpu = PlayedGpu()
+    nccl = PlayedNccl(gpu, took_ms=[3.0, 5.0])
+    nccl.finish()  # the host's waits return: the played GPU has done each all-reduce
+    engine = engine_on(gpu, nccl)
+    steps: list[tuple[int | None, float]] = []
+    engine.subscribe(
+        lambda e: (
+            steps.append((e.step_of, round(e.step_s * 1000, 6)))
+            if isinstance(e, IterationEnd) and e.step_s is not None
+            else None
+        )
+    )
+    for i in range(6):
+        gpu.stream_at = 10.0 * i
+        engine.submit(torch.ones(4), is_last=True)
+        gpu.stream_at = 10.0 * i + 9.5  # the GPU goes on with the next forward
+        assert engine.settle(10)
+    assert steps == [(2, 12.0), (3, 8.0), (4, 12.0)]  # read LAG iterations late
+    engine.close()
+
+
+def test_a_size_class_is_timed_on_one_clock_whatever_runs_it() -> None:
+    # The same class on the lane (NCCL's all-reduce) one iteration, on a Python-driven schedule
+    # the next: both on the GPU's clock. (The lane was timed by CUDA events, or NCCL's kernel
+    # time, and the schedule by the host: the tuner compared the two.)
+    gpu = PlayedGpu()
+    nccl = PlayedNccl(gpu, took_ms=[3.0])
+    nccl.finish()
+    engine = engine_on(gpu, {"a": nccl, "t": PythonDriven()})
+    recorder = Recorder()
+    engine.subscribe(recorder.record)
+    engine.submit(torch.ones(4), is_last=True)
+    assert engine.settle(10)
+    engine.plan.set(size_class(16), Choice("t"))  # between iterations, as the tuner switches
+    engine.submit(torch.ones(4), is_last=True)
+    assert engine.settle(10)
+    got = [(r.algorithm, r.size_class, r.timer) for r in recorder.records()]
+    assert got == [("a", size_class(16), "cuda"), ("t", size_class(16), "cuda")]
     engine.close()
