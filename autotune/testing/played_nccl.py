@@ -89,6 +89,10 @@ class OrderError(RuntimeError):
     """Two ranks launched NCCL operations in different orders: on a GPU the job would hang."""
 
 
+class _TimedOut(dist.DistBackendError):
+    """A timed wait ran out, as ``WorkNCCL::wait`` reports it."""
+
+
 @dataclass(frozen=True)
 class Launch:
     """One launch on a played communicator, as this rank made it."""
@@ -254,6 +258,19 @@ class PlayedWork(dist.Work):
         complete only when waited for, so they are waited on, with what is left of the
         timeout, rather than polled.)"""
         _ORDER.check()
+        try:
+            self._wait(timeout)
+        except _TimedOut:
+            raise
+        except RuntimeError:
+            # A peer that saw the launches diverge has failed and gone, and gloo says only that
+            # its connection closed: the divergence is the job's failure, where there is one.
+            _ORDER.check(wait_s=2.0)
+            raise
+        _ORDER.check()
+        return True
+
+    def _wait(self, timeout: timedelta) -> None:
         deadline = time.monotonic() + timeout.total_seconds() if timeout else None
         while self._waited < len(self._inner):  # a work done stays done (gloo's would block)
             w = self._inner[self._waited]
@@ -267,13 +284,11 @@ class PlayedWork(dist.Work):
                 if time.monotonic() < deadline - 0.05:  # gloo's clock may end it a bit early
                     raise  # a failure, not the timeout
                 ran = (time.monotonic() - self._began) * 1000
-                raise dist.DistBackendError(
+                raise _TimedOut(
                     f"[played NCCL] {self._what}: Work ran for {ran:.0f} milliseconds before "
                     f"timing out (wait timeout {timeout})."
                 ) from exc
             self._waited += 1
-        _ORDER.check()
-        return True
 
     def get_future(self) -> torch.futures.Future[Any]:
         """Complete once the data is there (see the module's last rule), with the operation's

@@ -41,7 +41,8 @@ def timed_wait_times_out(rank: int, world_size: int) -> tuple[str, bool]:
     try:
         work.wait(timedelta(seconds=0.5) if rank == 0 else timedelta(seconds=30))
     except RuntimeError as exc:
-        said, pending = f"{type(exc).__name__}: {exc}", not work.is_completed()
+        kind = "DistBackendError" if isinstance(exc, dist.DistBackendError) else "other"
+        said, pending = f"{kind}: {exc}", not work.is_completed()
     if rank == 0:
         work.wait()  # the peer came: the all-reduce ends on both ranks
     return said, pending
