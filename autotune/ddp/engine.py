@@ -363,9 +363,7 @@ class Engine:
             if gpu is not None:
                 if self.clock is not None:
                     piece.ticket = self.clock.expect(nbytes, LANE)
-                start = gpu.event()
-                start.record()  # on the current stream, where the gradient was made
-                piece.marks.append(start)
+                self._stamp(piece.marks)  # on the current stream, where the gradient was made
             piece.started = time.perf_counter()
             piece.pending = algo.launch(bucket.buffer, comm)
         except BaseException as exc:
@@ -496,9 +494,7 @@ class Engine:
                     ticket = self.clock.expect(nbytes, AUTOTUNE)
                 marks: list[DeviceEvent] = []
                 if stream is not None:
-                    assert self.gpu is not None
-                    marks.append(self.gpu.event())
-                    marks[0].record(stream)  # the side stream has waited for the gradient
+                    self._stamp(marks, stream)  # the side stream has waited for the gradient
                 begin = time.perf_counter()
                 pending = algo.start(
                     piece, self.group, segment_bytes=choice.segment_bytes, **folded
@@ -533,18 +529,17 @@ class Engine:
         which runs with streams current that wait for the backend's work (NCCL's: at once); else
         now, the side stream having waited for the schedule's work. The future returned, if
         any, completes once the event is recorded."""
-        gpu = self.gpu
-        assert gpu is not None
-
-        def stop(_: object = None) -> None:
-            end = gpu.event()
-            end.record()
-            marks.append(end)
-
         if pending.future is not None and not pending.done:
-            return pending.future.then(stop)
-        stop()
+            return pending.future.then(lambda _: self._stamp(marks))
+        self._stamp(marks)
         return None
+
+    def _stamp(self, marks: list[DeviceEvent], stream: Any = None) -> None:
+        """Append to ``marks`` a timing event recorded now on ``stream`` (None: the current)."""
+        assert self.gpu is not None
+        event = self.gpu.event()
+        event.record(stream)
+        marks.append(event)
 
     def _complete_early(self, bucket: _Bucket, piece: _Piece) -> None:
         """Have the backend's completion callback complete ``bucket``'s future, where it has one:
@@ -566,9 +561,7 @@ class Engine:
             # follows the all-reduce on the GPU, while the host goes on.
             piece.finished = time.perf_counter()
             if piece.marks and gpu is not None:
-                stop = gpu.event()
-                stop.record()
-                piece.marks.append(stop)
+                self._stamp(piece.marks)
             try:
                 fut.value()
             except Exception:
