@@ -133,12 +133,13 @@ class AutotuneState:
         self.guard: Guard | None = None
         #: The job's failure, once diagnosed: every later error of this state is this one.
         self.failure: PeerError | None = None
-        #: NCCL's own clock for the messages NCCL runs, where NCCL loaded autotune's profiler.
+        #: NCCL's kernel time for the messages NCCL runs, beside the GPU's events, where NCCL
+        #: loaded autotune's profiler.
         # Not at world size 1: NCCL's one-rank path runs no algorithm and calls no profiler.
         nccl_feed = feed() if backend_name(group) == "nccl" and self.world_size > 1 else None
         self.clock = KernelClock(nccl_feed, self.world_size) if nccl_feed is not None else None
         if self.clock is not None and dist.get_rank(group) == 0:
-            _log.info("autotune: NCCL's messages timed on NCCL's own clock (its profiler plugin)")
+            _log.info("autotune: NCCL's kernel time recorded beside each message (its profiler)")
         self.engine = Engine(
             group=group,
             world_size=self.world_size,

@@ -13,9 +13,9 @@ so a same-sized all-reduce of another group never takes a ticket; one of the use
 job's own group, launched between two of the engine's, is skipped over by size and, if it is the
 same size, is the one case that can take a ticket early (its time is then a same-sized
 all-reduce's). `KernelClock.seconds` waits for a ticket's record (draining the feed itself while
-it waits) and gives None if none came in time: the engine then times that message as before.
-A route no record has ever answered, after `GIVE_UP` tickets, takes no more: its messages are
-timed as without the clock, and nothing waits for records that do not come.
+it waits) and gives None if none came in time: that message then has no kernel time (its
+`MessageRecord.seconds` is the GPU's events' either way). A route no record has ever answered,
+after `GIVE_UP` tickets, takes no more, and nothing waits for records that do not come.
 """
 
 from __future__ import annotations
