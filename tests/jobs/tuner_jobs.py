@@ -137,6 +137,15 @@ def model(width: int = 1024) -> torch.nn.Module:
 
 
 BUCKET_CAP_MB = 0.05
+#: No warm-up, one sample a trial, short paired tests and frequent re-checks: the plan keeps
+#: changing (add a storage).
+KEEPS_SWITCHING: dict[str, Any] = {
+    "tune_warmup": 0,
+    "tune_samples": 1,
+    "max_pairs": 6,
+    "recheck_every": 10,
+    "algorithms": ("native", "ring", "tree", "two_tree"),
+}
 
 
 @dataclass

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from tuner_jobs import (
+    KEEPS_SWITCHING,
     SMALL_BYTES,
     Tuned,
     fixed_from_file,
@@ -111,16 +112,7 @@ def test_a_locked_plan_that_loses_its_advantage_falls_back_to_the_baseline(
 
 
 def test_ranks_switch_together_for_hundreds_of_steps(tmp_path: Path) -> None:
-    # No warm-up, one sample a trial, short paired tests and frequent re-checks: the plan keeps
-    # changing.
-    config = {
-        "tune_warmup": 0,
-        "tune_samples": 1,
-        "max_pairs": 6,
-        "recheck_every": 10,
-        "algorithms": ("native", "ring", "tree", "two_tree"),
-        "storage": storage(tmp_path),
-    }
+    config = {**KEEPS_SWITCHING, "storage": storage(tmp_path)}
     runs = run_local(tune, 3, 300, config, True, timeout_s=900)
     sequences = [r.messages for r in runs]
     assert all(s == sequences[0] for s in sequences), "ranks ran different algorithms"

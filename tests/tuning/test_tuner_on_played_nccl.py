@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tuner_jobs import tune
+from tuner_jobs import KEEPS_SWITCHING, tune
 from unhook_jobs import KEEPS_BASELINE, beside_plain
 
 from autotune.comm.launch import run_local
@@ -25,17 +25,10 @@ ON: dict[str, Any] = {
 
 
 def test_plans_that_keep_changing_launch_in_one_order_on_every_rank(tmp_path: Path) -> None:
-    # No warm-up, one sample a trial, short paired tests, frequent re-checks, fusion tuned: the
-    # plan keeps moving between the lane (the backend's own, DDP's buckets) and autotune's
-    # threads (point-to-point schedules, fused and cut messages) while the tuner exchanges.
-    config = {
-        "tune_warmup": 0,
-        "tune_samples": 1,
-        "max_pairs": 6,
-        "recheck_every": 10,
-        "algorithms": ("native", "ring", "tree", "two_tree"),
-        "storage": f"sqlite:///{tmp_path / 'tuning.db'}",
-    }
+    # Fusion tuned too: the plan keeps moving between the lane (the backend's own, DDP's
+    # buckets) and autotune's threads (point-to-point schedules, fused and cut messages) while
+    # the tuner exchanges.
+    config = {**KEEPS_SWITCHING, "storage": f"sqlite:///{tmp_path / 'tuning.db'}"}
     runs = run_local(tune, 3, 200, config, True, timeout_s=900, **ON)
     sequences = [r.messages for r in runs]
     assert all(s == sequences[0] for s in sequences), "ranks ran different algorithms"
