@@ -259,6 +259,8 @@ def paired(
     order = list(arms)
     settled_at = None
     step = 0
+    # The autotune arm's timed steps: (its iteration, when it began, when it ended).
+    windows: list[tuple[int, float, float]] = []
     while _more(times["plain"], args):
         x, y = batch(g)
         for name in order[step % 3 :] + order[: step % 3]:
@@ -267,22 +269,95 @@ def paired(
             # it inherited the ranks' skew: a second plain DDP in the third place measured
             # 1.028x the first at 4 ranks (mlp, 120 steps), 0.996x with it.
             dist.barrier()
+            begin = time.perf_counter()
             t = _step(arms[name], opts[name], x, y)
             # Timed from 5 steps after every rank settled (buffers, DDP's bucket rebuild, and
             # the reducer rebuilt where autotune unhooked, are behind).
             if settled_at is not None and step >= settled_at + 5:
                 times[name].append(t)
+                if name == "autotune":  # its engine's iteration: one a step of this arm
+                    windows.append((step + 1, begin, time.perf_counter()))
         done = state.tuner is None or all_settled(state)
         if settled_at is None and (done or step >= args.tune_steps):
             settled_at = step
         step += 1
     out: dict[str, Any] = {k: _slowest(v) for k, v in times.items()}
+    out["parts"] = _parts(state, windows, times["autotune"]) if args.breakdown else None
     out["settled_at"] = settled_at
     out["aside_at"] = None if state.unhooking is None else state.unhooking.at
     if rank == 0:
         out["verdict"] = state.verdict()
     state.close()
     return out
+
+
+def _parts(
+    state: autotune.AutotuneState, windows: list[tuple[int, float, float]], steps: list[float]
+) -> list[dict[str, Any]] | None:
+    """This rank's autotune steps taken apart (``--breakdown``), from what its engine recorded:
+    per timed step, its time, the communication left after backward handed over its last
+    bucket (exposed), the hook's calls on the autograd thread, and each message: its size
+    class, algorithm, time and time blocked on peers. None where the step ran without the hook
+    (autotune unhooked: DDP's own all-reduce, nothing to take apart)."""
+    state.engine.settle(30.0)
+    exposed = {r.iteration: r.exposed_s for r in state.recorder.iterations()}
+    if not any(i in exposed for i, _, _ in windows):
+        return None
+    calls = state.recorder.hook_calls()
+    records = state.recorder.records()
+    out = []
+    for (iteration, begin, end), step in zip(windows, steps, strict=True):
+        out.append(
+            {
+                "step": step,
+                "exposed": exposed.get(iteration, 0.0),
+                "hook": sum(s for at, s in calls if begin <= at <= end),
+                "messages": [
+                    (r.size_class, r.algorithm, r.seconds, r.wait_s)
+                    for r in records
+                    if begin <= r.started <= end
+                ],
+            }
+        )
+    return out
+
+
+def breakdown(per_rank: list[list[dict[str, Any]] | None], noop: list[float]) -> dict[str, Any]:
+    """Where the autotune arm's step goes beyond ``noop`` (the slowest rank's noop_hook steps),
+    per step on its slowest rank, as medians over the steps (ms): ``backward`` is the step
+    less the communication exposed after backward, over noop's step (the hook's calls, the
+    CPU that messages take beside backward); ``exposed`` the rest. Per (class, algorithm):
+    a message's median time and the part of it blocked on peers."""
+    if any(p is None for p in per_rank):
+        return {"hooked": False}
+    ranks = [p for p in per_rank if p is not None]
+    slowest = [max(steps, key=lambda s: s["step"]) for steps in zip(*ranks, strict=True)]
+    ms = 1e3
+    over = [(s["step"] - s["exposed"] - n) * ms for s, n in zip(slowest, noop, strict=True)]
+    messages: dict[tuple[int, str], list[tuple[float, float | None]]] = {}
+    for s in slowest:
+        for cls, algorithm, seconds, waited in s["messages"]:
+            messages.setdefault((cls, algorithm), []).append((seconds, waited))
+    median = statistics.median
+    return {
+        "hooked": True,
+        "step_ms": median(s["step"] * ms for s in slowest),
+        "backward_over_noop_ms": median(over),
+        "exposed_ms": median(s["exposed"] * ms for s in slowest),
+        "hook_ms": median(s["hook"] * ms for s in slowest),
+        "messages": [
+            {
+                "class": cls,
+                "algorithm": algorithm,
+                "per_step": len(times) / len(slowest),
+                "ms": median(t for t, _ in times) * ms,
+                "waiting_ms": None
+                if any(w is None for _, w in times)
+                else median(w for _, w in times if w is not None) * ms,
+            }
+            for (cls, algorithm), times in sorted(messages.items())
+        ],
+    }
 
 
 def _more(plain: list[float], args: argparse.Namespace) -> bool:
@@ -323,14 +398,27 @@ def fixed_cost(model: str, world_size: int, args: argparse.Namespace) -> dict[st
     """``--hook-only`` or ``--plan-file``: run 3 alone, the autotune arm fixed on the
     baseline's lane or on the plan."""
     _for_model(args, model)
-    pair = run_local(paired, world_size, args, "", args.plan_file, **_launch(args))[0]
+    ranks = run_local(paired, world_size, args, "", args.plan_file, **_launch(args))
+    pair = ranks[0]
     return {
         "model": model,
         "world_size": world_size,
         "plain_ms": statistics.median(pair["plain"]) * 1e3,
         "noop": _ratio(pair["noop"], pair["plain"]),
         "hook": _ratio(pair["autotune"], pair["plain"]),
+        "breakdown": _breakdown(ranks, args),
     }
+
+
+def _breakdown(ranks: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any] | None:
+    """Run 3's breakdown (``--breakdown``; else None), with plain DDP's and noop_hook's steps
+    beside it."""
+    if not args.breakdown:
+        return None
+    out = breakdown([r["parts"] for r in ranks], ranks[0]["noop"])
+    out["plain_ms"] = statistics.median(ranks[0]["plain"]) * 1e3
+    out["noop_ms"] = statistics.median(ranks[0]["noop"]) * 1e3
+    return out
 
 
 def cell(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -347,7 +435,8 @@ def cell(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any
             Path(plan_file).write_text(json.dumps(restart["table"]))
         shutil.copy(Path(tmp) / "tuning.db", Path(tmp) / "paired.db")
         copied = f"sqlite:///{Path(tmp) / 'paired.db'}"
-        pair = run_local(paired, world_size, args, copied, plan_file, **_launch(args))[0]
+        ranks = run_local(paired, world_size, args, copied, plan_file, **_launch(args))
+    pair = ranks[0]
     plain_median = statistics.median(pair["plain"])
     first = tune[0]
 
@@ -366,6 +455,7 @@ def cell(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any
         "paired_settled_at": pair["settled_at"],
         "paired_aside_at": pair["aside_at"],
         "paired_verdict": pair["verdict"],
+        "breakdown": _breakdown(ranks, args),
         "locked_at": first["locked_at"],
         "exploring_cost_s": cost(first),
         "restart_cost_s": cost(restart),
@@ -416,7 +506,48 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def main(argv: list[str] | None = None) -> int:
+def breakdown_markdown(rows: list[dict[str, Any]]) -> str:
+    """``--breakdown``'s table: where each model's autotune step goes, against plain DDP's and
+    noop_hook's (medians, ms; the slowest rank's per step)."""
+    out = [
+        "| model | ranks | plain | noop_hook | autotune | headroom taken | backward over noop "
+        "(hook's calls) | exposed after backward | messages a step: time (blocked on peers) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        b = r.get("breakdown")
+        if b is None:
+            continue
+        if not b["hooked"]:
+            out.append(
+                f"| {r['model']} | {r['world_size']} | {r['plain_ms']:.1f} | - | - | - | - | - "
+                "| unhooked: DDP's own all-reduce, nothing to take apart |"
+            )
+            continue
+        plain, noop, step = b["plain_ms"], b["noop_ms"], b["step_ms"]
+        taken = (plain - step) / (plain - noop) if plain > noop else float("nan")
+        messages = "; ".join(
+            f"{m['per_step']:.0f} x {_size(m['class'])} `{m['algorithm']}` {m['ms']:.1f}"
+            + ("" if m["waiting_ms"] is None else f" ({m['waiting_ms']:.1f})")
+            for m in b["messages"]
+        )
+        out.append(
+            f"| {r['model']} | {r['world_size']} | {plain:.1f} | {noop:.1f} | {step:.1f} "
+            f"| {taken:.0%} | {b['backward_over_noop_ms']:.1f} ({b['hook_ms']:.1f}) "
+            f"| {b['exposed_ms']:.1f} | {messages or '-'} |"
+        )
+    return "\n".join(out)
+
+
+def _size(nbytes: int) -> str:
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line (`benchmarks/guard.py` builds its runs from it too)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--world-sizes", default="2,4")
     p.add_argument(
@@ -464,6 +595,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--plan-file", default=None, help="run 3 alone, with autotune fixed on this plan (JSON)"
     )
+    p.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="take run 3's autotune steps apart: communication exposed after backward, the "
+        "hook's calls, each message's time and its wait on peers",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
     args = p.parse_args(argv)
     if args.hook_only and args.plan_file:
         p.error("--hook-only and --plan-file: choose one")
@@ -528,6 +670,8 @@ def main(argv: list[str] | None = None) -> int:
                 Path(args.json).write_text(json.dumps(rows, indent=1))
     if not (args.hook_only or args.plan_file):
         print(markdown(rows))
+    if args.breakdown:
+        print(breakdown_markdown(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     if failed:

@@ -102,6 +102,9 @@ class AllReduceAlgorithm(abc.ABC):
     #: Whether it applies a ``scale`` (`start`) itself, in a copy of the input it makes anyway
     #: (``Comm.scale``); otherwise `start` scales the input in place first.
     folds_scale: ClassVar[bool] = False
+    #: Whether it may leave the sum in memory of its own for a caller that takes it there
+    #: (`start`'s ``leave_within``: `shm`, whose sums are in its shared window anyway).
+    leaves_result: ClassVar[bool] = False
     #: Who runs it without the hook, once autotune unhooks, from the plan handed to it (`carry`):
     #: autotune-nccl's cells, through NCCL's tuner plugin's table. None: only the hook runs it.
     carrier: ClassVar[str | None] = None
@@ -154,11 +157,19 @@ class AllReduceAlgorithm(abc.ABC):
         *,
         segment_bytes: int | None = None,
         scale: float | None = None,
+        leave_within: int | None = None,
     ) -> Pending:
         """Begin `all_reduce`; the sum is in ``tensor`` once the returned `Pending` is waited on.
 
         Algorithms driven from Python finish before returning; one the backend runs itself
         (`native`) returns while its collective is in flight, so a caller can start the next.
+
+        ``leave_within`` (`leaves_result` algorithms): the caller takes the sum where the
+        algorithm leaves it, ``Pending.traffic.result`` where that is not ``tensor`` (``tensor``
+        then holds what it held, scaled or not), provided it stays there while this many more
+        bytes of messages go through the algorithm on the group. It saves a pass over the
+        message where the caller copies the sum on anyway (DDP copies a hook's result into the
+        gradients).
         """
         check_tensor(tensor)
         segment_bytes = self.default_segment_bytes if segment_bytes is None else segment_bytes
@@ -176,8 +187,9 @@ class AllReduceAlgorithm(abc.ABC):
                 flat.mul_(scale)
         if size == 1 or tensor.numel() == 0:
             return Pending(traffic=traffic)
-        if fold:
-            comm = dataclasses.replace(comm, scale=scale)
+        if fold or leave_within is not None:
+            leave = leave_within if self.leaves_result and not flat.is_cuda else None
+            comm = dataclasses.replace(comm, scale=scale if fold else None, leave_within=leave)
         segment_elems = max(1, segment_bytes // tensor.element_size())
         with torch.no_grad():
             if flat.is_cuda and backend == "gloo" and not self.asynchronous:

@@ -49,14 +49,17 @@ MAX_WINDOW_BYTES = 16 << 20
 MIN_WINDOW_BYTES = 256 << 10
 #: A file name's length on the wire, at most (a prefix and a uuid's hex).
 _NAME_BYTES = 64
+#: Where results start in the result area: a multiple of this many bytes (a cache line).
+_ALIGN = 64
 
 
 @dataclass
 class _Window:
     """``regions`` regions of ``slot_bytes`` each, mapped from the file that was at ``path``
     (unlinked once every rank had mapped it), and the group's ``barrier``. Of N > 2 ranks: a
-    slot per rank, then the result; of 2: two pairs of slots, which messages take in turns
-    (``turns`` so far)."""
+    slot per rank, then `RESULT_SLOTS` slots' worth of results, which messages take in turn
+    (``cursor``: where the next one's goes, in bytes); of 2: two pairs of slots, which messages
+    take in turns (``turns`` so far)."""
 
     base: torch.Tensor  # uint8, regions * slot_bytes
     regions: int
@@ -64,13 +67,32 @@ class _Window:
     path: str
     barrier: PipeBarrier
     turns: int = 0
+    cursor: int = 0
 
     def view(self, dtype: torch.dtype) -> torch.Tensor:
         return self.base.view(dtype).view(self.regions, -1)
 
+    def results(self, size: int, dtype: torch.dtype) -> torch.Tensor:
+        """The result area of a window of ``size`` > 2 ranks, flat, in ``dtype``."""
+        return self.base[size * self.slot_bytes :].view(dtype)
+
+    def take(self, nbytes: int, area_bytes: int) -> int:
+        """Where in the result area a result of ``nbytes`` goes (bytes): after the last one, or
+        back at the start where it would not fit. The same on every rank: every rank takes
+        the same results in the same order."""
+        nbytes = -(-nbytes // _ALIGN) * _ALIGN  # the next result aligned for any dtype
+        at = self.cursor if self.cursor + nbytes <= area_bytes else 0
+        self.cursor = at + nbytes
+        return at
+
+
+#: Of N > 2 ranks, the result area is this many slots: results a caller takes there
+#: (`Comm.leave_within`) stay while twice their iteration's bytes fit in it (see `_run`).
+RESULT_SLOTS = 4
+
 
 def _regions(size: int) -> int:
-    return 4 if size == 2 else size + 1
+    return 4 if size == 2 else size + RESULT_SLOTS
 
 
 _lock = threading.Lock()
@@ -89,6 +111,7 @@ class SharedMemoryAllReduce(AllReduceAlgorithm):
     name = "shm"
     segmented = False
     folds_scale = True
+    leaves_result = True
 
     @classmethod
     def offered(cls, group: ProcessGroup, device: torch.device) -> bool:
@@ -104,29 +127,62 @@ class SharedMemoryAllReduce(AllReduceAlgorithm):
         window = _window(comm)
         regions = window.view(buf.dtype)
         step = regions.shape[1]
+        if comm.size > 2:
+            self._sum_shares(buf, comm, window)
+            return
         for start in range(0, buf.numel(), step):
             part = buf[start : start + step]
             n = part.numel()
-            if comm.size == 2:
-                # Both ranks sum the whole part, the same two operands in the same order, so
-                # they agree bitwise, after one barrier instead of two: the two pairs of slots
-                # take turns, so a rank writes the next part while its peer may still read
-                # this one (not the one before: the barrier between says it was read).
-                pair = regions[2 * (window.turns % 2) :][:2]
-                window.turns += 1
-                _put(pair[comm.rank, :n], part, comm, window)
-                torch.add(pair[0, :n], pair[1, :n], out=part)
-                continue
-            slots, result = regions[: comm.size], regions[comm.size]
+            # Both ranks sum the whole part, the same two operands in the same order, so they
+            # agree bitwise, after one barrier instead of two: the two pairs of slots take
+            # turns, so a rank writes the next part while its peer may still read this one
+            # (not the one before: the barrier between says it was read).
+            pair = regions[2 * (window.turns % 2) :][:2]
+            window.turns += 1
+            _put(pair[comm.rank, :n], part, comm, window)
+            torch.add(pair[0, :n], pair[1, :n], out=part)
+
+    def _sum_shares(self, buf: torch.Tensor, comm: Comm, window: _Window) -> None:
+        """Of N > 2 ranks: each sums its 1/N share of every rank's slot into the result area,
+        then every rank copies the whole result into ``buf``; or, where the caller takes it
+        there (``comm.leave_within``), leaves it there: a pass over the message fewer.
+
+        Each message takes the next place in the result area (`_Window.take`). A result left
+        there stays until the area comes round to it again: a caller whose messages between
+        two points where every rank has taken its results (DDP's: an iteration, whose next
+        first message no rank can pass the first barrier of before every rank is back in
+        backward) add up to at most half the area never sees one overwritten. Where that
+        does not hold, or the message is larger than the area, the result goes into ``buf``."""
+        regions = window.view(buf.dtype)
+        step = regions.shape[1]
+        slots = regions[: comm.size]
+        area = window.results(comm.size, buf.dtype)
+        nbytes = buf.numel() * buf.element_size()
+        area_bytes = area.numel() * area.element_size()
+        leave = (
+            comm.leave_within is not None
+            and nbytes <= area_bytes
+            and 2 * comm.leave_within <= area_bytes
+        )
+        taken = nbytes if leave else min(nbytes, step * buf.element_size())
+        at = window.take(taken, area_bytes) // buf.element_size()
+        result = area[at : at + taken // buf.element_size()]
+        for start in range(0, buf.numel(), step):
+            part = buf[start : start + step]
+            n = part.numel()
+            out = result[start : start + n] if leave else result[:n]
             _put(slots[comm.rank, :n], part, comm, window)
             lo, hi = split(0, n, comm.size)[comm.rank]
             if hi > lo:  # in rank order, in the dtype itself, as the other algorithms sum
-                out = result[lo:hi]
-                torch.add(slots[0, lo:hi], slots[1, lo:hi], out=out)
+                mine = out[lo:hi]
+                torch.add(slots[0, lo:hi], slots[1, lo:hi], out=mine)
                 for peer in range(2, comm.size):
-                    out.add_(slots[peer, lo:hi])
-            window.barrier.wait(comm, "waiting for the other ranks' sums in shared memory")
-            part.copy_(result[:n])
+                    mine.add_(slots[peer, lo:hi])
+            _wait(comm, window, "waiting for the other ranks' sums in shared memory")
+            if not leave:
+                part.copy_(out)
+        if leave:
+            comm.traffic.result = result
 
 
 def _put(slot: torch.Tensor, part: torch.Tensor, comm: Comm, window: _Window) -> None:
@@ -138,11 +194,18 @@ def _put(slot: torch.Tensor, part: torch.Tensor, comm: Comm, window: _Window) ->
         torch.mul(part, comm.scale, out=slot)
     comm.traffic.bytes_sent += part.numel() * part.element_size()
     comm.traffic.messages_sent += 1
-    first = comm.traffic.first_wait_s is None
+    waited = _wait(comm, window, "waiting for the other ranks' writes in shared memory")
+    if comm.traffic.first_wait_s is None:
+        comm.traffic.first_wait_s = waited
+
+
+def _wait(comm: Comm, window: _Window, what: str) -> float:
+    """The window's barrier; the seconds it kept this rank, added to ``comm.traffic``."""
     began = time.perf_counter()
-    window.barrier.wait(comm, "waiting for the other ranks' writes in shared memory")
-    if first:
-        comm.traffic.first_wait_s = time.perf_counter() - began
+    window.barrier.wait(comm, what)
+    waited = time.perf_counter() - began
+    comm.traffic.wait_s += waited
+    return waited
 
 
 def forget_window(group: ProcessGroup) -> None:

@@ -269,15 +269,17 @@ class Transport:
     def _apply(self, p: _Pending) -> None:
         r = p.recv
         nbytes = (r.stop - r.start) * self.buf.element_size()
-        first = self.comm.traffic.first_wait_s is None
-        start = time.perf_counter() if first else 0.0
+        traffic = self.comm.traffic
+        start = time.perf_counter()
         self.comm.wait(
             p.work,
             f"receive of {nbytes} bytes from rank {self.comm.global_rank(r.peer)}",
             r.peer,
         )
-        if first:
-            self.comm.traffic.first_wait_s = time.perf_counter() - start
+        waited = time.perf_counter() - start
+        traffic.wait_s += waited
+        if traffic.first_wait_s is None:
+            traffic.first_wait_s = waited
         if p.scratch is not None:
             self._drain_sends(r.start, r.stop)
             target = self.buf[r.start : r.stop]

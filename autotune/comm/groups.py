@@ -75,6 +75,11 @@ class Traffic:
     messages_sent: int = 0
     #: Seconds the first receive kept this rank waiting: long when a peer came late.
     first_wait_s: float | None = None
+    #: Seconds this rank was blocked on its peers in all (every receive, every barrier): the
+    #: rest of the message's time is its own copies and sums (`step_gain.py --breakdown`).
+    wait_s: float = 0.0
+    #: Where the sum was left, where it is not in the input (`Comm.leave_within`).
+    result: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +96,10 @@ class Comm:
     collective: str = "all-reduce"  # what the algorithm does, for errors
     #: Multiply each rank's input by this as it is first copied (`folds_scale` algorithms).
     scale: float | None = None
+    #: The caller may take the sum where the algorithm leaves it, if it stays there while this
+    #: many more bytes of messages go through the algorithm on the group (`leaves_result`
+    #: algorithms; None: the sum goes into the input, as always).
+    leave_within: int | None = None
 
     def global_rank(self, peer: int) -> int:
         return dist.get_global_rank(self.group, peer)

@@ -46,11 +46,17 @@ __all__ = ["Engine"]
 
 @dataclass(slots=True)
 class _Bucket:
-    buffer: torch.Tensor  # flat; averaged in place
+    buffer: torch.Tensor  # flat; averaged in place, or see `result`
     future: torch.futures.Future[torch.Tensor]
     is_last: bool
+    iteration: int = 0  # how many iterations had been submitted before it
     #: Recorded on the producing stream (CUDA), where a message starts on the side stream.
     ready: DeviceEvent | None = None
+    #: Where the averaged gradient is, if not in ``buffer``: its slice of a fused message, or
+    #: where the algorithm left the sum (`Engine._leave_within`). DDP copies a hook's result
+    #: into the gradients whatever tensor it is, so a copy back into ``buffer`` first would be
+    #: one pass over the bucket more.
+    result: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
@@ -67,6 +73,7 @@ class _Piece:
     first_wait_s: float | None
     sent_bytes: int | None
     early: bool = False  # the backend's callback completes the bucket's future (and sets finished)
+    wait_s: float | None = None  # blocked on peers in all (`Traffic.wait_s`; None: not observable)
     ticket: Ticket | None = None  # NCCL's kernel time, beside the GPU's (`KernelClock`)
     #: On CUDA, every message is timed on the GPU: an event where it can start (its gradient
     #: ready on the stream it starts on) and one where it has ended there, recorded before
@@ -86,6 +93,18 @@ class _Started:
     algorithm: str | None = None  # the one starting or being waited on (for a failure)
     #: A sparse gradient (`Engine._sparse`): its result is the collective's output, a new tensor.
     sparse: bool = False
+
+
+def _at_storage_start(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (flat, contiguous) as a tensor whose storage starts at its first element, sharing
+    its memory. DDP reads a hook's result with ``as_strided`` at each gradient's offset in the
+    bucket, which counts from the storage's start, not the tensor's: a slice of a larger
+    tensor would be read from the wrong place."""
+    if t.storage_offset() == 0:
+        return t
+    start = t.storage_offset() * t.element_size()
+    storage = t.untyped_storage()[start : start + t.numel() * t.element_size()]
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(storage)
 
 
 class Engine:
@@ -194,7 +213,7 @@ class Engine:
         future: torch.futures.Future[torch.Tensor] = (
             torch.futures.Future() if self.gpu is None else self.gpu.future()
         )
-        bucket = _Bucket(buffer, future, is_last)
+        bucket = _Bucket(buffer, future, is_last, self._submitted)
         with self._lock:
             if self._error is not None:
                 self._fail(future, self._error)
@@ -480,15 +499,18 @@ class Engine:
             # An algorithm that copies its input anyway scales it in that copy (`folds_scale`:
             # `shm`), a pass over the bucket fewer; the others' pieces are scaled here.
             scale = 1.0 / self.world_size
-            for piece in self._pieces(started.flat):
+            pieces = self._pieces(started.flat)
+            for piece in pieces:
                 nbytes = piece.numel() * piece.element_size()
                 choice = self.plan.choice(nbytes)
                 started.algorithm = choice.algorithm
                 algo = self.algorithm_for(choice.algorithm)
                 # A third party's `start`, written before ``scale``, is called without it.
-                folded = {"scale": scale} if algo.folds_scale else {}
-                if not folded:
+                options: dict[str, Any] = {"scale": scale} if algo.folds_scale else {}
+                if not options:
                     piece.mul_(scale)
+                if algo.leaves_result and len(pieces) == 1:
+                    options["leave_within"] = self._leave_within(buckets[0])
                 ticket = None
                 if stream is not None and self.clock is not None and algo.asynchronous:
                     ticket = self.clock.expect(nbytes, AUTOTUNE)
@@ -497,12 +519,15 @@ class Engine:
                     self._stamp(marks, stream)  # the side stream has waited for the gradient
                 begin = time.perf_counter()
                 pending = algo.start(
-                    piece, self.group, segment_bytes=choice.segment_bytes, **folded
+                    piece, self.group, segment_bytes=choice.segment_bytes, **options
                 )
                 stopped = self._mark_end(pending, marks) if stream is not None else None
                 traffic = pending.traffic
                 first_wait = traffic.first_wait_s if traffic is not None else None
                 sent = traffic.bytes_sent if traffic is not None else None
+                waited = traffic.wait_s if traffic is not None else None
+                if traffic is not None and traffic.result is not None:
+                    started.flat = traffic.result  # a whole message: `_leave_within`
                 # A Python-driven algorithm on CPU has finished here: its time is its own, not
                 # the wait behind earlier messages. (On CUDA only the stream knows.)
                 done = time.perf_counter() if pending.done and stream is None else None
@@ -515,11 +540,23 @@ class Engine:
                         done,
                         first_wait,
                         sent,
+                        wait_s=waited,
                         ticket=ticket,
                         marks=marks,
                         stopped=stopped,
                     )
                 )
+
+    def _leave_within(self, first: _Bucket) -> int | None:
+        """How many bytes of messages may follow one that starts at bucket ``first`` before
+        its sum must have been taken, where an algorithm leaves it in memory of its own
+        (`AllReduceAlgorithm.leaves_result`): an iteration's, since DDP copies every bucket's
+        result into the gradients at the end of backward, before any rank's next iteration
+        sends anything. None in the first iteration, whose buckets are not all known yet: the
+        same on every rank, as the algorithm's choice of where to sum must be."""
+        if first.iteration == 0:
+            return None
+        return sum(nbytes for nbytes, _ in self.layout)
 
     def _mark_end(
         self, pending: Pending, marks: list[DeviceEvent]
@@ -620,11 +657,11 @@ class Engine:
                     on_gpu.append((piece, self.iteration))
                     continue
                 self._emit(self._record(piece, finished - piece.started, self.iteration))
-            if len(buckets) > 1:
+            if started.flat is not buckets[0].buffer:  # fused, or the sum left elsewhere
                 offset = 0
                 for b in buckets:
                     n = b.buffer.numel()
-                    b.buffer.copy_(started.flat[offset : offset + n])
+                    b.result = _at_storage_start(started.flat[offset : offset + n])
                     offset += n
             early = started.pieces[-1].early if started.pieces else False
             if buckets[-1].is_last:
@@ -657,7 +694,7 @@ class Engine:
             elif not early:
                 # With the comm stream current, a CUDA future records its completion there.
                 for b in buckets:
-                    b.future.set_result(b.buffer)
+                    b.future.set_result(b.buffer if b.result is None else b.result)
                 self._completed_at = time.perf_counter()
             else:
                 self._completed_at = max(self._completed_at, finished)
@@ -691,6 +728,7 @@ class Engine:
             segment_bytes=piece.choice.segment_bytes,
             seconds=seconds,
             first_wait_s=piece.first_wait_s,
+            wait_s=piece.wait_s,
             world_size=self.world_size,
             started=piece.started,
             sent_bytes=piece.sent_bytes,

@@ -54,6 +54,9 @@ class MessageRecord:
     #: NCCL's own kernel time for the message, where its profiler is loaded and it ran one
     #: collective (`autotune.ddp.kernel_clock`); beside ``seconds``, never instead of it.
     kernel_s: float | None = None
+    #: Of ``seconds``, how long this rank was blocked on its peers (receives, barriers); the
+    #: rest is its own work: copies, sums, Python. None where the backend runs it.
+    wait_s: float | None = None
 
     @property
     def busbw_gbps(self) -> float:

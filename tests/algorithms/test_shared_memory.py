@@ -5,6 +5,7 @@ never comes or is gone, nothing left behind.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from datetime import timedelta
@@ -203,3 +204,69 @@ def _scaled(rank: int, world_size: int, name: str) -> bool:
 def test_a_scale_is_bitwise_the_input_scaled_first(name: str, world_size: int) -> None:
     # The hook's 1/N: shm folds it into the copy into its slot, a pass over the bucket fewer.
     assert run_local(_scaled, world_size, name) == [True] * world_size
+
+
+def _left_in_the_window(rank: int, world_size: int) -> dict[str, bool]:
+    shm.MAX_WINDOW_BYTES = shm.MIN_WINDOW_BYTES  # slots of 256 KiB: a result area of 1 MiB
+    algo = get_algorithm("shm")
+    group = p2p_group()
+
+    def message(numel: int, seed: int, on: int) -> torch.Tensor:
+        # Integers: every order of summing gives the same float32 sum.
+        return (torch.arange(numel) % 97 + on * 10 + seed).float()
+
+    def total(numel: int, seed: int) -> torch.Tensor:
+        return sum((message(numel, seed, r) for r in range(world_size)), torch.zeros(numel))
+
+    area_bytes = shm.RESULT_SLOTS * shm.MIN_WINDOW_BYTES
+    out: dict[str, bool] = {}
+    # An iteration of three messages (12,000 bytes, under half the area): each sum is left in
+    # the window, the inputs untouched, and none overwrites another.
+    inputs = [message(1000, seed, rank) for seed in range(3)]
+    results = []
+    for seed, x in enumerate(inputs):
+        pending = algo.start(x, group, leave_within=12_000)
+        assert pending.traffic is not None
+        results.append(pending.traffic.result)
+        out[f"input {seed} untouched"] = torch.equal(x, message(1000, seed, rank))
+    out["every sum left"] = all(r is not None for r in results)
+    out["every sum exact"] = all(
+        r is not None and torch.equal(r, total(1000, seed)) for seed, r in enumerate(results)
+    )
+    ptrs = sorted(r.data_ptr() for r in results if r is not None)
+    out["apart"] = all(b - a >= 4000 for a, b in itertools.pairwise(ptrs))
+    # A scale is folded as in place: bitwise the input scaled first.
+    x = message(1000, 7, rank)
+    pending = algo.start(x, group, scale=1 / 3, leave_within=12_000)
+    assert pending.traffic is not None and pending.traffic.result is not None
+    first = message(1000, 7, rank).mul_(1 / 3)
+    algo.all_reduce(first)
+    out["scaled bitwise"] = torch.equal(pending.traffic.result, first)
+    # Where twice the caller's bytes would not fit in the area, or the message itself would
+    # not (a message of 1.2 MB goes through the window in turns), the sum is in the input.
+    for name, numel, within in [("half", 1000, area_bytes), ("large", 300_000, 1_200_000)]:
+        x = message(numel, 9, rank)
+        pending = algo.start(x, group, leave_within=within)
+        assert pending.traffic is not None
+        out[f"{name}: in place"] = pending.traffic.result is None and torch.equal(
+            x, total(numel, 9)
+        )
+    # Messages go on taking the area in turn, and come back to its start where one would not
+    # fit at its end.
+    window = shm._window(Comm(group, dist.get_rank(group), world_size, "gloo", "shm", None))
+    start = window.results(world_size, torch.float32).data_ptr()
+    seen = set()
+    for seed in range(12):  # 12 x 100 KB: past the 1 MiB area's end
+        pending = algo.start(message(25_000, seed, rank), group, leave_within=100_000)
+        assert pending.traffic is not None and pending.traffic.result is not None
+        seen.add(pending.traffic.result.data_ptr() - start)
+        out[f"exact {seed}"] = torch.equal(pending.traffic.result, total(25_000, seed))
+    out["came round"] = 0 in seen and max(seen) + 100_000 <= area_bytes
+    return out
+
+
+def test_a_sum_is_left_in_the_window_for_a_caller_that_takes_it_there() -> None:
+    # DDP copies a hook's result into the gradients: taken from the window, it saves shm's
+    # copy of the whole result into the bucket (`Comm.leave_within`).
+    for got in run_local(_left_in_the_window, 3):
+        assert got == dict.fromkeys(got, True), got

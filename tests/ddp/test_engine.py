@@ -34,7 +34,9 @@ class Recording(AllReduceAlgorithm):
         self.fail_at = fail_at
         self.messages: list[int] = []  # bytes of each message, in order
 
-    def start(self, tensor, group=None, *, segment_bytes=None, scale=None) -> Pending:  # type: ignore[no-untyped-def]
+    def start(  # type: ignore[no-untyped-def]
+        self, tensor, group=None, *, segment_bytes=None, scale=None, leave_within=None
+    ) -> Pending:
         if self.fail_at is not None and len(self.messages) == self.fail_at:
             raise PeerError(
                 "recording all-reduce: receive from rank 3 did not finish within 0:00:01"
@@ -97,6 +99,10 @@ def test_fusion_and_splitting(fusion_bytes: int, sizes: list[int], messages: lis
     for original, value in results:
         assert value.shape == original.shape
         torch.testing.assert_close(value, original)
+        # DDP reads a result with as_strided from its storage's start: a fused bucket's
+        # slice of the message must start its own storage.
+        assert value.storage_offset() == 0
+        torch.testing.assert_close(value.as_strided(value.shape, (1,), 0), original)
 
 
 def test_every_message_is_recorded() -> None:
@@ -193,7 +199,9 @@ def test_submit_returns_before_the_message_runs() -> None:
     gate = threading.Event()
 
     class Slow(Recording):
-        def start(self, tensor, group=None, *, segment_bytes=None, scale=None) -> Pending:  # type: ignore[no-untyped-def]
+        def start(  # type: ignore[no-untyped-def]
+            self, tensor, group=None, *, segment_bytes=None, scale=None, leave_within=None
+        ) -> Pending:
             gate.wait(10)
             return super().start(tensor)
 
@@ -224,7 +232,9 @@ class Threaded(Recording):
         self.gate = gate
         self.threads: list[str] = []
 
-    def start(self, tensor, group=None, *, segment_bytes=None, scale=None) -> Pending:  # type: ignore[no-untyped-def]
+    def start(  # type: ignore[no-untyped-def]
+        self, tensor, group=None, *, segment_bytes=None, scale=None, leave_within=None
+    ) -> Pending:
         assert self.gate.wait(10)
         self.threads.append(threading.current_thread().name)
         self.order.append(f"{self.name}:{tensor.numel()}")

@@ -234,16 +234,20 @@ def test_backward_overlaps_communication() -> None:
 
 @pytest.mark.distributed
 def test_every_message_is_recorded_and_summarized() -> None:
-    per_rank = run_local(records, 3, ["native", "ring"])
-    for algorithm in ("native", "ring"):
+    per_rank = run_local(records, 3, ["native", "ring", "shm"])
+    for algorithm in ("native", "ring", "shm"):
         recs, stats, plan, hook_times = per_rank[0][algorithm]
         assert len(recs) >= 6 * 2
         assert {r.iteration for r in recs} == set(range(6))
         for r in recs:
             assert r.algorithm == algorithm and r.world_size == 3
             assert r.size_class == size_class(r.nbytes) and r.seconds > 0
-            # Time waiting for the first peer: observable on our P2P path, not inside gloo's.
+            # Time waiting for the first peer, and on peers in all: observable on autotune's
+            # paths (receives, shm's barriers), not inside gloo's.
             assert (r.first_wait_s is None) == (algorithm == "native")
+            assert (r.wait_s is None) == (algorithm == "native")
+            if r.wait_s is not None and r.first_wait_s is not None:
+                assert 0 <= r.first_wait_s <= r.wait_s <= r.seconds
         assert sum(s.count for s in stats.values()) == len(recs)
         assert sum(s.bytes for s in stats.values()) == sum(r.nbytes for r in recs)
         assert {cls for cls, _ in stats} == set(plan)
