@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 BASE := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint pytest demo bench clean
+.PHONY: venv test lint pytest demo bench bench-all clean
 
 venv: $(STAMP)
 
@@ -50,7 +50,14 @@ pytest: $(STAMP)
 demo: $(BASE)
 	$(PY) examples/train_ddp.py --world-size 4 --steps 600 --metrics-port 0
 
+# The step-gain guard (benchmarks/guard.py, about 15 minutes): run it before finishing a change
+# to the engine, the tuner, the algorithms or the hook; RECORD=1 makes its figures the record
+# (benchmarks/baseline.json). `make bench-all` runs every benchmark behind docs/BENCHMARKS.md.
+RECORD ?=
 bench: $(STAMP)
+	$(PY) benchmarks/guard.py $(if $(RECORD),--record)
+
+bench-all: $(STAMP)
 	$(PY) benchmarks/allreduce_busbw.py --world-sizes 2,4 --sizes 64K,1M,16M --iters 50 --markdown
 	$(PY) benchmarks/hook_overhead.py --world-size 4 --steps 200
 	$(PY) benchmarks/unhook_cost.py --world-size 4 --steps 300

@@ -204,15 +204,24 @@ def communication(s: Sdk) -> Any:
     )
     d = d.with_row(s.row("Overlap and stragglers"))
     exposed = "autotune_exposed_communication_seconds"
+    blocked = "autotune_peer_wait_seconds"
     d = d.with_panel(
         s.timeseries_panel(
             "Exposed communication per iteration",
             "From backward's last bucket to its last message done: the communication backward "
-            "did not hide, per rank (p50 and p90).",
+            "did not hide, per rank (p50 and p90); and the mean time a message kept the rank "
+            "blocked on its peers. Exposed time that is mostly blocked is the ranks' skew "
+            "(a slower rank's backward), not the all-reduce's own work.",
             "s",
             [
                 s.query(_quantile(0.5, exposed, "rank"), "rank {{rank}} p50"),
                 s.query(_quantile(0.9, exposed, "rank"), "rank {{rank}} p90", ref="B"),
+                s.query(
+                    f"sum by (rank) (rate({blocked}_sum{{{_SEL}}}{_RATE})) / "
+                    f"sum by (rank) (rate({blocked}_count{{{_SEL}}}{_RATE}))",
+                    "rank {{rank}} blocked on peers, per message",
+                    ref="C",
+                ),
             ],
             width=8,
         )

@@ -97,6 +97,7 @@ class HookMetrics(Collector):
         self.labels = dict(labels)
         self._messages: dict[tuple[int, str], _Messages] = {}
         self._first_wait = _Histogram()
+        self._peer_wait = _Histogram()
         self._exposed = _Histogram()
         self._lock = threading.Lock()
         engine.subscribe(self.record)
@@ -120,6 +121,8 @@ class HookMetrics(Collector):
             m.busbw.append(r.busbw_gbps * 1e9)
             if r.first_wait_s is not None:
                 self._first_wait.observe(r.first_wait_s)
+            if r.wait_s is not None:
+                self._peer_wait.observe(r.wait_s)
 
     def collect(self) -> Iterator[Metric]:
         names, values = list(self.labels), list(self.labels.values())
@@ -152,6 +155,7 @@ class HookMetrics(Collector):
                 sent.add_metric(key, m.sent_bytes)
                 busbw.add_metric(key, statistics.median(m.busbw))
             first_wait = (self._first_wait.buckets(), self._first_wait.total)
+            peer_wait = (self._peer_wait.buckets(), self._peer_wait.total)
             exposed = (self._exposed.buckets(), self._exposed.total)
         yield from (latency, nbytes, sent, busbw)
         wait = HistogramMetricFamily(
@@ -161,6 +165,14 @@ class HookMetrics(Collector):
         )
         wait.add_metric(values, *first_wait)
         yield wait
+        blocked = HistogramMetricFamily(
+            "autotune_peer_wait_seconds",
+            "Time a message kept this rank blocked on its peers in all (receives, barriers); "
+            "the rest of its time is its own copies and sums. Not observable for native.",
+            labels=names,
+        )
+        blocked.add_metric(values, *peer_wait)
+        yield blocked
         hidden = HistogramMetricFamily(
             "autotune_exposed_communication_seconds",
             "Per iteration, communication not hidden by backward: from its last bucket to its "

@@ -154,7 +154,9 @@ class StandInEngine:
 
 
 def record(seconds: float, nbytes: int = 3000, algorithm: str = "ring") -> MessageRecord:
-    return MessageRecord(0, 4096, nbytes, algorithm, None, seconds, 0.002, 4, 0.0, 4500)
+    return MessageRecord(
+        0, 4096, nbytes, algorithm, None, seconds, 0.002, 4, 0.0, 4500, wait_s=seconds / 2
+    )
 
 
 def test_hook_series() -> None:
@@ -180,6 +182,9 @@ def test_hook_series() -> None:
     )
     rank = {"rank": "1", "local_rank": "1"}
     assert r.get_sample_value("autotune_first_peer_wait_seconds_count", rank) == 4
+    # Blocked on peers in all, per message: half of each message's time here.
+    assert r.get_sample_value("autotune_peer_wait_seconds_count", rank) == 4
+    assert r.get_sample_value("autotune_peer_wait_seconds_sum", rank) == pytest.approx(0.10385)
     assert r.get_sample_value("autotune_exposed_communication_seconds_sum", rank) == 0.012
     plan = {**rank, "size_class": "4096", "algorithm": "ring", "segment_bytes": "1048576"}
     assert r.get_sample_value("autotune_plan_info", plan) == 1
@@ -203,6 +208,7 @@ def test_a_real_runs_exposition_passes_promtool(storage: str) -> None:
             "autotune_allreduce_latency_seconds_bucket",
             "autotune_allreduce_busbw_bytes_per_second",
             "autotune_first_peer_wait_seconds_bucket",
+            "autotune_peer_wait_seconds_bucket",
             "autotune_exposed_communication_seconds_bucket",
             "autotune_plan_info",
             "autotune_tuner_state",

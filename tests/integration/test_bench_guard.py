@@ -1,0 +1,150 @@
+"""`make bench`'s guard (benchmarks/guard.py) and step_gain's breakdown: the record it compares
+with is whole and is what docs/BENCHMARKS.md says, a ratio is flagged where it should be and only
+there, and a breakdown takes the slowest rank's step apart. No timing is asserted: the guard
+times; these check its arithmetic and its record."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import guard
+import step_gain
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def recorded(autotune: float, low: float, high: float, noop: float = 0.8) -> dict[str, Any]:
+    return {
+        "autotune": autotune,
+        "low": low,
+        "high": high,
+        "noop": noop,
+        "plain_ms": 100.0,
+        "headroom_taken": guard.taken(autotune, noop),
+        "kept": "the baseline",
+        "pairs": 80,
+        "locked_at": 300,
+    }
+
+
+def test_the_record_is_whole_and_docs_benchmarks_shows_it() -> None:
+    record = json.loads(guard.BASELINE.read_text())
+    assert record["commit"] and record["date"] and record["command"]
+    assert record["world_size"] == guard.WORLD_SIZE
+    assert {"cpu", "cores", "torch", "python"} <= set(record["machine"])
+    assert set(record["models"]) == set(guard.MODELS)
+    docs = (ROOT / "docs" / "BENCHMARKS.md").read_text()
+    # The step-gain table of docs/BENCHMARKS.md is the record's, at its commit.
+    assert f"`make bench` at {record['commit']}" in docs
+    for model, f in record["models"].items():
+        assert f["low"] <= f["autotune"] <= f["high"]
+        assert f["headroom_taken"] == pytest.approx(guard.taken(f["autotune"], f["noop"]), abs=1e-3)
+        cell = f"**{f['autotune']:.3f}** ({f['low']:.3f}-{f['high']:.3f})"
+        row = next((line for line in docs.splitlines() if line.startswith(f"| {model} | ")), "")
+        assert cell in row, f"docs/BENCHMARKS.md's {model} row is not the record's {cell}"
+
+
+def test_a_ratio_is_flagged_beyond_the_recorded_interval_or_above_plain_ddp() -> None:
+    before = recorded(0.91, 0.90, 0.92)
+    assert guard.verdict(recorded(0.92, 0.91, 0.93), before) is None  # at the upper end
+    assert guard.verdict(recorded(0.85, 0.84, 0.86), before) is None  # better
+    worse = guard.verdict(recorded(0.95, 0.93, 0.97), before)
+    assert worse is not None and "0.950 above its interval's upper end 0.920" in worse
+    # Slower than plain DDP beyond noise, with or without a record.
+    slower = guard.verdict(recorded(1.03, 1.01, 1.05), None)
+    assert slower is not None and "slower than plain DDP" in slower
+    assert guard.verdict(recorded(1.003, 0.99, 1.01), None) is None  # noise around 1
+    both = guard.verdict(recorded(1.03, 1.01, 1.05), before)
+    assert both is not None and "worse than recorded" in both and "slower" in both
+
+
+def test_headroom_taken_is_the_share_of_noop_hooks_gain() -> None:
+    assert guard.taken(0.9, 0.8) == pytest.approx(0.5)
+    assert guard.taken(0.8, 0.8) == pytest.approx(1.0)
+    assert guard.taken(1.0, 0.8) == pytest.approx(0.0)
+    assert math.isnan(guard.taken(0.95, 1.0))
+
+
+def test_the_table_puts_the_record_beside_each_ratio() -> None:
+    now = {"mlp": recorded(0.70, 0.69, 0.71, noop=0.4), "convnet": recorded(1.0, 0.99, 1.01)}
+    record = {"commit": "abc1234", "models": {"mlp": recorded(0.66, 0.65, 0.67, noop=0.4)}}
+    lines = guard.table(now, record).splitlines()
+    assert "recorded (at abc1234)" in lines[0]
+    mlp = next(line for line in lines if line.startswith("| mlp |"))
+    assert "**0.700** (0.690-0.710)" in mlp and "0.660 (0.650-0.670)" in mlp
+    assert "50%" in mlp and "worse than recorded" in mlp
+    convnet = next(line for line in lines if line.startswith("| convnet |"))
+    assert convnet.endswith("| - | ok |")  # nothing recorded for it
+
+
+def part(step: float, exposed: float, hook: float, messages: list[Any]) -> dict[str, Any]:
+    return {"step": step, "exposed": exposed, "hook": hook, "messages": messages}
+
+
+def test_a_breakdown_takes_the_slowest_ranks_step_apart() -> None:
+    shm, native = (16 << 20, "shm"), (2 << 20, "native")
+    rank0 = [
+        part(0.100, 0.010, 0.001, [(*native, 0.004, None), (*shm, 0.020, 0.005)]),
+        part(0.090, 0.008, 0.001, [(*native, 0.003, None), (*shm, 0.018, 0.004)]),
+        part(0.110, 0.012, 0.002, [(*native, 0.005, None), (*shm, 0.022, 0.006)]),
+    ]
+    rank1 = [  # slower at the second step only
+        part(0.095, 0.020, 0.003, [(*native, 0.004, None), (*shm, 0.019, 0.009)]),
+        part(0.120, 0.030, 0.003, [(*native, 0.006, None), (*shm, 0.030, 0.020)]),
+        part(0.105, 0.020, 0.003, [(*native, 0.004, None), (*shm, 0.020, 0.010)]),
+    ]
+    noop = [0.080, 0.080, 0.090]
+    b = step_gain.breakdown([rank0, rank1], noop)
+    assert b["hooked"]
+    # The slowest rank per step: rank 0, rank 1, rank 0.
+    assert b["step_ms"] == pytest.approx(110.0)  # median of 100, 120, 110
+    assert b["exposed_ms"] == pytest.approx(12.0)  # of 10, 30, 12
+    assert b["hook_ms"] == pytest.approx(2.0)  # of 1, 3, 2
+    # Step less exposed, over noop's: 10, 10, 8.
+    assert b["backward_over_noop_ms"] == pytest.approx(10.0)
+    by = {(m["class"], m["algorithm"]): m for m in b["messages"]}
+    assert by[shm]["ms"] == pytest.approx(22.0) and by[shm]["waiting_ms"] == pytest.approx(6.0)
+    assert by[shm]["per_step"] == 1
+    assert by[native]["ms"] == pytest.approx(5.0) and by[native]["waiting_ms"] is None
+
+
+def test_a_step_without_the_hook_has_nothing_to_take_apart() -> None:
+    assert step_gain.breakdown([None, None], [0.1]) == {"hooked": False}
+    rows = [
+        {"model": "convnet", "world_size": 4, "plain_ms": 230.0, "breakdown": {"hooked": False}},
+        {
+            "model": "mlp",
+            "world_size": 4,
+            "plain_ms": 34.0,
+            "breakdown": {
+                "hooked": True,
+                "plain_ms": 34.0,
+                "noop_ms": 14.0,
+                "step_ms": 22.0,
+                "backward_over_noop_ms": 3.0,
+                "hook_ms": 0.5,
+                "exposed_ms": 5.0,
+                "messages": [
+                    {
+                        "class": 4 << 20,
+                        "algorithm": "shm",
+                        "per_step": 1.0,
+                        "ms": 6.0,
+                        "waiting_ms": 1.5,
+                    }
+                ],
+            },
+        },
+    ]
+    table = step_gain.breakdown_markdown(rows).splitlines()
+    assert "unhooked" in table[2]
+    assert table[3] == (
+        "| mlp | 4 | 34.0 | 14.0 | 22.0 | 60% | 3.0 (0.5) | 5.0 | 1 x 4 MiB `shm` 6.0 (1.5) |"
+    )
