@@ -4,7 +4,9 @@
 
 Three models with different gradient shapes: the example's MLP (one ~3 MiB bucket after DDP's
 rebuild at 1 MiB buckets), a 4-layer transformer encoder (d=256, ~12 MiB of gradients in DDP's
-default 25 MiB buckets) and a small convolutional net (~1.5 MiB, many small tensors). For each
+default 25 MiB buckets) and a small convolutional net (~1.5 MiB, many small tensors); and two
+shapes held out from tuning any change (``--models lstm,thin``: a recurrent language model and a
+many-thin-layer MLP), to check a change keeps what they gain. For each
 model and world size, three runs on spawned CPU ranks (gloo, 127.0.0.1), one intra-op thread per
 rank as torchrun sets (``--threads`` to change it):
 
@@ -74,6 +76,10 @@ from gpu_models import gpt2, resnet50
 from train_ddp import build_model, rank_device
 
 MODELS = ("mlp", "transformer", "convnet")
+#: Shapes no change was tuned against, to check a change keeps what they gain: a recurrent
+#: language model (embedding, 2-layer LSTM, decoder; ~12 MB of gradients) and a many-thin-layer
+#: MLP (48 layers of width 128; ~3 MB in many small tensors).
+HELD_OUT = ("lstm", "thin")
 #: Sized for a GPU (benchmarks/gpu_models.py): GPT-2 small in bf16 (4 sequences of 512 tokens a
 #: rank), ResNet-50 in fp32 (32 images of 224 x 224 a rank).
 GPU_MODELS = ("gpt2", "resnet50")
@@ -96,6 +102,21 @@ def model_and_batch(
         return x.to(device), y.to(device)
 
     return model.to(device), moved
+
+
+class _LanguageModel(torch.nn.Module):
+    """Embedding, a 2-layer LSTM and a decoder: each position's next-token logits, flat."""
+
+    def __init__(self, vocabulary: int, width: int) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocabulary, width)
+        self.lstm = torch.nn.LSTM(width, width, num_layers=2, batch_first=True)
+        self.decode = torch.nn.Linear(width, vocabulary)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        hidden, _ = self.lstm(self.embed(tokens))
+        logits: torch.Tensor = self.decode(hidden)
+        return logits.flatten(0, 1)
 
 
 def _model_and_batch(name: str, seed: int) -> tuple[torch.nn.Module, Any]:
@@ -130,6 +151,21 @@ def _model_and_batch(name: str, seed: int) -> tuple[torch.nn.Module, Any]:
             return torch.randn(16, 3, 32, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
 
         return model, batch
+    if name == "lstm":
+        model = _LanguageModel(vocabulary=4000, width=256)
+
+        def batch(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+            tokens = torch.randint(0, 4000, (8, 33), generator=g)
+            return tokens[:, :-1], tokens[:, 1:].flatten()  # each position's next token
+
+        return model, batch
+    if name == "thin":
+        model = build_model(128, 48)
+
+        def batch(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.randn(64, 64, generator=g), torch.randint(0, 10, (64,), generator=g)
+
+        return model, batch
     if name == "gpt2":
         model = gpt2()
         vocabulary = model.wte.num_embeddings
@@ -153,7 +189,8 @@ def _model_and_batch(name: str, seed: int) -> tuple[torch.nn.Module, Any]:
             return pool[i], torch.randint(0, 1000, (32,), generator=g)
 
         return model, batch
-    raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS + GPU_MODELS)}")
+    known = ", ".join(MODELS + HELD_OUT + GPU_MODELS)
+    raise ValueError(f"unknown model {name!r}; choose from {known}")
 
 
 def _step(ddp: torch.nn.Module, opt: torch.optim.Optimizer, x: Any, y: Any) -> float:
@@ -553,7 +590,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--models",
         default=",".join(MODELS),
-        help=f"of {', '.join(MODELS + GPU_MODELS)}; the last {len(GPU_MODELS)} are sized for a GPU",
+        help=f"of {', '.join(MODELS + HELD_OUT + GPU_MODELS)}: {', '.join(HELD_OUT)} are held "
+        f"out (no change tuned against them), {', '.join(GPU_MODELS)} sized for a GPU",
     )
     p.add_argument(
         "--tune-steps", type=int, default=1000, help="run 1 and run 2, at most (see AFTER_DECIDED)"

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import guard
@@ -147,4 +148,20 @@ def test_a_step_without_the_hook_has_nothing_to_take_apart() -> None:
     assert "unhooked" in table[2]
     assert table[3] == (
         "| mlp | 4 | 34.0 | 14.0 | 22.0 | 60% | 3.0 (0.5) | 5.0 | 1 x 4 MiB `shm` 6.0 (1.5) |"
+    )
+
+
+@pytest.mark.parametrize(("name", "megabytes"), [("lstm", 12.4), ("thin", 3.1)])
+def test_the_held_out_models_take_a_step(name: str, megabytes: float) -> None:
+    # The shapes no change is tuned against (step_gain.HELD_OUT): their batches fit their
+    # models, a step's loss is finite, and their gradients are the sizes docs/BENCHMARKS.md says.
+    model, batch = step_gain._model_and_batch(name, 0)
+    x, y = batch(torch.Generator().manual_seed(0))
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    assert torch.isfinite(loss)
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None for g in grads)
+    assert sum(g.numel() * 4 for g in grads if g is not None) / 1e6 == pytest.approx(
+        megabytes, abs=0.05
     )
