@@ -236,6 +236,15 @@ class AllReduceAlgorithm(abc.ABC):
             return Pending()
         return self._start(buf, comm, max(1, self.default_segment_bytes // buf.element_size()))
 
+    def stage(
+        self, group: ProcessGroup | None, nbytes: int, dtype: torch.dtype, leave_within: int
+    ) -> torch.Tensor | None:
+        """Memory of the algorithm's own that a caller may write the next message into (scaled
+        already), then `start` on it with ``leave_within`` and no ``scale``: the algorithm's
+        copy of its input is skipped. None (the default): write it anywhere. Called where every
+        rank calls it, for the same messages: it may be collective."""
+        return None
+
     def _start(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> Pending:
         """Begin reducing ``buf``; by default run `_run` to the end, return a finished Pending.
 

@@ -123,6 +123,24 @@ class SharedMemoryAllReduce(AllReduceAlgorithm):
         rank, size = dist.get_rank(group), dist.get_world_size(group)
         return _probe(Comm(group, rank, size, "gloo", cls.name, timeout))
 
+    def stage(
+        self, group: ProcessGroup | None, nbytes: int, dtype: torch.dtype, leave_within: int
+    ) -> torch.Tensor | None:
+        """This rank's slot, for a message of ``nbytes`` the caller takes the sum of from the
+        window (``leave_within``, as `start`'s) and that goes through in one turn, at N > 2: the
+        caller writes its input there, scaled, and `start`s on it, and `_put`'s copy is skipped.
+        The slot is free: every rank had summed from it before the last message's second barrier.
+        Collective where it makes the window (every rank stages the same messages)."""
+        comm = self.connect(group, torch.device("cpu"))
+        if comm.size <= 2:
+            return None
+        window = _window(comm)
+        elements = nbytes // torch.tensor([], dtype=dtype).element_size()
+        slot = window.view(dtype)[comm.rank]
+        if elements > slot.numel() or not _leaves(window, comm.size, nbytes, leave_within):
+            return None
+        return slot[:elements]
+
     def _run(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> None:
         window = _window(comm)
         regions = window.view(buf.dtype)
@@ -159,11 +177,7 @@ class SharedMemoryAllReduce(AllReduceAlgorithm):
         area = window.results(comm.size, buf.dtype)
         nbytes = buf.numel() * buf.element_size()
         area_bytes = area.numel() * area.element_size()
-        leave = (
-            comm.leave_within is not None
-            and nbytes <= area_bytes
-            and 2 * comm.leave_within <= area_bytes
-        )
+        leave = _leaves(window, comm.size, nbytes, comm.leave_within)
         taken = nbytes if leave else min(nbytes, step * buf.element_size())
         at = window.take(taken, area_bytes) // buf.element_size()
         result = area[at : at + taken // buf.element_size()]
@@ -185,10 +199,19 @@ class SharedMemoryAllReduce(AllReduceAlgorithm):
             comm.traffic.result = result
 
 
+def _leaves(window: _Window, size: int, nbytes: int, leave_within: int | None) -> bool:
+    """Whether a message of ``nbytes`` on a window of ``size`` > 2 ranks leaves its sum in the
+    result area, for a caller that takes it there within ``leave_within`` bytes of messages."""
+    area_bytes = window.base.numel() - size * window.slot_bytes
+    return leave_within is not None and nbytes <= area_bytes and 2 * leave_within <= area_bytes
+
+
 def _put(slot: torch.Tensor, part: torch.Tensor, comm: Comm, window: _Window) -> None:
     """Write this rank's ``part`` (times ``comm.scale``) to its ``slot``; return once every rank
     has written its own."""
-    if comm.scale is None:
+    if slot.data_ptr() == part.data_ptr():
+        pass  # the caller wrote it there (`SharedMemoryAllReduce.stage`)
+    elif comm.scale is None:
         slot.copy_(part)
     else:
         torch.mul(part, comm.scale, out=slot)

@@ -491,7 +491,8 @@ class Engine:
                 for b in buckets:
                     if b.ready is not None:  # recorded on the stream that produced it (CUDA)
                         stream.wait_event(b.ready)
-            if len(buckets) > 1:
+            staged = len(buckets) > 1 and self._stage(started)
+            if len(buckets) > 1 and not staged:
                 started.flat = torch.cat([b.buffer for b in buckets])
             # Average: scale first, as DDP does without a hook, since the sum of N fp16 gradients
             # can overflow where their mean cannot; and by the reciprocal, as DDP does, so that
@@ -507,7 +508,9 @@ class Engine:
                 algo = self.algorithm_for(choice.algorithm)
                 # A third party's `start`, written before ``scale``, is called without it.
                 options: dict[str, Any] = {"scale": scale} if algo.folds_scale else {}
-                if not options:
+                if staged:  # scaled as it was gathered (`_stage`)
+                    options = {}
+                elif not options:
                     piece.mul_(scale)
                 if algo.leaves_result and len(pieces) == 1:
                     options["leave_within"] = self._leave_within(buckets[0])
@@ -546,6 +549,31 @@ class Engine:
                         stopped=stopped,
                     )
                 )
+
+    def _stage(self, started: _Started) -> bool:
+        """Gather a fused message's buckets, scaled, straight into the memory its algorithm
+        would copy it into (`AllReduceAlgorithm.stage`: `shm`'s slot), where it leaves the sum
+        for the buckets to take (`_leave_within`): one pass over the buckets where a
+        concatenation and the algorithm's copy of it were two. True where it did."""
+        buckets = started.buckets
+        element_size = buckets[0].buffer.element_size()
+        nbytes = sum(b.nbytes for b in buckets)
+        within = self._leave_within(buckets[0])
+        if within is None or len(self._piece_sizes(nbytes, element_size)) > 1:
+            return False
+        algo = self.algorithm_for(self.plan.choice(nbytes).algorithm)
+        if not algo.leaves_result:
+            return False
+        flat = algo.stage(self.group, nbytes, buckets[0].buffer.dtype, within)
+        if flat is None:
+            return False
+        offset, scale = 0, 1.0 / self.world_size
+        for b in buckets:
+            n = b.buffer.numel()
+            torch.mul(b.buffer, scale, out=flat[offset : offset + n])
+            offset += n
+        started.flat = flat
+        return True
 
     def _leave_within(self, first: _Bucket) -> int | None:
         """How many bytes of messages may follow one that starts at bucket ``first`` before

@@ -270,3 +270,39 @@ def test_a_sum_is_left_in_the_window_for_a_caller_that_takes_it_there() -> None:
     # copy of the whole result into the bucket (`Comm.leave_within`).
     for got in run_local(_left_in_the_window, 3):
         assert got == dict.fromkeys(got, True), got
+
+
+def _staged(rank: int, world_size: int) -> dict[str, bool]:
+    shm.MAX_WINDOW_BYTES = shm.MIN_WINDOW_BYTES  # slots of 256 KiB, a result area of 1 MiB
+    algo = get_algorithm("shm")
+    group = p2p_group()
+    out: dict[str, bool] = {}
+    parts = [(torch.arange(n) % 50 + rank).float() for n in (100, 900)]  # two "buckets"
+    slot = algo.stage(group, 4000, torch.float32, leave_within=8000)
+    out["a slot"] = slot is not None and slot.numel() == 1000
+    assert slot is not None
+    slot[:100], slot[100:] = parts[0] / 4, parts[1] / 4  # gathered, scaled, by the caller
+    pending = algo.start(slot, group, leave_within=8000)
+    assert pending.traffic is not None and pending.traffic.result is not None
+    expected = sum(
+        (torch.cat([torch.arange(n) % 50 + r for n in (100, 900)]).float() / 4 for r in range(3)),
+        torch.zeros(1000),
+    )
+    out["exact"] = torch.equal(pending.traffic.result, expected)
+    # No slot where the sum would not be left, or the message would not fit one turn.
+    out["none past half the area"] = algo.stage(group, 4000, torch.float32, 1 << 20) is None
+    out["none past a slot"] = algo.stage(group, 1 << 20, torch.float32, 1 << 20) is None
+    return out
+
+
+def test_a_caller_may_gather_its_message_straight_into_its_slot() -> None:
+    # The engine gathers a fused message's buckets, scaled, into the slot shm would copy it
+    # into: one pass where a concatenation and shm's copy of it were two.
+    for got in run_local(_staged, 3):
+        assert got == dict.fromkeys(got, True), got
+    assert run_local(_stage_of_two, 2) == [True, True]
+
+
+def _stage_of_two(rank: int, world_size: int) -> bool:
+    # Of 2 ranks the sum goes into the input (both sum it whole): nothing to stage.
+    return get_algorithm("shm").stage(p2p_group(), 4000, torch.float32, 8000) is None
