@@ -14,9 +14,11 @@ autotune step goes (`step_gain.py --breakdown`).
 
 A ratio is flagged where its median is above the recorded interval's upper end (worse than the
 record beyond its noise), or its whole interval is above 1 (slower than plain DDP); the guard
-then exits 1. The record is `benchmarks/baseline.json`: the figures, the commit (and whether the
-tree had changes), the machine, the date and the command. A record from another machine is
-compared all the same, with a warning: ratios move with the cores and memory a machine has.
+then exits 1, as where a model's ranks failed (the other models still run). The record is
+`benchmarks/baseline.json`, written only where every model was measured: the figures, the
+commit (and whether the tree had changes), the machine, the date and the command. A record
+from another machine is compared all the same, with a warning: ratios move with the cores and
+memory a machine has.
 
 It is a benchmark, not a test: it times, so CI does not run it. docs/BENCHMARKS.md's step-gain
 table is the record's (tests/benchmarks/test_baseline.py checks they agree).
@@ -41,6 +43,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import step_gain
+
+from autotune.comm.launch import RankFailure
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = Path(__file__).resolve().parent / "baseline.json"
@@ -167,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         "--breakdown",
     ]
     options = step_gain.parser().parse_args(command)
-    rows, now = [], {}
+    rows, now, failed = [], {}, []
     began = time.perf_counter()
     for model in args.models.split(","):
         start = time.perf_counter()
@@ -175,7 +179,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{model} x{WORLD_SIZE}: tuning, restarting, then paired against plain DDP ...",
             flush=True,
         )
-        row = step_gain.cell(model, WORLD_SIZE, options)
+        try:
+            row = step_gain.cell(model, WORLD_SIZE, options)
+        except RankFailure as exc:  # the next model still runs; nothing is recorded
+            failed.append(model)
+            print(f"{model} x{WORLD_SIZE}: failed: {exc}", flush=True)
+            continue
         rows.append(row)
         now[model] = figures(row)
         f = now[model]
@@ -193,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     print(step_gain.breakdown_markdown(rows))
     print(f"\n{len(rows)} models in {(time.perf_counter() - began) / 60:.1f} minutes")
     flagged = [m for m, f in now.items() if verdict(f, (record or {}).get("models", {}).get(m))]
+    if failed:
+        print(f"failed: {', '.join(failed)} (above)")
+    if args.record and (failed or set(now) != set(MODELS)):
+        print(f"not recorded: a record holds every model ({', '.join(MODELS)}), each measured")
+        return 1
     if args.record:
         written = {
             **commit(),
@@ -209,8 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if flagged:
         print(f"flagged: {', '.join(flagged)} (see the table)")
-        return 1
-    return 0
+    return 1 if flagged or failed else 0
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import guard
 import step_gain
+
+from autotune.comm.launch import RankFailure, RankResult
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -165,3 +169,67 @@ def test_the_held_out_models_take_a_step(name: str, megabytes: float) -> None:
     assert sum(g.numel() * 4 for g in grads if g is not None) / 1e6 == pytest.approx(
         megabytes, abs=0.05
     )
+
+
+def row(model: str, autotune: float) -> dict[str, Any]:
+    """What step_gain.cell returns, as far as the guard reads it."""
+    ratio = {"median": autotune, "low": autotune - 0.01, "high": autotune + 0.01, "n": 80}
+    return {
+        "model": model,
+        "world_size": 4,
+        "plain_ms": 100.0,
+        "noop": {"median": 0.8, "low": 0.79, "high": 0.81, "n": 80},
+        "autotune": ratio,
+        "restart_plan": "the plan",
+        "locked_at": 300,
+        "breakdown": None,
+    }
+
+
+def run_guard(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ratios: Mapping[str, float | None], *args: str
+) -> tuple[int, Path]:
+    """guard.main on ranks played by ``ratios`` (None: that model's ranks fail)."""
+
+    def cell(model: str, world_size: int, options: Any) -> dict[str, Any]:
+        ratio = ratios[model]
+        if ratio is None:
+            raise RankFailure([RankResult(1, error="killed", exitcode=-9, failed_at=1.0)])
+        return row(model, ratio)
+
+    monkeypatch.setattr(step_gain, "cell", cell)
+    monkeypatch.setattr(step_gain, "kept", lambda plan: "16 MiB: shm")
+    baseline = tmp_path / "baseline.json"
+    models = ",".join(ratios)
+    return guard.main(["--baseline", str(baseline), "--models", models, *args]), baseline
+
+
+def test_the_guard_records_every_model_or_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    everything = dict.fromkeys(guard.MODELS, 0.9)
+    code, baseline = run_guard(monkeypatch, tmp_path, {**everything, "convnet": None}, "--record")
+    assert code == 1 and not baseline.exists()  # a model failed
+    code, baseline = run_guard(monkeypatch, tmp_path, {"mlp": 0.9}, "--record")
+    assert code == 1 and not baseline.exists()  # not every model
+    code, baseline = run_guard(monkeypatch, tmp_path, everything, "--record")
+    assert code == 0
+    record = json.loads(baseline.read_text())
+    assert set(record["models"]) == set(guard.MODELS)
+    assert record["models"]["mlp"]["autotune"] == 0.9 and record["models"]["mlp"]["high"] == 0.91
+    assert record["machine"]["cores"] == os.cpu_count()
+
+
+def test_the_guard_fails_on_a_ratio_worse_than_recorded(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    everything = dict.fromkeys(guard.MODELS, 0.9)
+    assert run_guard(monkeypatch, tmp_path, everything, "--record")[0] == 0
+    # Within the recorded interval (0.89-0.91): passes; above it: flagged.
+    assert run_guard(monkeypatch, tmp_path, {**everything, "mlp": 0.905})[0] == 0
+    assert run_guard(monkeypatch, tmp_path, {**everything, "transformer": 0.95})[0] == 1
+    assert "flagged: transformer" in capsys.readouterr().out
+    # A model that fails fails the guard too, and the others still run.
+    assert run_guard(monkeypatch, tmp_path, {**everything, "mlp": None})[0] == 1
+    out = capsys.readouterr().out
+    assert "failed: mlp" in out and "| transformer |" in out
