@@ -2,7 +2,8 @@
 
 The parent owns the rendezvous store on a free port it picks itself (no port race), and collects
 each rank's return value or traceback; a rank that hangs is killed at the deadline, after it
-prints where each of its threads was (Python's faulthandler, on SIGUSR1, to its stderr).
+prints where each of its threads was (Python's faulthandler, on SIGUSR1, to its stderr). A
+launcher that is interrupted ends its ranks; one killed outright takes them with it (`_end_with`).
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import contextlib
 import faulthandler
 import os
 import pickle
+import select
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -69,6 +72,29 @@ def _context() -> BaseContext:
     return mp.get_context("spawn")
 
 
+def _end_with(launcher: int) -> None:
+    """End this rank as soon as the process that launched it (pid ``launcher``) has gone.
+
+    A launcher that is interrupted ends its ranks itself; one killed outright (SIGTERM,
+    SIGKILL: a scheduler, ``kill``) runs nothing, and its ranks are not its children but the
+    forkserver's, which outlives it, so no parent-death signal reaches them. A daemon thread
+    waits on the launcher's pidfd instead (Linux 5.3 and later; elsewhere, nothing)."""
+    if not hasattr(os, "pidfd_open"):
+        return
+    try:
+        fd = os.pidfd_open(launcher)
+    except ProcessLookupError:
+        os._exit(1)  # gone already
+    except OSError:
+        return  # no pidfds here
+
+    def wait() -> None:
+        select.select([fd], [], [])  # readable once the launcher has exited
+        os._exit(1)
+
+    threading.Thread(target=wait, name="autotune-launcher-watch", daemon=True).start()
+
+
 def _child(
     fn: Callable[..., Any],
     rank: int,
@@ -82,7 +108,9 @@ def _child(
     setup: Callable[[], None] | None,
     args: tuple[Any, ...],
     out: str,
+    launcher: int,
 ) -> None:
+    _end_with(launcher)
     os.environ.update(env)
     os.environ.update(
         RANK=str(rank),
@@ -191,6 +219,7 @@ def launch(
                     setup,
                     args,
                     outs[r],
+                    os.getpid(),
                 ),
                 name=f"autotune-rank{r}",
             )

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -103,6 +106,55 @@ def test_an_interrupted_launcher_leaves_no_rank_behind(tmp_path: Path) -> None:
     for f in tmp_path.iterdir():
         with pytest.raises(ProcessLookupError):  # killed and reaped
             os.kill(int(f.read_text()), 0)
+
+
+@pytest.mark.distributed
+def test_a_killed_launcher_takes_its_ranks_with_it(tmp_path: Path) -> None:
+    # As a job scheduler or `kill` ends a benchmark: SIGKILL, so nothing in the launcher runs.
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_launch import _hang_and_say\n"
+        "from autotune.comm.launch import launch\n"
+        f"launch(_hang_and_say, 2, {str(pids)!r}, timeout_s=300)\n"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", script])
+    ranks: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ranks = [int(f.read_text()) for f in pids.iterdir() if f.read_text()]
+        assert len(ranks) == 2
+        # The ranks' parent: the forkserver, which outlives the launcher until they are gone.
+        ranks += {_parent(pid) for pid in ranks} - {launcher.pid}
+        launcher.kill()
+        launcher.wait(30)
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(pid) for pid in ranks)
+    finally:
+        launcher.kill()
+        launcher.wait(30)
+        for pid in ranks:  # where the test failed: leave nothing behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().split(") ", 1)[1].split()[1])
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie counts as gone: it ran to its end)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
 
 
 def test_bad_world_size() -> None:
