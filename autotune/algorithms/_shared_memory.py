@@ -76,6 +76,10 @@ class _Window:
         """The result area of a window of ``size`` > 2 ranks, flat, in ``dtype``."""
         return self.base[size * self.slot_bytes :].view(dtype)
 
+    def results_bytes(self, size: int) -> int:
+        """The result area's size, in bytes, of a window of ``size`` > 2 ranks."""
+        return self.base.numel() - size * self.slot_bytes
+
     def take(self, nbytes: int, area_bytes: int) -> int:
         """Where in the result area a result of ``nbytes`` goes (bytes): after the last one, or
         back at the start where it would not fit. The same on every rank: every rank takes
@@ -135,7 +139,7 @@ class SharedMemoryAllReduce(AllReduceAlgorithm):
         if comm.size <= 2:
             return None
         window = _window(comm)
-        elements = nbytes // torch.tensor([], dtype=dtype).element_size()
+        elements = nbytes // dtype.itemsize
         slot = window.view(dtype)[comm.rank]
         if elements > slot.numel() or not _leaves(window, comm.size, nbytes, leave_within):
             return None
@@ -176,10 +180,9 @@ class SharedMemoryAllReduce(AllReduceAlgorithm):
         slots = regions[: comm.size]
         area = window.results(comm.size, buf.dtype)
         nbytes = buf.numel() * buf.element_size()
-        area_bytes = area.numel() * area.element_size()
         leave = _leaves(window, comm.size, nbytes, comm.leave_within)
         taken = nbytes if leave else min(nbytes, step * buf.element_size())
-        at = window.take(taken, area_bytes) // buf.element_size()
+        at = window.take(taken, window.results_bytes(comm.size)) // buf.element_size()
         result = area[at : at + taken // buf.element_size()]
         for start in range(0, buf.numel(), step):
             part = buf[start : start + step]
@@ -202,7 +205,7 @@ class SharedMemoryAllReduce(AllReduceAlgorithm):
 def _leaves(window: _Window, size: int, nbytes: int, leave_within: int | None) -> bool:
     """Whether a message of ``nbytes`` on a window of ``size`` > 2 ranks leaves its sum in the
     result area, for a caller that takes it there within ``leave_within`` bytes of messages."""
-    area_bytes = window.base.numel() - size * window.slot_bytes
+    area_bytes = window.results_bytes(size)
     return leave_within is not None and nbytes <= area_bytes and 2 * leave_within <= area_bytes
 
 

@@ -66,7 +66,8 @@ def _rebuild_peer_error(
 
 @dataclass(slots=True)
 class Traffic:
-    """What this rank sent in one all-reduce, and how long it first waited for a peer.
+    """What this rank sent in one all-reduce, how long it waited for its peers, and where the
+    sum was left if not in the input.
 
     Zero and None for algorithms the backend runs itself (`native`): nothing is observable.
     """

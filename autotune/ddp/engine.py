@@ -491,7 +491,9 @@ class Engine:
                 for b in buckets:
                     if b.ready is not None:  # recorded on the stream that produced it (CUDA)
                         stream.wait_event(b.ready)
-            staged = len(buckets) > 1 and self._stage(started)
+            # Where the sum may be left (`_leave_within`): decided once, for staging and start.
+            within = self._leave_within(buckets[0])
+            staged = len(buckets) > 1 and within is not None and self._stage(started, within)
             if len(buckets) > 1 and not staged:
                 started.flat = torch.cat([b.buffer for b in buckets])
             # Average: scale first, as DDP does without a hook, since the sum of N fp16 gradients
@@ -507,13 +509,13 @@ class Engine:
                 started.algorithm = choice.algorithm
                 algo = self.algorithm_for(choice.algorithm)
                 # A third party's `start`, written before ``scale``, is called without it.
-                options: dict[str, Any] = {"scale": scale} if algo.folds_scale else {}
-                if staged:  # scaled as it was gathered (`_stage`)
-                    options = {}
-                elif not options:
+                options: dict[str, Any] = {}
+                if algo.folds_scale and not staged:
+                    options["scale"] = scale
+                elif not staged:  # a staged message was scaled as it was gathered (`_stage`)
                     piece.mul_(scale)
                 if algo.leaves_result and len(pieces) == 1:
-                    options["leave_within"] = self._leave_within(buckets[0])
+                    options["leave_within"] = within
                 ticket = None
                 if stream is not None and self.clock is not None and algo.asynchronous:
                     ticket = self.clock.expect(nbytes, AUTOTUNE)
@@ -550,16 +552,16 @@ class Engine:
                     )
                 )
 
-    def _stage(self, started: _Started) -> bool:
+    def _stage(self, started: _Started, within: int) -> bool:
         """Gather a fused message's buckets, scaled, straight into the memory its algorithm
         would copy it into (`AllReduceAlgorithm.stage`: `shm`'s slot), where it leaves the sum
-        for the buckets to take (`_leave_within`): one pass over the buckets where a
-        concatenation and the algorithm's copy of it were two. True where it did."""
+        for the buckets to take within ``within`` bytes (`_leave_within`): one pass over the
+        buckets where a concatenation and the algorithm's copy of it were two. True where it
+        did."""
         buckets = started.buckets
         element_size = buckets[0].buffer.element_size()
         nbytes = sum(b.nbytes for b in buckets)
-        within = self._leave_within(buckets[0])
-        if within is None or len(self._piece_sizes(nbytes, element_size)) > 1:
+        if len(self._piece_sizes(nbytes, element_size)) > 1:
             return False
         algo = self.algorithm_for(self.plan.choice(nbytes).algorithm)
         if not algo.leaves_result:
