@@ -12,7 +12,7 @@ from typing import Any
 
 from autotune.algorithms import ALGORITHMS, BUILTINS, available
 from autotune.comm.topology import NODE_ID_ENV
-from autotune.plan import check_fusion_bytes
+from autotune.plan import check_fusion_bytes, check_segment_bytes
 from autotune.storage.fingerprint import check_workload
 from autotune.storage.store import as_url
 from autotune.util.names import nearest
@@ -20,9 +20,20 @@ from autotune.util.names import unknown as unknown_names
 from autotune.util.redact import redact
 from autotune.util.units import parse_bytes
 
-__all__ = ["DEPRECATED_FIELDS", "ENV_PREFIX", "NETNS_TAG_ENV", "OTHER_VARIABLES", "Config"]
+__all__ = [
+    "DEPRECATED_FIELDS",
+    "ENV_PREFIX",
+    "MAX_TIMEOUT_S",
+    "NETNS_TAG_ENV",
+    "OTHER_VARIABLES",
+    "Config",
+]
 
 ENV_PREFIX = "AUTOTUNE_"
+
+#: The longest `Config.timeout_s`, a week. gloo adds a timeout to its steady clock in
+#: nanoseconds: 1e10 s wrapped and failed a healthy job's first step, blaming a healthy rank.
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 #: Tags the network namespaces a test run makes (autotune.testing.cluster), so that each run
 #: removes only its own.
@@ -61,7 +72,8 @@ class Config:
     job's group cannot run are left out (`AllReduceAlgorithm.offered`)."""
 
     segment_bytes: int | None = None
-    """Pipeline segment for a fixed algorithm; None: the algorithm's own default."""
+    """Pipeline segment for a fixed algorithm; None: the algorithm's own default. At least 4 KiB
+    (`autotune.plan.MIN_SEGMENT_BYTES`)."""
 
     fusion_bytes: int | None = None
     """Message size the hook aims for: consecutive smaller buckets are fused up to it, larger ones
@@ -93,7 +105,8 @@ class Config:
     A label only: the plan is stored per `workload`."""
 
     timeout_s: float = 600.0
-    """How long any rank waits for a peer before the all-reduce raises, in seconds."""
+    """How long any rank waits for a peer before the all-reduce raises, in seconds; at most a
+    week (`MAX_TIMEOUT_S`)."""
 
     tune_warmup: int = 2
     """Occurrences of a newly chosen configuration the tuner discards before measuring it."""
@@ -147,7 +160,7 @@ class Config:
             if unknown or not self.algorithms:
                 what = unknown_names("algorithm", unknown, names) if unknown else "empty"
                 raise ValueError(f"Config.algorithms: {what}; choose from {', '.join(names)}")
-        _check_int("segment_bytes", self.segment_bytes, minimum=1, optional=True)
+        check_segment_bytes(self.segment_bytes, "Config.segment_bytes")
         check_fusion_bytes(self.fusion_bytes, "Config.fusion_bytes")
         _check_int("tune_warmup", self.tune_warmup, minimum=0)
         _check_int("tune_samples", self.tune_samples, minimum=1)
@@ -189,10 +202,12 @@ class Config:
             isinstance(self.timeout_s, bool)
             or not isinstance(self.timeout_s, (int, float))
             or not math.isfinite(self.timeout_s)
-            or self.timeout_s <= 0
+            or not 0 < self.timeout_s <= MAX_TIMEOUT_S
         ):
             raise ValueError(
-                f"Config.timeout_s: expected a positive number of seconds, got {self.timeout_s!r}"
+                "Config.timeout_s: expected a positive number of seconds, at most "
+                f"{MAX_TIMEOUT_S:.0f} (a week: the backends add it to a clock in nanoseconds, "
+                f"which a longer one overflows), got {self.timeout_s!r}"
             )
 
     @property

@@ -474,7 +474,9 @@ def default_state() -> AutotuneState:
     """
     with _default_lock:
         if not _default:
-            _default.append(AutotuneState(config=Config.from_env()))
+            # The state reads the variables itself, inside its setup handshake: a bad one on
+            # one rank is then named on every rank at once, not after the others' timeout.
+            _default.append(AutotuneState())
         return _default[0]
 
 

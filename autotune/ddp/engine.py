@@ -450,7 +450,9 @@ class Engine:
             lane = self._lane(BASELINE_CHOICE.algorithm, bucket.buffer.device)
             assert lane is not None  # the backend's own all-reduce is asynchronous
             comm = lane[1]
-            bucket.buffer.mul_(1.0 / self.world_size)  # as `_start` explains
+            # Divided, not multiplied by the reciprocal: DDP's reducer divides a sparse gradient
+            # (mark_variable_ready_sparse), and a dense one by the reciprocal (`_start`).
+            bucket.buffer.div_(self.world_size)
             begin = time.perf_counter()
             work = dist.all_reduce(bucket.buffer, group=comm.group, async_op=True)
             assert work is not None

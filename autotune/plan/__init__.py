@@ -15,17 +15,20 @@ from autotune.plan.render import PLAN_COLUMNS, plan_rows, segment_text
 from autotune.plan.runtime import (
     BASELINE_CHOICE,
     MIN_FUSION_BYTES,
+    MIN_SEGMENT_BYTES,
     Arm,
     Choice,
     Plan,
     Rule,
     check_fusion_bytes,
+    check_segment_bytes,
     size_class,
 )
 
 __all__ = [
     "BASELINE_CHOICE",
     "MIN_FUSION_BYTES",
+    "MIN_SEGMENT_BYTES",
     "PLAN_COLUMNS",
     "STATES",
     "Arm",
@@ -38,6 +41,7 @@ __all__ = [
     "Rule",
     "Table",
     "check_fusion_bytes",
+    "check_segment_bytes",
     "load_table",
     "plan_rows",
     "segment_text",

@@ -9,7 +9,14 @@ import math
 from dataclasses import dataclass
 
 from autotune.plan.nccl_csv import nccl_csv
-from autotune.plan.runtime import BASELINE_CHOICE, Arm, Choice, check_fusion_bytes, size_class
+from autotune.plan.runtime import (
+    BASELINE_CHOICE,
+    Arm,
+    Choice,
+    check_fusion_bytes,
+    check_segment_bytes,
+    size_class,
+)
 from autotune.util.names import unknown
 
 __all__ = ["STATES", "Buckets", "Entry", "Gain", "NearMiss", "Table", "load_table"]
@@ -186,7 +193,7 @@ def _read_class(key: object, where: str) -> int:
 
 
 def _read_choice(raw: object, names: list[str], where: str) -> Choice:
-    """A choice from a table's JSON, with a registered algorithm and a segment > 0."""
+    """A choice from a table's JSON, with a registered algorithm and a segment a job may run."""
     try:
         if not isinstance(raw, dict):
             raise TypeError(f"expected an object, got {raw!r}")
@@ -196,8 +203,7 @@ def _read_choice(raw: object, names: list[str], where: str) -> Choice:
     if choice.algorithm not in names:
         what = unknown("algorithm", [choice.algorithm], names)
         raise ValueError(f"{where}: {what}; registered: {', '.join(names)}")
-    if choice.segment_bytes is not None and choice.segment_bytes <= 0:
-        raise ValueError(f"{where}: segment_bytes must be > 0, got {choice.segment_bytes}")
+    check_segment_bytes(choice.segment_bytes, f"{where}: segment_bytes")
     return choice
 
 

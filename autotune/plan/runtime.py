@@ -11,11 +11,13 @@ from dataclasses import dataclass
 __all__ = [
     "BASELINE_CHOICE",
     "MIN_FUSION_BYTES",
+    "MIN_SEGMENT_BYTES",
     "Arm",
     "Choice",
     "Plan",
     "Rule",
     "check_fusion_bytes",
+    "check_segment_bytes",
     "size_class",
 ]
 
@@ -37,6 +39,27 @@ def check_fusion_bytes(value: object, where: str) -> None:
         raise ValueError(
             f"{where}: must be 0 (DDP's buckets as they are) or at least {MIN_FUSION_BYTES} "
             f"bytes, got {value}"
+        )
+
+
+#: The smallest pipeline segment (bytes) a job may ask for (Config, ``AUTOTUNE_SEGMENT_BYTES``, a
+#: plan file). Every segment is a round of messages with its own latency: a 3-byte segment (one
+#: element per round) kept an 11k-parameter model's first step from finishing in 45 s. The
+#: algorithms themselves take any segment > 0 (their conformance kit tries odd small ones).
+MIN_SEGMENT_BYTES = 4096
+
+
+def check_segment_bytes(value: object, where: str) -> None:
+    """Raise if ``value`` is no segment a job may run: None (the algorithm's own) or at least
+    `MIN_SEGMENT_BYTES`. ``where`` names the source for the message."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{where}: expected an int (bytes), got {value!r}")
+    if value < MIN_SEGMENT_BYTES:
+        raise ValueError(
+            f"{where}: must be at least {MIN_SEGMENT_BYTES} bytes (each segment is a round of "
+            f"messages with its own latency: smaller ones make a step crawl), got {value}"
         )
 
 

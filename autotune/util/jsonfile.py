@@ -24,6 +24,9 @@ def read_json(path: str | PathLike[str], parse: Callable[[Any], T], what: str = 
         raise ValueError(f"cannot read {name}: {exc.strerror}") from exc
     except json.JSONDecodeError as exc:
         raise ValueError(f"{name} is not JSON: {exc}") from exc
+    except UnicodeDecodeError as exc:  # a binary file: JSON is UTF-8 text
+        why = f"not UTF-8 text ({exc.reason} at byte {exc.start})"
+        raise ValueError(f"{name} is not JSON: {why}") from exc
     try:
         return parse(data)
     except (ValueError, KeyError, TypeError) as exc:

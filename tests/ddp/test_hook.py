@@ -196,10 +196,13 @@ def test_a_stalled_rank_fails_the_others_at_the_timeout_with_one_verdict() -> No
 
 
 @pytest.mark.distributed
-def test_a_rank_failing_setup_fails_the_others_at_once() -> None:
-    # Only rank 1 has the bad variable: it raises; the others no longer wait out 600 s.
+@pytest.mark.parametrize("how", ["register", "default_state", "attach"])
+def test_a_rank_failing_setup_fails_the_others_at_once(how: str) -> None:
+    # Only rank 1 has the bad variable: it raises; the others no longer wait out 600 s, however
+    # the state is built (default_state() once read the variables before the handshake).
     ring = {"AUTOTUNE_ALGORITHM": "ring"}
-    results = run_local(setup_with_env, 3, {"AUTOTUNE_FUSION_BYTES": "3"}, env=ring, timeout_s=60)
+    bad = {"AUTOTUNE_FUSION_BYTES": "3"}
+    results = run_local(setup_with_env, 3, bad, how, env=ring, timeout_s=60)
     assert results[1][0] == "ValueError" and "AUTOTUNE_FUSION_BYTES='3'" in results[1][1]
     for kind, message, seconds in (results[0], results[2]):
         assert kind == "PeerError", message

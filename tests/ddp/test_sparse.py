@@ -28,7 +28,13 @@ pytestmark = pytest.mark.distributed
 )
 def test_sparse_gradients_train_as_under_plain_ddp(config: dict[str, object]) -> None:
     for rel, layouts, _ in run_local(sparse_beside_plain, 3, config, 6, timeout_s=300):
-        assert rel < 1e-6, rel
+        if config == {"algorithm": "native"}:
+            # Bitwise, as docs/HOOK.md promises for native: the sparse gradient divided by the
+            # world size as DDP's reducer divides it (multiplying by the reciprocal was off by
+            # up to 4.7e-10 after one step).
+            assert rel == 0.0, rel
+        else:
+            assert rel < 1e-6, rel
         assert layouts == ["torch.sparse_coo", "torch.strided", "torch.strided", "torch.strided"]
 
 

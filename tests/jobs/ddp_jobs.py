@@ -312,13 +312,28 @@ def faulty_training(
     return Fault(-1, "none", None, None, "finished without noticing", 0.0)
 
 
-def setup_with_env(rank: int, world_size: int, env: dict[str, str]) -> tuple[str, str, float]:
-    """Rank 1 sets ``env`` before registering: the error each rank's register raises, and when."""
+def setup_with_env(
+    rank: int, world_size: int, env: dict[str, str], how: str = "register"
+) -> tuple[str, str, float]:
+    """Rank 1 sets ``env`` before building a state ``how`` a job may build one ("register",
+    "default_state", "attach": a framework's integration, where the framework registered the hook
+    with no state): the error each rank raises, and when."""
     if rank == 1:
         os.environ.update(env)
+    ddp = DDP(Net())
     start = time.monotonic()
     try:
-        autotune.register(DDP(Net())).close()  # the state reads AUTOTUNE_* itself
+        # Each way reads AUTOTUNE_* itself.
+        if how == "register":
+            autotune.register(ddp).close()
+        elif how == "default_state":
+            autotune.default_state()
+            autotune.reset_default_state()
+        else:
+            from autotune.frameworks import attach, detach
+
+            ddp.register_comm_hook(None, autotune.hook)
+            detach(attach(ddp))
     except (RuntimeError, ValueError) as exc:
         return type(exc).__name__, str(exc), time.monotonic() - start
     return "none", "", time.monotonic() - start

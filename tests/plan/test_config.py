@@ -39,7 +39,9 @@ def test_defaults() -> None:
         ),
         ({"algorithms": ()}, ValueError, "Config.algorithms: empty"),
         ({"algorithms": "ring"}, TypeError, "Config.algorithms: expected a tuple"),
-        ({"segment_bytes": 0}, ValueError, "Config.segment_bytes: must be >= 1"),
+        ({"segment_bytes": 0}, ValueError, "Config.segment_bytes: must be at least 4096"),
+        # One element per round: an 11k-parameter model's first step did not end in 45 s.
+        ({"segment_bytes": 3}, ValueError, "Config.segment_bytes: must be at least 4096 bytes"),
         ({"segment_bytes": 1.5}, TypeError, "Config.segment_bytes: expected an int"),
         ({"fusion_bytes": -1}, ValueError, "Config.fusion_bytes: must be 0"),
         # 3 bytes per message made a step take 78 s: refused, with the minimum.
@@ -49,6 +51,13 @@ def test_defaults() -> None:
         ({"metrics_port": True}, TypeError, "Config.metrics_port: expected an int"),
         ({"timeout_s": 0}, ValueError, "Config.timeout_s: expected a positive number"),
         ({"timeout_s": float("nan")}, ValueError, "Config.timeout_s"),
+        # gloo adds it to its clock in nanoseconds: 1e10 s wrapped and failed step 1.
+        (
+            {"timeout_s": 1e10},
+            ValueError,
+            "Config.timeout_s: expected a positive number of seconds, at most 604800 (a week",
+        ),
+        ({"timeout_s": 1e30}, ValueError, "at most 604800"),
         ({"storage": "  "}, ValueError, "Config.storage: expected an Optuna storage URL"),
         ({"tune_samples": 0}, ValueError, "Config.tune_samples: must be >= 1"),
         ({"tune_warmup": -1}, ValueError, "Config.tune_warmup: must be >= 0"),
@@ -133,6 +142,9 @@ def test_environment_none_and_overrides() -> None:
         ({"AUTOTUNE_FUSION_BYTES": "inf"}, "AUTOTUNE_FUSION_BYTES='inf': not a byte count"),
         ({"AUTOTUNE_FUSION_BYTES": "nan"}, "AUTOTUNE_FUSION_BYTES='nan': not a byte count"),
         ({"AUTOTUNE_FUSION_BYTES": "3"}, "AUTOTUNE_FUSION_BYTES='3': must be 0 .* at least 4096"),
+        ({"AUTOTUNE_SEGMENT_BYTES": "3"}, "AUTOTUNE_SEGMENT_BYTES='3': must be at least 4096"),
+        ({"AUTOTUNE_TIMEOUT_S": "1e10"}, "AUTOTUNE_TIMEOUT_S='1e10': .* at most 604800"),
+        ({"AUTOTUNE_TIMEOUT_S": "1e30"}, "AUTOTUNE_TIMEOUT_S='1e30': .* at most 604800"),
         # A misspelt setting is an error that suggests the field, not silently ignored.
         ({"AUTOTUNE_TIMEOUT": "5"}, "AUTOTUNE_TIMEOUT is not .*did you mean AUTOTUNE_TIMEOUT_S"),
         ({"AUTOTUNE_FUSION": "4M"}, "AUTOTUNE_FUSION is not .*did you mean AUTOTUNE_FUSION_BYTES"),

@@ -81,7 +81,8 @@ def test_a_tables_lead_reads_back_and_a_bad_lead_is_refused() -> None:
     for bad, match in [
         ({**good, "choices": {"3": {"algorithm": "tree"}}}, "lead, class '3': size classes"),
         ({**good, "choices": {"4096": {"algorithm": "nope"}}}, "unknown algorithm 'nope'"),
-        ({**good, "choices": {"4096": {"algorithm": "ring", "segment_bytes": 0}}}, "> 0"),
+        ({**good, "choices": {"4096": {"algorithm": "ring", "segment_bytes": 0}}}, "at least 4096"),
+        ({**good, "choices": {"4096": {"algorithm": "ring", "segment_bytes": 3}}}, "at least 4096"),
         ({**good, "fusion_bytes": None}, "lead: fusion_bytes must be an int"),
         ({**good, "fusion_bytes": 5}, "lead: fusion_bytes: must be 0"),
         ({**good, "gain": None}, "gain: expected an object"),

@@ -37,7 +37,10 @@ def test_json_round_trip(tmp_path: Path) -> None:
         ('{"classes": {"1000": {"algorithm": "ring"}}}', "powers of two"),
         ('{"classes": {"1024": {}}}', "class '1024': KeyError"),
         ('{"classes": {"1024": {"algorithm": "ring", "segment_bytes": "big"}}}', "class '1024'"),
-        ('{"classes": {"1024": {"algorithm": "ring", "segment_bytes": -1}}}', "segment_bytes must"),
+        (
+            '{"classes": {"1024": {"algorithm": "ring", "segment_bytes": -1}}}',
+            "segment_bytes: must be at least 4096",
+        ),
         ('{"classes": {"1024": {"algorithm": "rign"}}}', "unknown algorithm 'rign'"),
         ('{"classes": {"1024": {"algorithm": "ring", "state": "sure"}}}', "state must be one of"),
         ('{"classes": {"1024": {"algorithm": "ring", "trials": -2}}}', "trials must be"),

@@ -263,15 +263,21 @@ def test_a_json_table_runs_as_a_fixed_plan(tmp_path: Path) -> None:
         ('{"classes": {}, "fusion_bytes": -64}', "fusion_bytes: must be 0"),
         ('{"classes": {"1024": {"algorithm": "ring", "segment_bytes": -1}}}', "segment_bytes"),
         ('{"classes": {"1024": {"algorithm": "fastest"}}}', "unknown algorithm 'fastest'"),
+        # One element per round: the first step of a small model did not end in 45 s.
+        ('{"classes": {"1024": {"algorithm": "ring", "segment_bytes": 3}}}', "at least 4096"),
         ("{oops", "is not JSON"),
+        # Once a bare UnicodeDecodeError, without the file's name.
+        (b"\x80\x81\xfe binary", "is not JSON: not UTF-8 text"),
         (None, "cannot read plan file"),
     ],
 )
 def test_a_bad_plan_file_fails_at_register_naming_the_file(
-    tmp_path: Path, content: str | None, words: str
+    tmp_path: Path, content: str | bytes | None, words: str
 ) -> None:
     path = tmp_path / "plan.json"
-    if content is not None:
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
         path.write_text(content)
     for message in run_local(register_with_plan_file, 2, str(path)):
         assert f"plan file {str(path)!r}" in message and words in message, message
