@@ -155,7 +155,8 @@ class AutotuneState:
         try:
             # Made now, collectively, rather than inside the first backward on the autograd
             # thread; every collective step comes before any step that may fail on one rank.
-            p2p_group(group, _timeout(self.config))
+            # A channel of this state's own: another hooked model's messages never share it.
+            self.engine.channel = p2p_group(group, _timeout(self.config), self.board.sequence)
             if table is not None:
                 for cls, entry in table.classes.items():
                     self.engine.plan.set(cls, entry.choice)
@@ -328,7 +329,7 @@ class AutotuneState:
             return self.failure
         verdict = self.board.verdict(error)
         # Forgotten, not looked up: looking up a group another state dropped would make one.
-        dedicated = forget_p2p_group(self.process_group)
+        dedicated = forget_p2p_group(self.process_group, self.board.sequence)
         groups = [] if dedicated is None else [dedicated]
         if self.tuner is not None:
             groups.append(self.tuner.group)

@@ -66,6 +66,9 @@ class FailureBoard:
         if store is None:
             store = dist.distributed_c10d._get_default_store()
         n = next(_sequence.setdefault(group.group_name, itertools.count()))
+        #: Which of the states over ``group`` this board's is (0 for the first), the same on
+        #: every rank: its keys, and the channel its traffic takes (`autotune.comm.groups`).
+        self.sequence = n
         self.store = dist.PrefixStore(f"autotune/{group.group_name}/{n}/", store)
         self.group = group
         self.rank = dist.get_rank()

@@ -178,7 +178,8 @@ def bookkeeping_device(group: ProcessGroup, device: torch.device) -> torch.devic
 
 
 _p2p_lock = threading.Lock()
-_p2p_groups: dict[str, ProcessGroup] = {}
+#: (base group's name, channel) -> its dedicated group.
+_p2p_groups: dict[tuple[str, int], ProcessGroup] = {}
 _p2p_world: list[ProcessGroup | None] = [None]
 
 
@@ -192,13 +193,21 @@ def group_timeout(group: ProcessGroup) -> timedelta | None:
     return None
 
 
-def p2p_group(group: ProcessGroup | None = None, timeout: timedelta | None = None) -> ProcessGroup:
+def p2p_group(
+    group: ProcessGroup | None = None, timeout: timedelta | None = None, channel: int = 0
+) -> ProcessGroup:
     """Return the dedicated point-to-point group for ``group`` (None: the world), made on first use.
 
     Traffic of ours never shares a communicator with DDP's or the user's collectives, so tags and
     collective order cannot collide. Creation is collective over the members of ``group`` (not the
     whole world), so every member must reach its first all-reduce on ``group`` in the same order;
     it waits ``timeout`` for them (None: ``group``'s own timeout), then raises `PeerError`.
+
+    ``channel``: which of ``group``'s dedicated groups. Callers that may run at once over the same
+    group take one each (every `AutotuneState` its own: two hooked models in one backward
+    otherwise interleave their messages on one group, where gloo takes one's for the other's);
+    0 is the one an algorithm called directly uses. A dedicated group passed as ``group`` is
+    returned as it is.
     """
     world = dist.group.WORLD
     base = world if group is None else group
@@ -209,18 +218,18 @@ def p2p_group(group: ProcessGroup | None = None, timeout: timedelta | None = Non
             _p2p_world[0] = world
         if base.group_name in {g.group_name for g in _p2p_groups.values()}:  # already one of ours
             return base
-        dedicated = _p2p_groups.get(base.group_name)
+        dedicated = _p2p_groups.get((base.group_name, channel))
         if dedicated is None:
             ranks = dist.get_process_group_ranks(base)
             limit = timeout or group_timeout(base)
             try:
-                made = sibling_group(base, "p2p", limit)
+                made = sibling_group(base, f"p2p{channel or ''}", limit)
             except RuntimeError as exc:  # DistStoreError, gloo connect errors
                 raise PeerError(
                     f"setting up the point-to-point group over ranks {ranks} failed within "
                     f"{limit}: a rank did not reach its first all-reduce on this group ({exc})"
                 ) from exc
-            dedicated = _p2p_groups[base.group_name] = made
+            dedicated = _p2p_groups[(base.group_name, channel)] = made
         return dedicated
 
 
@@ -261,13 +270,13 @@ def host_backend(group: ProcessGroup) -> str:
     return "gloo"
 
 
-def forget_p2p_group(group: ProcessGroup | None = None) -> ProcessGroup | None:
-    """Drop the dedicated group made for ``group`` (None: the world) and return it, if any: after
-    a failure aborted it, the next `p2p_group` call makes a fresh one."""
+def forget_p2p_group(group: ProcessGroup | None = None, channel: int = 0) -> ProcessGroup | None:
+    """Drop the dedicated group made for ``group`` (None: the world) on ``channel`` and return it,
+    if any: after a failure aborted it, the next `p2p_group` call makes a fresh one."""
     base = dist.group.WORLD if group is None else group
     assert base is not None
     with _p2p_lock:
-        dropped = _p2p_groups.pop(base.group_name, None)
+        dropped = _p2p_groups.pop((base.group_name, channel), None)
     if dropped is not None:
         for forget in _on_forget:
             forget(dropped)

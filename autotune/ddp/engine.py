@@ -138,6 +138,10 @@ class Engine:
         self.clock = clock
         self.gpu = gpu
         self.group = group
+        #: Where autotune's algorithms talk for this engine (`autotune.comm.groups.p2p_group`):
+        #: ``group``, for the dedicated group an algorithm called on it takes, unless the owner
+        #: gives the engine a channel of its own (`AutotuneState` does, before the first bucket).
+        self.channel = group
         self.world_size = world_size
         self.plan = plan
         self.algorithm_for = algorithm_for
@@ -526,7 +530,7 @@ class Engine:
                     self._stamp(marks, stream)  # the side stream has waited for the gradient
                 begin = time.perf_counter()
                 pending = algo.start(
-                    piece, self.group, segment_bytes=choice.segment_bytes, **options
+                    piece, self.channel, segment_bytes=choice.segment_bytes, **options
                 )
                 stopped = self._mark_end(pending, marks) if stream is not None else None
                 traffic = pending.traffic
@@ -568,7 +572,7 @@ class Engine:
         algo = self.algorithm_for(self.plan.choice(nbytes).algorithm)
         if not algo.leaves_result:
             return False
-        flat = algo.stage(self.group, nbytes, buckets[0].buffer.dtype, within)
+        flat = algo.stage(self.channel, nbytes, buckets[0].buffer.dtype, within)
         if flat is None:
             return False
         offset, scale = 0, 1.0 / self.world_size
