@@ -21,10 +21,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "jobs"))
 from ddp_jobs import faulty_training, setup_with_env
 from fault_jobs import (
+    RING_WORKLOAD,
     plan_that_steps_aside,
     storage_with_a_ring_plan,
     train_until_it_fails,
 )
+from join_jobs import UNEVEN, uneven
+from several_models_jobs import several_models
 
 import autotune
 from autotune.comm.launch import launch
@@ -63,6 +66,17 @@ def row(
     )
 
 
+def clean_row(case: str, results: list[Any], pick: Callable[[Any], tuple[float, float]]) -> None:
+    """A case that once failed and must now train as plain DDP: what every rank gets (its
+    largest relative distance from plain DDP's parameters) and the seconds it took (slowest)."""
+    failed = [r for r in results if not r.ok]
+    if failed:
+        print(f"| {case} | rank {failed[0].rank}: {first_line(failed[0].error or '', 60)} | | |")
+        return
+    rel, seconds = max(pick(r.value)[0] for r in results), max(pick(r.value)[1] for r in results)
+    print(f"| {case} | (none) | no error: trains as plain DDP (within {rel:.1e}) | {seconds:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -91,10 +105,50 @@ def main() -> None:
     row("rank 1 has AUTOTUNE_FUSION_BYTES=3 (default timeout_s=600)", results, 1, lambda v: v)
     results = launch(setup_with_env, 2, {"AUTOTUNE_SEGMENT_BYTES": "64K"}, env=env, timeout_s=120)
     row("rank 1 has another AUTOTUNE_SEGMENT_BYTES", results, 1, lambda v: v)
+    results = launch(
+        setup_with_env, 3, {"AUTOTUNE_FUSION_BYTES": "3"}, "default_state", env=env,
+        timeout_s=120,
+    )  # fmt: skip
+    row("rank 1 has AUTOTUNE_FUSION_BYTES=3, default_state()", results, 1, lambda v: v)
     url = "postgresql+psycopg2://autotune@127.0.0.1:9/none"  # the discard port: refused
     results = launch(storage_down, 3, url, timeout_s=120)
     row("the storage's server is down (rank 0 opens it)", results, 0, lambda v: v)
     contract_rows()
+    once_failed_rows()
+
+
+def once_failed_rows() -> None:
+    """Cases that once failed a healthy job (tests/ddp/test_join.py, test_several_models.py):
+    uneven inputs under DDP's Join where autotune's forward pre-hook works, and two or three
+    hooked models in one backward."""
+    counts = ", ".join(map(str, UNEVEN))
+    with tempfile.TemporaryDirectory() as tmp:
+        join_in: dict[str, dict[str, Any]] = {
+            "the check against plain DDP": {
+                "storage": storage_with_a_ring_plan(Path(tmp) / "ring.db", 3),
+                "workload": RING_WORKLOAD,
+            },
+            "DDP's bucket-size search": {
+                "storage": f"sqlite:///{Path(tmp) / 'plans.db'}",
+                "algorithms": ("native",),
+                "tune_warmup": 0,
+                "tune_samples": 1,
+            },
+        }
+        for (what, config), phase in zip(join_in.items(), ("catch", "buckets"), strict=True):
+            results = launch(uneven, 3, phase, {**config, "timeout_s": 20.0}, timeout_s=300)
+            clean_row(
+                f"Join, {counts} batches on 3 ranks, in {what}",
+                results,
+                lambda j: (j.rel, j.seconds),
+            )
+    for count in (2, 3):
+        results = launch(several_models, 3, ["ring"], count, True, 10, timeout_s=300)
+        clean_row(
+            f"{count} models on ring in one backward, 3 ranks, 10 steps",
+            results,
+            lambda v: v["ring"][::2],
+        )
 
 
 def nccl_rows() -> None:

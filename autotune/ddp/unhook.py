@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from torch.nn.parallel import DistributedDataParallel
 
+from autotune.ddp.join import JoinWatch
+
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
 
@@ -186,12 +188,24 @@ class Unhooking:
         self.refused: str | None = None
         #: The iterations (backward passes through the hook) before autotune unhooked.
         self.at: int | None = None
+        #: Whether DDP's Join is open on the model (`autotune.ddp.join`), once it is known.
+        self._join: JoinWatch | None = None
+        #: Forwards held while a Join was open, in all (what a job's log is told once per Join).
+        self.held = 0
+        self._holding = False
 
     def attach(self, ddp: DistributedDataParallel) -> None:
         """The model the state is registered on (else it is looked up when needed)."""
         self._model = weakref.ref(ddp)
+        self._watch_join(ddp)
         if self._guard is not None:
             self._guard.watch(ddp)
+
+    def _watch_join(self, ddp: DistributedDataParallel) -> None:
+        if self._join is None or self._join.model is not ddp:
+            if self._join is not None:
+                self._join.close()
+            self._join = JoinWatch(ddp)
 
     def check(self, iteration: int) -> None:
         """At ``iteration``'s last bucket: once the baseline is locked from it or earlier, swap
@@ -224,6 +238,10 @@ class Unhooking:
         )
 
     def _pre_forward(self, ddp: DistributedDataParallel, iteration: int) -> None:
+        if self._join is not None and self._join.open:
+            self._hold()
+            return
+        self._holding = False
         if self._guard is not None:
             self._guard.adopt_group(ddp)  # before any rebuild below: the reducers run on it
         catch = self.catch
@@ -241,6 +259,31 @@ class Unhooking:
         tuner = self.buckets
         if tuner is not None and not tuner.pre_forward():
             self._remove()
+
+    def _hold(self) -> None:
+        """A forward while DDP's Join is open: nothing of this module's runs (`autotune.ddp.join`
+        says why), on every rank alike; a block of steps under way begins again after it."""
+        self.held += 1
+        if self._holding:
+            return
+        self._holding = True
+        if self.catch is not None and not self.catch.over:
+            self.catch.restart()
+        if self.buckets is not None:
+            self.buckets.restart()
+        what = (
+            "its check against plain DDP"
+            if self.catch is not None and not self.catch.over
+            else "DDP's bucket-size search"
+            if self.buckets is not None
+            else "unhooking"
+        )
+        _log.info(
+            "autotune holds %s while DDP's Join is open (uneven inputs: a rank that has "
+            "joined runs no forward to meet its collectives at); it goes on at the first "
+            "forward after the Join",
+            what,
+        )
 
     def _remove(self) -> None:
         if self._handle is not None:
@@ -296,6 +339,7 @@ class Unhooking:
         if len(found) != 1:
             return None, f"the state is registered on {len(found)} DDP models, not one"
         self._model = weakref.ref(found[0])
+        self._watch_join(found[0])
         return found[0], None
 
     def _refuse(self, why: str, catch: bool = False) -> None:

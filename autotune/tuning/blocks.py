@@ -55,6 +55,11 @@ class BlockTimer:
         under ``no_sync``): only those are timed, and only at those do the ranks meet."""
         return torch.is_grad_enabled() and bool(self._ddp.require_backward_grad_sync)
 
+    def restart(self) -> None:
+        """Drop the block under way: the next `tick` begins it again (its steps would span a
+        pause: `autotune.ddp.join`). Call it on every rank alike."""
+        self._marks.clear()
+
     def tick(self) -> float | None:
         """Before a forward that `counts`: the step that just ended is timed. At a block's end,
         the block's median step (the slowest rank's; a collective on DDP's group), else None."""

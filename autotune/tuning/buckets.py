@@ -256,6 +256,10 @@ class BucketTuner:
         """Whether the search has decided (and the reducer has the kept size)."""
         return self.search is not None and self.search.done
 
+    def restart(self) -> None:
+        """Begin the block under way again (`BlockTimer.restart`)."""
+        self._timer.restart()
+
     def pre_forward(self) -> bool:
         """Before a forward: time the step that just ended; at a block's end, decide the next
         block's cap and rebuild the reducer for it. False once the search is over."""

@@ -72,6 +72,10 @@ class PlainCheck:
         """Iterations the check against plain DDP has run so far."""
         return self._timer.iterations
 
+    def restart(self) -> None:
+        """Begin the block under way again (`BlockTimer.restart`)."""
+        self._timer.restart()
+
     def pre_forward(self) -> bool:
         """Before a forward: time the step that just ended; at a block's end, decide, and put the
         next block's reducer in place. False once over: the reducer is then the one kept, and

@@ -28,7 +28,7 @@ def test_several_hooked_models_train_as_plain_ddp(count: int, together: bool) ->
         several_models, 3, ALGORITHMS, count, together, 3, timeout_s=600
     ):
         assert set(per_algorithm) == set(ALGORITHMS)
-        for algorithm, (rel, ran) in per_algorithm.items():
+        for algorithm, (rel, ran, _) in per_algorithm.items():
             assert rel < 1e-5, (algorithm, rel)
             assert ran == [{algorithm}] * count
 
@@ -44,7 +44,7 @@ def test_two_tuned_models_in_one_backward(tmp_path: Path) -> None:
     for per_algorithm in run_local(
         several_models, 2, ["auto"], 2, True, 40, settings, timeout_s=600
     ):
-        rel, ran = per_algorithm["auto"]
+        rel, ran, _ = per_algorithm["auto"]
         assert rel < 1e-5, rel
         # Each model's tuner screened candidates of its own, beside the other's.
         assert all(len(algorithms) > 1 for algorithms in ran), ran

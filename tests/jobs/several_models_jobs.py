@@ -4,6 +4,7 @@ ranks."""
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 import torch
@@ -30,13 +31,13 @@ def several_models(
     together: bool,
     steps: int,
     settings: dict[str, Any] | None = None,
-) -> dict[str, tuple[float, list[set[str]]]]:
+) -> dict[str, tuple[float, list[set[str]], float]]:
     """Per algorithm: ``count`` DDP models of different shapes, each registered with a state of
     its own on ``algorithm``, trained ``steps`` steps beside plain DDP copies on the same batches,
     with one backward through them all (``together``) or one backward per model in turn: the
-    largest relative distance between a hooked model's parameters and its plain copy's, and per
-    model the algorithms its messages ran."""
-    out: dict[str, tuple[float, list[set[str]]]] = {}
+    largest relative distance between a hooked model's parameters and its plain copy's, per
+    model the algorithms its messages ran, and the seconds the hooked models' steps took."""
+    out: dict[str, tuple[float, list[set[str]], float]] = {}
     for algorithm in algorithms:
         torch.manual_seed(0)
         bases = _shapes(count)
@@ -47,25 +48,29 @@ def several_models(
         states = [autotune.register(m, config) for m in ours]
         opts = [torch.optim.SGD([*m.parameters()], lr=0.05) for m in (*ours, *plain)]
         g = torch.Generator().manual_seed(rank)
+        seconds = 0.0
         for _ in range(steps):
             x = torch.randn(8, 16, generator=g)
             for opt in opts:
                 opt.zero_grad()
             for models in (ours, plain):
+                began = time.monotonic()
                 if together:
                     sum(m(x).square().mean() for m in models).backward()
                 else:
                     for m in models:
                         m(x).square().mean().backward()
+                if models is ours:
+                    seconds += time.monotonic() - began
             for opt in opts:
                 opt.step()
         rel = max(
-            float((a.double() - b.double()).norm() / b.double().norm())
+            float((a.detach().double() - b.detach().double()).norm() / b.detach().double().norm())
             for mine, theirs in zip(ours, plain, strict=True)
             for a, b in zip(mine.parameters(), theirs.parameters(), strict=True)
         )
         ran = [{name for _, name in state.stats()} for state in states]
-        out[algorithm] = (rel, ran)
+        out[algorithm] = (rel, ran, seconds)
         for state in states:
             state.close()
     return out
