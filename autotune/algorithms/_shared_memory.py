@@ -47,8 +47,15 @@ MAX_WINDOW_BYTES = 16 << 20
 #: The smallest slot worth making; ``/dev/shm`` with less room than this per rank (and as much
 #: again to spare) offers nothing.
 MIN_WINDOW_BYTES = 256 << 10
-#: A file name's length on the wire, at most (a prefix and a uuid's hex).
+#: A file name's length on the wire, at most (a prefix, a deadline and a uuid's hex).
 _NAME_BYTES = 64
+#: What autotune names its files in `SHM_DIR`: ``<prefix><deadline>-<uuid hex>`` (the
+#: windows' pipes add ``-pipe-<rank>-<peer>``), the deadline in Unix seconds.
+_PREFIXES = ("autotune-shm-", "autotune-probe-")
+#: Seconds past its group's timeout a file of ours may live: its maker unlinks it once every
+#: rank has mapped it, or has given up on one that did not, so one older than that is a dead
+#: job's (a rank killed while the others were still mapping), and `sweep` removes it.
+_STALE_AFTER_S = 60
 #: Where results start in the result area: a multiple of this many bytes (a cache line).
 _ALIGN = 64
 
@@ -241,6 +248,7 @@ def forget_window(group: ProcessGroup) -> None:
         window = _windows.pop(group.group_name, None)
     if window is not None:
         window.barrier.close()
+    sweep()  # a peer that died may have left files of a window it was making
 
 
 on_forget(forget_window)
@@ -276,12 +284,44 @@ def _window(comm: Comm) -> _Window:
     return window
 
 
+def _name(prefix: str, comm: Comm) -> str:
+    """A new file name in `SHM_DIR`, with the time after which `sweep` may remove the file."""
+    timeout = comm.timeout or group_timeout(comm.group)
+    limit = 1800.0 if timeout is None else timeout.total_seconds()
+    deadline = int(time.time() + limit + _STALE_AFTER_S)
+    return f"{prefix}{deadline}-{uuid.uuid4().hex}"
+
+
+def sweep(now: float | None = None) -> list[str]:
+    """Remove autotune's files in `SHM_DIR` whose deadline has passed (`_name`): windows, their
+    pipes and probes a job left when a rank died before they were unlinked. The names removed.
+    Rank 0 of every new window sweeps first, and a rank whose group failed sweeps too."""
+    now = time.time() if now is None else now
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        prefix = next((p for p in _PREFIXES if name.startswith(p)), None)
+        if prefix is None:
+            continue
+        deadline = name[len(prefix) :].partition("-")[0]
+        if not deadline.isdigit() or int(deadline) >= now:
+            continue  # not a name of ours, or not stale yet
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(SHM_DIR, name))
+            removed.append(name)
+    return removed
+
+
 def _share(comm: Comm, nbytes: int) -> tuple[torch.Tensor, str]:
     """A file of ``nbytes`` in `SHM_DIR` that the group's rank 0 makes and reserves, mapped by
     every rank, then unlinked; and its path. Raises on every rank where any could not map it."""
-    name = f"autotune-shm-{uuid.uuid4().hex}"
+    name = _name("autotune-shm-", comm)
     error: Exception | None = None
     if comm.rank == 0:
+        sweep()
         try:
             fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:
@@ -327,8 +367,9 @@ def _probe(comm: Comm) -> bool:
     """Whether every rank of ``comm`` finds in its `SHM_DIR` the file its rank 0 wrote in its
     own, and has room there for a window (a container of its own per rank has a ``/dev/shm``
     of its own)."""
-    name, mine = f"autotune-probe-{uuid.uuid4().hex}", ""
+    name, mine = _name("autotune-probe-", comm), ""
     if comm.rank == 0:
+        sweep()
         try:
             with open(os.path.join(SHM_DIR, name), "x") as f:
                 f.write(name)

@@ -176,6 +176,9 @@ class FailureBoard:
         Where the store does not answer, every rank names its host the same way, without it.
         """
         liveness = self.liveness
+        stood = None if liveness is None else liveness.stood_still()
+        if stood is not None:
+            return self._self_stopped(stood)
         try:
             claimed = self._claimed()
             if claimed:
@@ -194,6 +197,20 @@ class FailureBoard:
         if not agreed:
             return Verdict(None, "no rank could tell")
         return _read_verdict(agreed)
+
+    def _self_stopped(self, stood_s: float) -> Verdict:
+        """This rank's process stood still past the timeout: it is the rank its peers gave up
+        on. The claim in the store where there is one (the peers', naming it), else its own:
+        the same rank either way, store or no store."""
+        reason = (
+            f"its process stood still for {stood_s:.1f} s, past timeout_s (stopped: SIGSTOP, "
+            "a debugger); seen by itself once woken"
+        )
+        try:
+            agreed = self._call(lambda s: s.compare_set("verdict", "", f"{self.rank}|{reason}"))
+        except Exception:  # the store's host may have exited while this rank stood still
+            return Verdict(self.rank, reason)
+        return _read_verdict(agreed) if agreed else Verdict(self.rank, reason)
 
     def _name(self, error: BaseException) -> tuple[int | None, str]:
         if not isinstance(error, PeerError):

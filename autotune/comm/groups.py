@@ -181,6 +181,8 @@ _p2p_lock = threading.Lock()
 #: (base group's name, channel) -> its dedicated group.
 _p2p_groups: dict[tuple[str, int], ProcessGroup] = {}
 _p2p_world: list[ProcessGroup | None] = [None]
+#: Names of the dedicated groups `forget_p2p_group` dropped (aborted after a failure).
+_p2p_dropped: set[str] = set()
 
 
 def group_timeout(group: ProcessGroup) -> timedelta | None:
@@ -215,9 +217,17 @@ def p2p_group(
     with _p2p_lock:
         if _p2p_world[0] is not world:  # a new world (init after destroy): old groups are gone
             _p2p_groups.clear()
+            _p2p_dropped.clear()
             _p2p_world[0] = world
         if base.group_name in {g.group_name for g in _p2p_groups.values()}:  # already one of ours
             return base
+        if base.group_name in _p2p_dropped:
+            # A message started after the failure, on the group it aborted: building a group
+            # for it now would wait on peers that are gone (10 s, at times, before the error).
+            raise PeerError(
+                f"autotune's group {base.group_desc} was aborted after a failure: nothing more "
+                "runs on it"
+            )
         dedicated = _p2p_groups.get((base.group_name, channel))
         if dedicated is None:
             ranks = dist.get_process_group_ranks(base)
@@ -272,11 +282,15 @@ def host_backend(group: ProcessGroup) -> str:
 
 def forget_p2p_group(group: ProcessGroup | None = None, channel: int = 0) -> ProcessGroup | None:
     """Drop the dedicated group made for ``group`` (None: the world) on ``channel`` and return it,
-    if any: after a failure aborted it, the next `p2p_group` call makes a fresh one."""
+    if any: after a failure aborted it, the next `p2p_group` call for ``group`` makes a fresh one,
+    and one for the dropped group itself raises `PeerError` (nothing new is built on the failure
+    path)."""
     base = dist.group.WORLD if group is None else group
     assert base is not None
     with _p2p_lock:
         dropped = _p2p_groups.pop((base.group_name, channel), None)
+        if dropped is not None:
+            _p2p_dropped.add(dropped.group_name)
     if dropped is not None:
         for forget in _on_forget:
             forget(dropped)

@@ -122,11 +122,16 @@ class Liveness:
     ) -> None:
         self.rank = rank
         self.ranks = ranks
+        self.timeout_s = timeout_s
         self.period_s = period_for(timeout_s)
         self.peers = dict(peers)
         self.store_host = store_host
         self.clock = clock
         self.progress = 0
+        #: When the heartbeat thread last beat, and the longest it has stood still between two
+        #: beats beyond its period (`stood_still`).
+        self._beat_at = clock()
+        self._longest_gap_s = 0.0
         self.bounded = BoundedStore(store, min(STORE_CALL_S, timeout_s))
         self._beat_store = _clone(store)
         self._stop = threading.Event()
@@ -137,9 +142,21 @@ class Liveness:
         self._stop.set()
         self.bounded.close()
 
+    def stood_still(self) -> float | None:
+        """Seconds this process stood still (its heartbeat thread did not run), where that was
+        longer than the timeout; else None. A process that is stopped (SIGSTOP, a debugger) and
+        woken finds its peers gone: they gave up on it, and this says it was the one that hung,
+        without the store (whose host may have exited meanwhile)."""
+        now = self.clock()
+        gap = max(self._longest_gap_s, now - self._beat_at - self.period_s)
+        return gap if gap > self.timeout_s else None
+
     def _beat_loop(self) -> None:
         beat = 0
         while not self._stop.is_set():
+            now = self.clock()
+            self._longest_gap_s = max(self._longest_gap_s, now - self._beat_at - self.period_s)
+            self._beat_at = now
             # The store's host may be gone or stopped: then peers see no beat, as they should.
             with contextlib.suppress(Exception):
                 self._beat_store.set(f"live/{self.rank}", f"{beat} {self.progress}")

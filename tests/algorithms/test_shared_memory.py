@@ -306,3 +306,43 @@ def test_a_caller_may_gather_its_message_straight_into_its_slot() -> None:
 def _stage_of_two(rank: int, world_size: int) -> bool:
     # Of 2 ranks the sum goes into the input (both sum it whole): nothing to stage.
     return get_algorithm("shm").stage(p2p_group(), 4000, torch.float32, 8000) is None
+
+
+def _dies_making_its_window(rank: int, world_size: int, where: str) -> str:
+    """Rank 0 dies once it has made and reserved the window's file, before anyone mapped it."""
+    shm.SHM_DIR = where
+    if rank == 0:
+        reserve = os.posix_fallocate
+
+        def then_die(fd: int, offset: int, length: int) -> None:
+            reserve(fd, offset, length)
+            os._exit(9)
+
+        os.posix_fallocate = then_die
+    algo = get_algorithm("shm")
+    algo.timeout_s = 2.0
+    try:
+        algo.all_reduce(torch.ones(1000))
+    except (PeerError, RuntimeError) as exc:
+        return type(exc).__name__
+    return "no error"
+
+
+def test_a_dead_jobs_window_is_swept(tmp_path: Path) -> None:
+    # A crashed job's 64 MiB window used to stay in /dev/shm until reboot. Its name carries the
+    # time after which its maker would have unlinked it, were it alive; sweep removes it then
+    # (the next window's rank 0 sweeps, and a rank whose group failed).
+    results = launch(_dies_making_its_window, 2, str(tmp_path), timeout_s=60)
+    assert not results[0].ok and results[1].ok
+    left = [p.name for p in tmp_path.iterdir()]
+    assert len(left) == 1 and left[0].startswith("autotune-shm-"), left
+    (tmp_path / "autotune-shm-notes.txt").write_text("not ours")  # no deadline: never ours
+    shm.SHM_DIR = str(tmp_path)
+    try:
+        assert shm.sweep() == []  # not stale yet: a live job may still be mapping it
+        deadline = int(left[0].removeprefix("autotune-shm-").partition("-")[0])
+        assert time.time() + 2.0 < deadline <= time.time() + 2.0 + 61  # its timeout, + 60 s
+        assert shm.sweep(now=deadline + 1) == left
+    finally:
+        shm.SHM_DIR = "/dev/shm"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["autotune-shm-notes.txt"]

@@ -140,3 +140,12 @@ def test_a_stopped_rank_0_that_serves_the_store_is_named_alike_without_the_store
         assert "serves the rendezvous store, which did not answer" in named(s, 0).message
     # Woken, rank 0 finds the survivors' claim, written once its store answered again.
     named(seen[0], 0, within_s=120)
+
+
+def test_a_stopped_rank_woken_after_the_stores_host_exited_names_itself() -> None:
+    # Rank 0 serves the store, names rank 1, wakes it and exits with the store. The woken rank
+    # once read its own local view ("rank 0 failed first ... it has exited"); it stood still
+    # past timeout_s, so it is the rank its peers gave up on: it names itself, store or not.
+    seen = run(3, {1: "stop"}, {"algorithm": "native"}, wake=True, store_on_rank0=True)
+    for r, s in enumerate(seen):
+        named(s, 1, within_s=120 if r == 1 else TIMEOUT_S + MARGIN_S)
