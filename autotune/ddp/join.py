@@ -11,6 +11,12 @@ wrong buckets. So all of it holds while a Join is open, on every rank alike: a J
 the same point of the program on every rank, and its post-hooks run on every rank once every
 rank has joined; it goes on at the first forward after.
 
+An unhook that is due is the exception: it is a rebuild of the reducer on each rank, with no
+collective of its own, so the ranks still running do it in their pre-hook and a rank that has
+joined does it before its shadow of the same iteration (`JoinWatch`'s ``shadow``), on the group
+the Join was built with (autotune's own group, `autotune.ddp.guard`, is taken at the first
+forward after the Join). A job whose training loop is inside a Join still unhooks.
+
 `JoinWatch` wraps the model's ``join_hook`` (what ``Join`` calls when it is built) so that it
 sees each Join built on the model from then on, and its end; and a Join built before the watch
 began (a model registered with ``register_comm_hook``, found at its first iteration, inside the
@@ -31,17 +37,24 @@ __all__ = ["JoinWatch"]
 
 class JoinWatch:
     """Whether a ``Join`` is open on ``ddp`` (`open`), from when it is built until its post-hooks
-    ran; the same on every rank at the same forward."""
+    ran; the same on every rank at the same forward. ``shadow()`` runs on a rank that has joined
+    before each of its shadows of the others' iterations (before DDP's own join hook)."""
 
-    def __init__(self, ddp: DistributedDataParallel) -> None:
+    def __init__(
+        self, ddp: DistributedDataParallel, shadow: Callable[[], None] | None = None
+    ) -> None:
         self._ddp = ddp
+        self._shadow = shadow
         self._open = False
         # A Join built before this watch began leaves its configuration on the model for good:
         # it is open if it is still alive (its __exit__ runs the hooks it holds, wrapped here).
         if _enabled(ddp):
             for join in [o for o in gc.get_objects() if isinstance(o, Join)]:
                 if any(j is ddp for j in join._joinables):
-                    join._join_hooks = [_Watched(h, self) for h in join._join_hooks]
+                    join._join_hooks = [
+                        _Watched(h, self) if getattr(h, "ddp", None) is ddp else h
+                        for h in join._join_hooks
+                    ]
                     self._open = True
         self._ddp_join_hook: Callable[..., JoinHook] = ddp.join_hook  # DDP's own, bound
         ddp.join_hook = self._join_hook  # type: ignore[method-assign]
@@ -76,6 +89,8 @@ class _Watched(JoinHook):
         self._watch = watch
 
     def main_hook(self) -> None:
+        if self._watch._shadow is not None:
+            self._watch._shadow()
         self._inner.main_hook()
 
     def post_hook(self, is_last_joiner: bool) -> None:

@@ -193,6 +193,7 @@ class Unhooking:
         #: Forwards held while a Join was open, in all (what a job's log is told once per Join).
         self.held = 0
         self._holding = False
+        self._due = 0  # the iteration whose end the pre-hook waits for (`check`)
 
     def attach(self, ddp: DistributedDataParallel) -> None:
         """The model the state is registered on (else it is looked up when needed)."""
@@ -205,7 +206,7 @@ class Unhooking:
         if self._join is None or self._join.model is not ddp:
             if self._join is not None:
                 self._join.close()
-            self._join = JoinWatch(ddp)
+            self._join = JoinWatch(ddp, self._shadow)
 
     def check(self, iteration: int) -> None:
         """At ``iteration``'s last bucket: once the baseline is locked from it or earlier, swap
@@ -233,13 +234,14 @@ class Unhooking:
         if catch_due and hooks is not None:
             self._caught_for = due
             self.catch = hooks.make(ddp)
+        self._due = iteration
         self._handle = ddp.register_forward_pre_hook(
             lambda module, args: self._pre_forward(ddp, iteration)
         )
 
     def _pre_forward(self, ddp: DistributedDataParallel, iteration: int) -> None:
         if self._join is not None and self._join.open:
-            self._hold()
+            self._under_join(ddp, iteration)
             return
         self._holding = False
         if self._guard is not None:
@@ -260,9 +262,30 @@ class Unhooking:
         if tuner is not None and not tuner.pre_forward():
             self._remove()
 
+    def _under_join(self, ddp: DistributedDataParallel, iteration: int) -> None:
+        """A forward while DDP's Join is open (`autotune.ddp.join`): an unhook that is due
+        happens, as a rank that has joined does it in its shadow of the same iteration
+        (`_shadow`), on the job's group (Join's collectives stay on the group it was built
+        with); the rest holds."""
+        catch = self.catch
+        if self.at is None and (catch is None or catch.over):
+            self._swap(ddp, iteration)
+            if self._handle is None:
+                return  # nothing left for the pre-hook to do
+        self._hold()
+
+    def _shadow(self) -> None:
+        """On a rank that has joined, before its shadow of the others' next iteration (DDP's
+        join hook): what their pre-hook does under the Join, here an unhook that is due."""
+        ddp = None if self._model is None else self._model()
+        if self._handle is None or ddp is None:
+            return
+        self._under_join(ddp, self._due)
+
     def _hold(self) -> None:
-        """A forward while DDP's Join is open: nothing of this module's runs (`autotune.ddp.join`
-        says why), on every rank alike; a block of steps under way begins again after it."""
+        """A forward while DDP's Join is open: nothing collective of this module's runs
+        (`autotune.ddp.join` says why), on every rank alike; a block of steps under way begins
+        again after it."""
         self.held += 1
         if self._holding:
             return
