@@ -42,9 +42,10 @@ def test_two_tuned_models_in_one_backward(tmp_path: Path) -> None:
         "fusion_bytes": 4096,
     }
     for per_algorithm in run_local(
-        several_models, 2, ["auto"], 2, True, 40, settings, timeout_s=600
+        several_models, 2, ["auto"], 2, True, 40, settings, True, timeout_s=600
     ):
         rel, ran, _ = per_algorithm["auto"]
         assert rel < 1e-5, rel
-        # Each model's tuner screened candidates of its own, beside the other's.
-        assert all(len(algorithms) > 1 for algorithms in ran), ran
+        # The tuners screened beside each other (one tuner's screening of a size class serves
+        # the other, so which model ran the candidates depends on who got there first).
+        assert len(set().union(*ran)) > 1, ran

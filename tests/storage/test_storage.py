@@ -227,7 +227,7 @@ def test_each_run_stores_its_own_plan_and_reads_its_workloads_merge(tmp_path: Pa
     url = f"sqlite:///{tmp_path / 'tuning.db'}"
     a, b = Store(url, run_id="a"), Store(url, run_id="b")
     a.save_table("key", "cnn", Table({1024: entry("ring", 1e-3)}, fusion_bytes=0))
-    lead = NearMiss(Arm(((2048, Choice("ring", 1024)),), 1 << 20), Gain(0.96, 0.9, 1.01, 30))
+    lead = NearMiss(Arm(((8 << 20, Choice("ring", 1 << 20)),), 16 << 20), Gain(0.96, 0.9, 1.01, 30))
     b.save_table(
         "key", "cnn", Table({1024: entry("tree", 2e-3), 2048: entry("tree", 1e-3)}, lead=lead)
     )
