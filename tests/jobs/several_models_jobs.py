@@ -8,7 +8,6 @@ import time
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
@@ -24,19 +23,6 @@ def _shapes(count: int) -> list[torch.nn.Module]:
     return made[:count]
 
 
-def _screened(states: list[autotune.AutotuneState], step: int) -> bool:
-    """Whether the states have run more than one algorithm between them, on every rank
-    (checked every 10 steps, collectively, so that every rank stops at the same step). One
-    tuner's screening of a size class serves the others (docs/TUNER.md, "Persistence")."""
-    if step % 10:
-        return False
-    assert step < 2000, "the tuners never screened"
-    mine = len({name for state in states for _, name in state.stats()}) > 1
-    flag = torch.tensor([int(mine)])
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
-
-
 def several_models(
     rank: int,
     world_size: int,
@@ -45,15 +31,12 @@ def several_models(
     together: bool,
     steps: int,
     settings: dict[str, Any] | None = None,
-    screened: bool = False,
 ) -> dict[str, tuple[float, list[set[str]], float]]:
     """Per algorithm: ``count`` DDP models of different shapes, each registered with a state of
     its own on ``algorithm``, trained ``steps`` steps beside plain DDP copies on the same batches,
     with one backward through them all (``together``) or one backward per model in turn: the
     largest relative distance between a hooked model's parameters and its plain copy's, per
-    model the algorithms its messages ran, and the seconds the hooked models' steps took.
-    ``screened``: go on past ``steps`` until the models have run more than one algorithm between
-    them (a tuner screening; how soon depends on its storage and the machine's load)."""
+    model the algorithms its messages ran, and the seconds the hooked models' steps took."""
     out: dict[str, tuple[float, list[set[str]], float]] = {}
     for algorithm in algorithms:
         torch.manual_seed(0)
@@ -66,9 +49,7 @@ def several_models(
         opts = [torch.optim.SGD([*m.parameters()], lr=0.05) for m in (*ours, *plain)]
         g = torch.Generator().manual_seed(rank)
         seconds = 0.0
-        step = 0
-        while step < steps or (screened and not _screened(states, step)):
-            step += 1
+        for _ in range(steps):
             x = torch.randn(8, 16, generator=g)
             for opt in opts:
                 opt.zero_grad()
@@ -89,6 +70,7 @@ def several_models(
             for a, b in zip(mine.parameters(), theirs.parameters(), strict=True)
         )
         ran = [{name for _, name in state.stats()} for state in states]
+        assert all(state.engine.iteration == steps for state in states)
         out[algorithm] = (rel, ran, seconds)
         for state in states:
             state.close()
