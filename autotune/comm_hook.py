@@ -98,6 +98,12 @@ def register(
 
     DDP allows one comm hook per model: a model that has one already is refused (`check_hookable`).
     """
+    if not isinstance(ddp_model, DistributedDataParallel):
+        raise TypeError(
+            "autotune.register takes the DistributedDataParallel model, got a "
+            f"{type(ddp_model).__name__}: wrap it first (ddp_model = "
+            "torch.nn.parallel.DistributedDataParallel(model)), then register ddp_model"
+        )
     check_hookable(ddp_model)
     group = process_group if process_group is not None else ddp_model.process_group
     state = AutotuneState(group, config)
@@ -123,6 +129,11 @@ def check_hookable(ddp_model: DistributedDataParallel) -> None:
             "default: torch.compile splits the graph at DDP's buckets), or no comm hook"
         )
     hooks = getattr(ddp_model, "_comm_hooks", [])
+    if any(fn is hook for fn, _ in hooks):
+        raise RuntimeError(
+            "autotune is registered on this DDP model already: register it once per model "
+            "(the state the first registration returned is the model's)"
+        )
     if hooks:
         names = ", ".join(getattr(h, "__qualname__", repr(h)) for h, _ in hooks)
         raise RuntimeError(

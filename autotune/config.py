@@ -15,7 +15,7 @@ from autotune.comm.topology import NODE_ID_ENV
 from autotune.plan import check_fusion_bytes, check_segment_bytes
 from autotune.storage.fingerprint import check_workload
 from autotune.storage.store import as_url
-from autotune.util.names import nearest
+from autotune.util.names import nearest, typo_of
 from autotune.util.names import unknown as unknown_names
 from autotune.util.redact import redact
 from autotune.util.units import parse_bytes
@@ -241,12 +241,20 @@ class Config:
                 known[key] = by_name[new]
         for key in env:
             if key.startswith(ENV_PREFIX) and key not in known and key not in OTHER_VARIABLES:
-                # A misspelt setting silently ignored is a setting the user believes is on.
                 ours = [*known, *OTHER_VARIABLES]
+                slip = typo_of(key, ours)
+                if slip is not None:
+                    # A misspelt setting silently ignored is a setting the user believes is on.
+                    raise ValueError(
+                        f"{key} is not an autotune setting; did you mean {slip}? (settings: "
+                        f"{', '.join(sorted(ours))})"
+                    )
+                # Another tool's variable that shares the prefix stops no job.
                 close = nearest(key, ours)
-                hint = f"; did you mean {close}?" if close else ""
-                raise ValueError(
-                    f"{key} is not an autotune setting{hint} (settings: {', '.join(sorted(ours))})"
+                warnings.warn(
+                    f"{key} is not an autotune setting, and is ignored"
+                    + (f" (the nearest is {close})" if close else ""),
+                    stacklevel=2,
                 )
         values: dict[str, Any] = {}
         for key, f in known.items():

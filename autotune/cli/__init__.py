@@ -159,6 +159,15 @@ def _model(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    try:
+        import matplotlib  # noqa: F401  (drawn with it; only checked here)
+    except ImportError:
+        print(
+            "autotune report draws with matplotlib, which is not installed here: "
+            "pip install 'autotune[report]'",
+            file=sys.stderr,
+        )
+        return 2
     if args.prometheus:
         return _report_prometheus(args)
     from autotune.report import plan_markdown, plot_sweeps

@@ -63,10 +63,40 @@ def _one_line(error: BaseException) -> str:
     return "; ".join(ln for ln in lines if not ln.startswith("(Background on this error"))
 
 
+#: The package that installs a database driver, by the module SQLAlchemy imports.
+_DRIVERS = {
+    "psycopg2": "psycopg2-binary",
+    "psycopg": "'psycopg[binary]'",
+    "pymysql": "PyMySQL",
+    "MySQLdb": "mysqlclient",
+    "mysql": "mysql-connector-python",
+    "asyncpg": "asyncpg",
+}
+
+
 def cannot_open(url: str, exc: BaseException) -> ValueError:
-    """Why ``url`` did not open, in one line, its password masked. The cause is left off the
-    chain (``from None``): SQLAlchemy's errors repeat the URL, and a traceback prints them."""
-    return ValueError(redact(f"cannot open tuning storage {url!r}: {_one_line(exc)}"))
+    """Why ``url`` did not open, in one line, its password masked, and what to do where it is
+    known. The cause is left off the chain (``from None``): SQLAlchemy's errors repeat the URL,
+    and a traceback prints them."""
+    return ValueError(
+        redact(f"cannot open tuning storage {url!r}: {_one_line(exc)}{_fix(url, exc)}")
+    )
+
+
+def _fix(url: str, exc: BaseException) -> str:
+    """What to do about the usual ways a storage URL fails to open."""
+    dialect = url.partition("://")[0].partition("+")[0].lower()
+    if dialect == "postgres":
+        return " (SQLAlchemy names PostgreSQL 'postgresql://', not 'postgres://')"
+    e: BaseException | None = exc
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:  # Optuna wraps the driver's import error
+        seen.add(id(e))
+        if isinstance(e, ModuleNotFoundError) and e.name:
+            package = _DRIVERS.get(e.name, e.name)
+            return f" (its database driver {e.name!r} is not installed here: pip install {package})"
+        e = e.__cause__ or e.__context__
+    return ""
 
 
 def racing(exc: Exception) -> bool:

@@ -27,6 +27,7 @@ from ddp_jobs import (
     train_all,
 )
 
+import autotune
 from autotune.comm.launch import launch, run_local
 from autotune.plan import size_class
 from autotune.testing.conformance import algorithms_under_test
@@ -124,9 +125,17 @@ def test_state_from_environment() -> None:
 
 @pytest.mark.distributed
 def test_second_registration_is_refused() -> None:
-    messages = run_local(register_twice, 2)
-    for msg in messages:
-        assert "has a comm hook already (hook) and DDP allows one" in msg, msg
+    # It said "has a comm hook already (hook)" of autotune's own hook.
+    for msg in run_local(register_twice, 2):
+        assert "autotune is registered on this DDP model already: register it once" in msg, msg
+    for msg in run_local(register_twice, 2, "allreduce_hook"):
+        assert "has a comm hook already (allreduce_hook) and DDP allows one" in msg, msg
+
+
+def test_a_module_not_yet_in_ddp_is_refused_with_what_to_do() -> None:
+    # It was "AttributeError: 'Sequential' object has no attribute 'process_group'".
+    with pytest.raises(TypeError, match="takes the DistributedDataParallel model, got a Seq"):
+        autotune.register(torch.nn.Sequential(torch.nn.Linear(2, 2)))  # type: ignore[arg-type]
 
 
 @pytest.mark.distributed

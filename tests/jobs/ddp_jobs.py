@@ -211,16 +211,25 @@ def env_default_state(rank: int, world_size: int) -> tuple[set[str], int | None,
     return used, fusion, os.environ["AUTOTUNE_ALGORITHM"]
 
 
-def register_twice(rank: int, world_size: int) -> str:
+def register_twice(rank: int, world_size: int, first: str = "autotune") -> str:
+    """Register autotune on a model that has a comm hook already: autotune's own (``first``
+    "autotune") or PyTorch's ``allreduce_hook``: the error."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
     model = DDP(Net())
     config = autotune.Config(algorithm="ring")
-    state = autotune.register(model, config)
+    state = None
+    if first == "autotune":
+        state = autotune.register(model, config)
+    else:
+        model.register_comm_hook(None, allreduce_hook)
     try:
         autotune.register(model, config)
     except RuntimeError as exc:
         return str(exc)
     finally:
-        state.close()
+        if state is not None:
+            state.close()
     return "no error"
 
 

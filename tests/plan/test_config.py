@@ -155,6 +155,15 @@ def test_bad_environment_says_which_variable(env: dict[str, str], words: str) ->
         Config.from_env(env)
 
 
+def test_another_tools_variable_with_our_prefix_is_a_warning_not_a_stop() -> None:
+    # An empty AUTOTUNE_STORAGE_DIR that another tool set once stopped every rank.
+    with pytest.warns(UserWarning, match="AUTOTUNE_STORAGE_DIR is not an autotune setting, and"):
+        assert Config.from_env({"AUTOTUNE_STORAGE_DIR": ""}) == Config()
+    # A slip of one of ours stays an error: a setting the user believes is on.
+    with pytest.raises(ValueError, match=r"did you mean AUTOTUNE_ALGORITHM\?"):
+        Config.from_env({"AUTOTUNE_ALGORITM": "ring"})
+
+
 def test_our_variables_that_are_not_fields_are_not_misspellings() -> None:
     # AUTOTUNE_NODE_ID is read by autotune.comm.topology, not by Config.
     assert Config.from_env({"AUTOTUNE_NODE_ID": "rack1-host7"}) == Config()

@@ -108,3 +108,21 @@ def test_optunas_info_lines_stay_out_of_the_log_unless_the_user_set_a_verbosity(
         assert optuna.logging.get_verbosity() == optuna.logging.DEBUG
     finally:
         optuna.logging.set_verbosity(saved)
+
+
+@pytest.mark.parametrize(
+    ("url", "fix"),
+    [
+        # SQLAlchemy's own words were "Can't load plugin: sqlalchemy.dialects:postgres".
+        ("postgres://autotune@127.0.0.1:9/none", "names PostgreSQL 'postgresql://', not"),
+        # A driver that is not installed was a bare "No module named 'MySQLdb'".
+        ("mysql+mysqldb://autotune@127.0.0.1:9/none", "pip install mysqlclient"),
+    ],
+)
+def test_a_storage_that_cannot_open_says_what_to_do(
+    url: str, fix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "MySQLdb", None)  # not installed, wherever this runs
+    with pytest.raises(ValueError, match="cannot open tuning storage") as info:
+        Store(url)
+    assert fix in str(info.value) and "\n" not in str(info.value), info.value

@@ -78,3 +78,16 @@ def test_algorithms_says_what_runs_on_this_machine(
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line}
     assert nccl_cell in rows["nccl.ring.ll128"] and shm in rows["shm"]
     assert ", ".join(machine) in rows["ring"] if machine else "no: needs" in rows["ring"]
+
+
+@pytest.mark.parametrize("args", [["results.json"], ["--prometheus", "http://127.0.0.1:9"]])
+def test_report_without_matplotlib_says_what_to_install(
+    args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It ended in a traceback.
+    import autotune.cli
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed
+    assert autotune.cli.main(["report", *args]) == 2
+    err = capsys.readouterr().err
+    assert "matplotlib, which is not installed here: pip install 'autotune[report]'" in err
