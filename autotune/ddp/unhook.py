@@ -290,13 +290,14 @@ class Unhooking:
         if self._holding:
             return
         self._holding = True
-        if self.catch is not None and not self.catch.over:
-            self.catch.restart()
+        checking = self.catch if self.catch is not None and not self.catch.over else None
+        if checking is not None:
+            checking.restart()
         if self.buckets is not None:
             self.buckets.restart()
         what = (
             "its check against plain DDP"
-            if self.catch is not None and not self.catch.over
+            if checking is not None
             else "DDP's bucket-size search"
             if self.buckets is not None
             else "unhooking"

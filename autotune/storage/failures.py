@@ -35,6 +35,19 @@ def storage_failure(error: BaseException) -> str:
     """One line for a storage that failed mid-job: what is wrong (read-only, disk full, corrupt,
     gone) and the database's own words, its password masked. Optuna and SQLAlchemy wrap the
     database's error; the innermost one says what happened."""
+    chain = _chain(error)
+    for e in reversed(chain):
+        text = " ".join(str(e).split()).lower()
+        for cause, words in _CAUSES:
+            if any(w in text for w in words):
+                return redact(f"{cause}: {type(e).__name__}: {_first_line(e)}")
+    innermost = chain[-1]
+    return redact(f"{type(innermost).__name__}: {_first_line(innermost)}")
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """``error`` and what it wraps, outermost first: SQLAlchemy's driver error (``orig``), else
+    the cause or context."""
     chain = []
     seen: set[int] = set()
     e: BaseException | None = error
@@ -43,13 +56,7 @@ def storage_failure(error: BaseException) -> str:
         chain.append(e)
         orig = getattr(e, "orig", None)  # SQLAlchemy's DBAPIError keeps the driver's error here
         e = orig if isinstance(orig, BaseException) else (e.__cause__ or e.__context__)
-    for e in reversed(chain):
-        text = " ".join(str(e).split()).lower()
-        for cause, words in _CAUSES:
-            if any(w in text for w in words):
-                return redact(f"{cause}: {type(e).__name__}: {_first_line(e)}")
-    innermost = chain[-1]
-    return redact(f"{type(innermost).__name__}: {_first_line(innermost)}")
+    return chain
 
 
 def _first_line(error: BaseException) -> str:
@@ -88,14 +95,10 @@ def _fix(url: str, exc: BaseException) -> str:
     dialect = url.partition("://")[0].partition("+")[0].lower()
     if dialect == "postgres":
         return " (SQLAlchemy names PostgreSQL 'postgresql://', not 'postgres://')"
-    e: BaseException | None = exc
-    seen: set[int] = set()
-    while e is not None and id(e) not in seen:  # Optuna wraps the driver's import error
-        seen.add(id(e))
+    for e in _chain(exc):  # Optuna wraps the driver's import error
         if isinstance(e, ModuleNotFoundError) and e.name:
             package = _DRIVERS.get(e.name, e.name)
             return f" (its database driver {e.name!r} is not installed here: pip install {package})"
-        e = e.__cause__ or e.__context__
     return ""
 
 
