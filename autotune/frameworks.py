@@ -94,6 +94,7 @@ def log_values(state: AutotuneState) -> dict[str, float]:
         return values
     now = status(state.tuner, state.unhooking)
     values["autotune/locked"] = float(now.plan_locked)
+    values["autotune/final"] = float(now.final)  # 0: the step ratio is provisional
     gain = now.gain
     if gain is not None and math.isfinite(gain.ratio):
         values["autotune/step_ratio"] = gain.ratio

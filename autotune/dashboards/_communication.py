@@ -97,29 +97,41 @@ def communication(s: Sdk) -> Any:
     d = d.with_row(s.row("Plan and tuner"))
     d = d.with_panel(
         s.timeseries_panel(
-            "Step speedup over plain DDP",
-            "The baseline's training step (the backend's own all-reduce on DDP's buckets) over "
-            "the locked plan's, from paired iterations: the median and its 95% interval. Above 1 "
-            "autotune makes the step faster; 1 while it keeps the baseline.",
+            "Step time against plain DDP",
+            "autotune's training step over plain DDP's (below 1: faster), from paired "
+            "iterations or blocks: the median and its 95% interval; 1 while it keeps the "
+            "baseline. Provisional until 'Decision' reads final.",
             "none",
             [
                 s.query(
-                    f'min by (bound) (autotune_step_speedup_ratio{{{_SEL}, bound="{b}"}})',
+                    f'max by (bound) (autotune_step_ratio{{{_SEL}, bound="{b}"}})',
                     b,
                     ref=ref,
                 )
                 for b, ref in (("estimate", "A"), ("low", "B"), ("high", "C"))
             ],
-            width=16,
+            width=12,
         )
     )
     d = d.with_panel(
         s.stat_panel(
-            "Paired iterations behind the speedup",
-            "Pairs of iterations (plan, baseline) the speedup estimate rests on; 0 while the "
-            "baseline is kept.",
+            "Paired measurements behind the ratio",
+            "Pairs of iterations (or blocks) the step ratio rests on; 0 while the baseline "
+            "is kept.",
             "none",
-            [s.query(f"max(autotune_step_speedup_pairs{{{_SEL}}})", "pairs")],
+            [s.query(f"max(autotune_step_ratio_pairs{{{_SEL}}})", "pairs")],
+        )
+    )
+    d = d.with_panel(
+        s.stat_panel(
+            "Decision",
+            "1: final (the plan locked, its checks over); 0: provisional, with the iterations "
+            "the stages known now still take, as estimated.",
+            "none",
+            [
+                s.query(f"min(autotune_step_ratio_final{{{_SEL}}})", "final", ref="A"),
+                s.query(f"max(autotune_tuner_iterations_left{{{_SEL}}})", "left", ref="B"),
+            ],
         )
     )
     d = d.with_panel(

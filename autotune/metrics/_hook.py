@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from autotune.ddp.unhook import Unhooking
     from autotune.tuning import Tuner
 
-__all__ = ["LATENCY_BUCKETS_S", "HookMetrics"]
+__all__ = ["LATENCY_BUCKETS_S", "HookMetrics", "step_ratio_series"]
 
 #: Histogram buckets for latencies, in seconds: 50 us to 10 s.
 LATENCY_BUCKETS_S = (
@@ -203,38 +203,6 @@ class HookMetrics(Collector):
         fusion.add_metric(values, self.engine.fusion_bytes)
         yield fusion
 
-    def _speedup(self, now: Status, names: list[str], values: list[str]) -> Iterator[Metric]:
-        """The plan's gain over the baseline, as every rank heard it from rank 0."""
-        gain = now.gain
-        if not now.compared:
-            return  # not compared yet
-        ratio = GaugeMetricFamily(
-            "autotune_step_speedup_ratio",
-            "The baseline's training step (the backend's own all-reduce on DDP's buckets) over "
-            "the plan's, from paired iterations (plain DDP's over the plan's, from paired "
-            "blocks, once a plan that needs the hook passed the check against plain DDP): "
-            "'estimate' (median) and the 95% interval's 'low' and 'high' ends. Above 1 the plan "
-            "is faster; 1 while the baseline runs.",
-            labels=[*names, "bound"],
-        )
-        pairs = GaugeMetricFamily(
-            "autotune_step_speedup_pairs",
-            "Paired iterations behind autotune_step_speedup_ratio (0: the baseline is kept).",
-            labels=names,
-        )
-        if gain is None:
-            for bound in ("estimate", "low", "high"):
-                ratio.add_metric([*values, bound], 1.0)
-            pairs.add_metric(values, 0)
-        else:
-            ratio.add_metric([*values, "estimate"], 1.0 / gain.ratio)
-            ratio.add_metric([*values, "low"], 0.0 if math.isinf(gain.high) else 1.0 / gain.high)
-            if gain.low > 0:
-                ratio.add_metric([*values, "high"], 1.0 / gain.low)
-            pairs.add_metric(values, gain.pairs)
-        yield ratio
-        yield pairs
-
     def _tuner(self, names: list[str], values: list[str]) -> Iterator[Metric]:
         now = status(self.tuner, self.unhooking)
         state = GaugeMetricFamily(
@@ -262,7 +230,7 @@ class HookMetrics(Collector):
         for name in PHASES:
             phase.add_metric([*values, name], 1 if now.phase == name else 0)
         yield phase
-        yield from self._speedup(now, names, values)
+        yield from step_ratio_series(now, names, values)
         unhooked = 1 if now.unhooked_at is not None else 0
         for name, help_text in UNHOOKED_SERIES.items():
             gauge = GaugeMetricFamily(name, help_text, labels=names)
@@ -287,3 +255,70 @@ class HookMetrics(Collector):
                 best.add_metric([*values, str(key)], p.best_s)
         yield trials
         yield best
+
+
+def step_ratio_series(now: Status, names: list[str], values: list[str]) -> Iterator[Metric]:
+    """The plan's step over the baseline's, as every rank heard it from rank 0 (below 1:
+    faster), and whether that is final; the speedup series, its inverse, for one release."""
+    decided = GaugeMetricFamily(
+        "autotune_step_ratio_final",
+        "1 once autotune's decision is final (the plan locked, its check against plain DDP "
+        "and DDP's bucket-size search over), 0 while it is provisional.",
+        labels=names,
+    )
+    decided.add_metric(values, 1 if now.final else 0)
+    yield decided
+    left = now.iterations_left
+    if left is not None:
+        togo = GaugeMetricFamily(
+            "autotune_tuner_iterations_left",
+            "Iterations the stages of tuning known now still take, as estimated (0: final).",
+            labels=names,
+        )
+        togo.add_metric(values, left)
+        yield togo
+    gain = now.gain
+    if not now.compared:
+        return  # not compared yet
+    estimate, low, high = (1.0, 1.0, 1.0) if gain is None else (gain.ratio, gain.low, gain.high)
+    pairs = 0 if gain is None else gain.pairs
+    ratio = GaugeMetricFamily(
+        "autotune_step_ratio",
+        "autotune's training step over plain DDP's (below 1: faster), from paired iterations "
+        "against the baseline (the backend's own all-reduce on DDP's buckets), or paired "
+        "blocks against plain DDP itself once a plan that needs the hook passed that check, "
+        "or once autotune unhooked onto a DDP bucket size of its choosing: 'estimate' "
+        "(median) and the 95% interval's 'low' and 'high' ends; 1 while the baseline runs. "
+        "Provisional until autotune_step_ratio_final is 1.",
+        labels=[*names, "bound"],
+    )
+    ratio.add_metric([*values, "estimate"], estimate)
+    ratio.add_metric([*values, "low"], low)
+    if math.isfinite(high):
+        ratio.add_metric([*values, "high"], high)
+    yield ratio
+    counted = GaugeMetricFamily(
+        "autotune_step_ratio_pairs",
+        "Pairs (of iterations, or of blocks) behind autotune_step_ratio (0: the baseline).",
+        labels=names,
+    )
+    counted.add_metric(values, pairs)
+    yield counted
+    # Deprecated for one release: the same figure inverted (above 1 faster).
+    speedup = GaugeMetricFamily(
+        "autotune_step_speedup_ratio",
+        "Deprecated, removed in the next release: 1 / autotune_step_ratio (above 1 faster).",
+        labels=[*names, "bound"],
+    )
+    speedup.add_metric([*values, "estimate"], 1.0 / estimate)
+    speedup.add_metric([*values, "low"], 0.0 if math.isinf(high) else 1.0 / high)
+    if low > 0:
+        speedup.add_metric([*values, "high"], 1.0 / low)
+    yield speedup
+    old_pairs = GaugeMetricFamily(
+        "autotune_step_speedup_pairs",
+        "Deprecated, removed in the next release: autotune_step_ratio_pairs.",
+        labels=names,
+    )
+    old_pairs.add_metric(values, pairs)
+    yield old_pairs

@@ -36,7 +36,7 @@ from autotune.ddp.unhook import (
 )
 from autotune.plan import Buckets
 from autotune.tuning.blocks import BLOCK, BlockTimer
-from autotune.tuning.paired_test import MIN_PAIRS, Outcome, PairedTest
+from autotune.tuning.paired_test import FUTILE_FROM, MIN_PAIRS, Outcome, PairedTest
 from autotune.tuning.plan_search import NEAR_MISS_BELOW
 from autotune.util.units import format_bytes
 
@@ -196,6 +196,15 @@ class BucketSearch:
         gain = next(o.gain for cap, o in self.history if cap == self.kept)
         return Buckets(self.kept, gain)
 
+    def blocks_left(self) -> int:
+        """Blocks before the search decides, roughly: the paired test under way to its
+        ``max_pairs``, each queued one at `FUTILE_FROM` pairs (0 once decided)."""
+        if self.done:
+            return 0
+        queued = len(self._queue) - (self._duel is not None)
+        n = 0 if self._duel is None else self._duel.measurements_left()
+        return n + max(0, queued) * 2 * FUTILE_FROM
+
     @property
     def pairs(self) -> int:
         """Pairs of blocks run so far, over every paired test."""
@@ -259,6 +268,13 @@ class BucketTuner:
     def restart(self) -> None:
         """Begin the block under way again (`BlockTimer.restart`)."""
         self._timer.restart()
+
+    def iterations_left(self) -> int | None:
+        """Iterations before the search decides, roughly (`BucketSearch.blocks_left`); None
+        before its first forward, where it learns what a previous job stored."""
+        if self.search is None:
+            return None
+        return self.search.blocks_left() * BLOCK
 
     def pre_forward(self) -> bool:
         """Before a forward: time the step that just ended; at a block's end, decide the next

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from autotune.plan import Gain
 
 __all__ = [
+    "FUTILE_FROM",
     "LOOK_EVERY",
     "MIN_PAIRS",
     "PROMISING",
@@ -190,6 +191,16 @@ class PairedTest:
         self.ratios.append(ratio)
         self.outcome = self._decide(ratio)
         return self.outcome
+
+    def measurements_left(self) -> int:
+        """Steps (one per iteration, or per block) this test still takes to ``max_pairs``, its
+        warmup included: what a status estimates (a decision may come sooner, an extension
+        later; 0 once decided)."""
+        if self.outcome is not None:
+            return 0
+        limit = self.max_pairs if len(self.ratios) < self.max_pairs else self.extend_to
+        pending = self._unpaired is not None  # half of the next pair is measured
+        return 2 * max(0, limit - len(self.ratios)) - pending + sum(self._warmup.values())
 
     def gain(self) -> Gain:
         """The challenger's step over the incumbent's so far: median ratio and its interval."""

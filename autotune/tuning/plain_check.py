@@ -72,6 +72,13 @@ class PlainCheck:
         """Iterations the check against plain DDP has run so far."""
         return self._timer.iterations
 
+    def iterations_left(self) -> int:
+        """Iterations before the check decides, roughly (its paired test to its ``max_pairs``,
+        `PairedTest.measurements_left`; 0 once over)."""
+        if self.over:
+            return 0
+        return self._duel.measurements_left() * BLOCK
+
     def restart(self) -> None:
         """Begin the block under way again (`BlockTimer.restart`)."""
         self._timer.restart()

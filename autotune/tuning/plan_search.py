@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from autotune.plan import BASELINE_CHOICE, Arm, Choice, Gain, NearMiss
-from autotune.tuning.paired_test import LOOK_EVERY, MIN_PAIRS, Outcome, PairedTest
+from autotune.tuning.paired_test import FUTILE_FROM, LOOK_EVERY, MIN_PAIRS, Outcome, PairedTest
 
 __all__ = ["NEAR_MISS_BELOW", "RUNNER_UP_WITHIN", "SHORTLIST_BELOW", "PlanSearch", "shortlist"]
 
@@ -166,6 +166,23 @@ class PlanSearch:
         """Where the baseline is kept: the plan for the next job to try again, if one came
         close (`NEAR_MISS_BELOW`)."""
         return self._lead if self.baseline_kept else None
+
+    def iterations_left(self, screening: int | None) -> int | None:
+        """A rough count of the iterations before the plan is locked (or meets plain DDP): the
+        paired test under way to its ``max_pairs``, each one queued at `FUTILE_FROM` pairs (where
+        a challenger that is not ahead stops), and where screening is still to come or under
+        way, its windows left (``screening``; None: not known yet, and so is this). Stages not
+        known yet (the paired tests screening will put forward) are not in it: a status says
+        which stages remain beside it. 0 once settled; None while loading."""
+        if self.phase == "loading":
+            return None
+        n = 0 if self.match is None else self.match.duel.measurements_left()
+        n += len(self._queue) * 2 * (FUTILE_FROM + self.warmup)
+        if self.phase in ("fusion", "screening"):
+            if screening is None:
+                return None
+            n += screening
+        return n
 
     def duels(self, kind: str) -> int:
         return sum(1 for k, _, _ in self.history if k == kind)

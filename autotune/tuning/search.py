@@ -133,6 +133,22 @@ class Search(Generic[T]):
         if len(trial.values) >= s.tune_samples:
             self._finish(trial, statistics.median(trial.values), None)
 
+    def windows_left(self) -> int:
+        """Windows (iterations, while screening) this search still takes at most: its trials
+        left, each warmup and samples, less what the trial under way has measured; 0 once
+        locked."""
+        if self.state == "locked":
+            return 0
+        s = self.tuner.config
+        per_trial = s.tune_warmup + s.tune_samples
+        trials = min(s.tune_trials, len(self.space)) - max(
+            self.finished, len(self.tried.intersection(self.space))
+        )
+        n = max(0, trials) * per_trial
+        if self.trial is not None:
+            n -= min(per_trial, s.tune_warmup - self.trial.warmup_left + len(self.trial.values))
+        return max(0, n)
+
     def progress(self) -> Progress:
         best = self.best[1] if self.best else None
         choice = self.desired if isinstance(self.desired, (Choice, int)) else None

@@ -46,7 +46,12 @@ class Status:
     plan's step over plain DDP's, once measured. ``states``: per size class, "exploring" or
     "locked". ``unhooked_at``: the iteration after which DDP runs without the hook (None: hooked).
     ``progress``: per size class (and "fusion"), the search's progress (rank 0; empty elsewhere).
-    ``verdict``: one line for a job's summary.
+    ``verdict``: one line for a job's summary. ``final``: the decision is this job's last word
+    (`locked`, and no stage is left to run: the check against plain DDP and DDP's bucket-size
+    search included); else it is provisional, ``to_run`` names the stages still to run, and
+    ``iterations_left`` estimates the iterations those of them known now take (None: not known
+    yet; `autotune.tuning.plan_search.PlanSearch.iterations_left`). The headline and the verdict
+    read the same ``gain`` and ``final``.
     """
 
     tuning: bool
@@ -59,23 +64,48 @@ class Status:
     verdict: str
     states: Mapping[int, str] = field(default_factory=dict)
     progress: Mapping[int | str, Progress] = field(default_factory=dict)
+    final: bool = False
+    to_run: tuple[str, ...] = ()
+    iterations_left: int | None = None
+
+    @property
+    def decision(self) -> str:
+        """``final``, ``provisional`` (still tuning), or ``fixed`` (a plan without the tuner)."""
+        if not self.tuning:
+            return "fixed"
+        return "final" if self.final else "provisional"
 
     @property
     def headline(self) -> str:
         """The plain verdict, for the first line of a job's summary: faster with autotune, no
-        gain (plain DDP kept, and whether autotune stepped aside), or not decided yet."""
+        gain (plain DDP kept, and whether autotune stepped aside), or provisional (what is
+        still to run). "faster" only once the decision is final and its paired test won."""
         if not self.tuning:
             return "a fixed plan: not compared with plain DDP"
-        if self.unhooked_at is not None:
-            return (
-                "no gain: plain DDP kept, autotune stepped aside after iteration "
-                f"{self.unhooked_at}"
-            )
+        if not self.final:
+            return f"provisional: {self.remaining()}"
+        aside = (
+            ""
+            if self.unhooked_at is None
+            else f"autotune stepped aside after iteration {self.unhooked_at}"
+        )
         if self.gain is not None and self.gain.ratio < 1:
-            return f"{self.gain.ratio:.2f}x step time: faster with autotune"
-        if self.compared:
-            return "no gain: plain DDP's all-reduce kept"
-        return "not decided yet: still tuning (the plan so far is stored; run longer or again)"
+            how = f" (DDP's own all-reduce in autotune's bucket size; {aside})" if aside else ""
+            return f"{self.gain.ratio:.2f}x step time: faster with autotune{how}"
+        if aside:
+            return f"no gain: plain DDP kept, {aside}"
+        return "no gain: plain DDP's all-reduce kept"
+
+    def remaining(self) -> str:
+        """While provisional: the gain so far, if one was measured, and what is still to run,
+        with the estimate where there is one."""
+        so_far = ""
+        if self.gain is not None:
+            so_far = f"{self.gain.ratio:.2f}x step time so far, not final; "
+        stages = ", then ".join(self.to_run) or "tuning"
+        left = self.iterations_left
+        estimate = "" if left is None else f" (about {left} iterations for what is known now)"
+        return f"{so_far}still to run: {stages}{estimate}"
 
     @property
     def compared(self) -> bool:
@@ -100,18 +130,68 @@ def status(tuner: Tuner | None, unhooking: Unhooking | None) -> Status:
             unhooked_at=unhooked_at,
             verdict=_verdict(None, unhooking),
         )
+    final = settled or (tuner.locked and tuner.unhook_from is None)
+    to_run, left = ((), 0) if final else _still_to_run(tuner, unhooking)
+    verdict = _verdict(tuner, unhooking)
     return Status(
         tuning=True,
         phase=tuner.phase,
         plan_locked=tuner.settled,
         settled=settled,
         locked=is_locked(tuner, unhooking, settled),
-        gain=tuner.gain,
+        gain=_gain(tuner, unhooking),
         unhooked_at=unhooked_at,
-        verdict=_verdict(tuner, unhooking),
+        verdict=verdict if final else f"provisional: {verdict}",
         states=dict(tuner.states),
         progress=tuner.progress(),
+        final=final,
+        to_run=to_run,
+        iterations_left=left,
     )
+
+
+#: What each phase of the plan search runs, in the order they come (`PlanSearch`).
+STAGES = {
+    "loading": "loading what earlier jobs stored",
+    "fusion": "fusion sizes against DDP's buckets on the step",
+    "screening": "screening each message size's algorithms on latency",
+    "classes": "paired tests of the shortlisted algorithms on the step",
+    "confirm": "the plan against the baseline on the step",
+    "catch": "the check against plain DDP (if the plan needs the hook)",
+    "buckets": "DDP's bucket-size search (if plain DDP is kept)",
+}
+
+
+def _still_to_run(tuner: Tuner, unhooking: Unhooking | None) -> tuple[tuple[str, ...], int | None]:
+    """The stages still to run, and the estimate of the iterations those known now take."""
+    bucket_stage = STAGES["buckets"].split(" (")[0]
+    if unhooking is not None:
+        check = unhooking.catch
+        if tuner.check_from is not None and check is not None and not check.over:
+            return ("the check against plain DDP",), check.iterations_left()
+        if unhooking.at is not None and unhooking.buckets is not None:
+            return (bucket_stage,), unhooking.buckets.iterations_left()
+        if tuner.unhook_from is not None and unhooking.refused is None:
+            return ("stepping aside for plain DDP at the next forward", bucket_stage), None
+    if tuner.phase == "locked":  # the orders that lock it are on their way to every rank
+        return ("settling the locked plan on every rank",), 0
+    order = list(STAGES)
+    ahead = order[order.index(tuner.phase) :] if tuner.phase in order else order
+    if not tuner.unhooks:
+        ahead = [a for a in ahead if a not in ("catch", "buckets")]
+    if tuner.phase == "loading":
+        ahead = ahead[:1]
+    return tuple(STAGES[a] for a in ahead), tuner.to_go
+
+
+def _gain(tuner: Tuner, unhooking: Unhooking | None) -> Gain | None:
+    """The gain the headline and the verdict both read: DDP's bucket size's once its search has
+    decided, else rank 0's plan search's (the latest), else what rank 0's orders carried."""
+    if unhooking is not None and unhooking.buckets is not None and unhooking.buckets.done:
+        return tuner.gain
+    if tuner.plan_search is not None:
+        return tuner.plan_search.gain
+    return tuner.gain
 
 
 def is_settled(tuner: Tuner | None, unhooking: Unhooking | None) -> bool:

@@ -97,6 +97,9 @@ class Tuner:
         self.states: dict[int, str] = {}
         self.phase = "loading"
         self.gain: Gain | None = None
+        #: Iterations before the plan is locked, as rank 0 estimated them for the stages known
+        #: then (None: not known yet; `autotune.tuning.status.Status.iterations_left`).
+        self.to_go: int | None = None
         #: The iteration from which every rank runs, locked, a plan DDP runs itself (None: it
         #: does not): the baseline, or where the fusion size is tuned, the backend's all-reduce
         #: for every class at any fusion size, which `autotune.tuning.buckets` turns into DDP's own
@@ -258,6 +261,7 @@ class Tuner:
             self.arm = arm
         self.states.update(orders.states)
         self.cadence, self.phase, self.gain = orders.cadence, orders.phase, orders.gain
+        self.to_go = orders.to_go
         self.frozen = self.frozen or orders.frozen
         if orders.phase != "catch":
             self._catch_armed = True
@@ -416,7 +420,14 @@ class Tuner:
             plan_search.phase,
             plan_search.gain,
             self.frozen,
+            plan_search.iterations_left(self._screening_left()) if self.loaded else None,
         )
+
+    def _screening_left(self) -> int | None:
+        """Windows before every active class is screened (they screen side by side); None
+        before any class was seen."""
+        active = [s for s in self.classes.values() if self.exchanges - s.last_seen < IDLE_EXCHANGES]
+        return max((s.windows_left() for s in active), default=None)
 
     def _screening_arm(self) -> Arm | None:
         """While classes screen: the incumbent, with each class on its search's current trial."""

@@ -29,7 +29,8 @@ _CADENCE = _FUSION + 1  # 0: no orders yet
 _PHASE = _CADENCE + 1
 _GAIN = _PHASE + 1  # ratio, low, high, pairs
 _FROZEN = _GAIN + 4  # 1: tuning stopped, its storage failed (rank 0 says why in its log)
-WIDTH = _FROZEN + 1
+_TO_GO = _FROZEN + 1  # iterations left, as rank 0 estimates them, + 1 (0: not known)
+WIDTH = _TO_GO + 1
 _UNMEASURED = float("-inf")
 
 EXPLORING, LOCKED = 1, 2
@@ -57,6 +58,9 @@ class Orders:
     gain: Gain | None
     #: Tuning stopped for good (the storage failed): the plan runs on as it is, on every rank.
     frozen: bool = False
+    #: Iterations before the plan is locked, for the stages known now, as rank 0 estimates them
+    #: (`autotune.tuning.plan_search.PlanSearch.iterations_left`; None: not known yet).
+    to_go: int | None = None
 
 
 def write(window: Window, orders: Orders | None) -> list[float]:
@@ -78,6 +82,7 @@ def write(window: Window, orders: Orders | None) -> list[float]:
             g = orders.gain
             row[_GAIN : _GAIN + 4] = [g.ratio, g.low, g.high, g.pairs]
         row[_FROZEN] = float(orders.frozen)
+        row[_TO_GO] = 0.0 if orders.to_go is None else orders.to_go + 1.0
     return row
 
 
@@ -97,7 +102,8 @@ def read(row: list[float]) -> tuple[Window, Orders | None]:
     gain = Gain(ratio, low, high, int(pairs)) if pairs > 0 else None
     phase = PHASES[int(row[_PHASE]) - 1]
     fusion, cadence, frozen = int(row[_FUSION]) - 1, int(row[_CADENCE]), bool(row[_FROZEN])
-    return window, Orders(codes, states, fusion, cadence, phase, gain, frozen)
+    to_go = int(row[_TO_GO]) - 1 if row[_TO_GO] else None
+    return window, Orders(codes, states, fusion, cadence, phase, gain, frozen, to_go)
 
 
 def _index(cls: int) -> int:

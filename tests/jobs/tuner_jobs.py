@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -164,6 +164,8 @@ class Tuned:
     states: list[tuple[bool, bool]]
     candidates: tuple[str, ...]  # what the tuner chose among, as the group agreed
     workload: str  # the workload its plan is stored under (rank 0's; "" elsewhere)
+    #: After each step: `state.status()`'s headline and its phase, on this rank.
+    headlines: list[tuple[str, str]] = field(default_factory=list)
 
 
 def tune(
@@ -201,6 +203,7 @@ def tune(
     g = torch.Generator().manual_seed(rank)
     steps_run = 0
     states: list[tuple[bool, bool]] = []
+    headlines: list[tuple[str, str]] = []
     for step in range(steps):
         after_flip = flip_at is None or step > flip_at
         if until_settled and after_flip and all_settled(state, flip_at is not None):
@@ -214,6 +217,8 @@ def tune(
             opt.step()
             opt.zero_grad()
         states.append((state.locked, state.settled))
+        now = state.status()
+        headlines.append((now.headline, now.phase))
     assert state.tuner is not None
     rel = 0.0
     if compare:
@@ -242,6 +247,7 @@ def tune(
             )
         ],
         baseline_kept=bool(state.tuner.plan_search and state.tuner.plan_search.baseline_kept),
+        headlines=headlines,
     )
     state.close()
     return result

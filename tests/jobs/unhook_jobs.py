@@ -6,7 +6,7 @@ import copy
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -54,6 +54,8 @@ class Aside:
     catch_kept: bool | None = None
     catch_pairs: int = 0
     stored_plan: dict[int, str] | None = None
+    # `state.status().headline` after each step (`autotune.tuning.status.Status`).
+    headlines: list[str] = field(default_factory=list)
 
 
 def beside_plain(
@@ -119,6 +121,7 @@ def beside_plain(
     g = torch.Generator().manual_seed(100 + rank)
     calls: list[int] = []
     synced: list[bool] = []
+    headlines: list[str] = []
     caught_at: int | None = None  # synced steps when this rank's catch was over
     for step in range(steps):
         if after_aside is not None and _all_done(state, synced, after_aside):
@@ -142,6 +145,7 @@ def beside_plain(
             opt.zero_grad()
         calls.append(len(state.recorder.hook_calls()) - before)
         synced.append(not accumulate)
+        headlines.append(state.status().headline)
     played_nccl.final_check()  # on the played NCCL: one order of launches everywhere
     unhooking = state.unhooking
     search = None if unhooking is None or unhooking.buckets is None else unhooking.buckets.search
@@ -176,6 +180,7 @@ def beside_plain(
         else [(cap, o.challenger_won) for cap, o in search.history],
         bucket_kept=None if search is None else search.kept,
         bucket_cap=models[0].bucket_bytes_cap,
+        headlines=headlines,
     )
     catch = None if unhooking is None else unhooking.catch
     if catch is not None:

@@ -175,7 +175,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusClie
         job.start()
         client = PrometheusClient(f"http://127.0.0.1:{prometheus.port}")
         prometheus.wait_for("autotune_tuner_best_latency_seconds", {"0"}, timeout_s=120)
-        prometheus.wait_for("autotune_step_speedup_ratio", {"0", "1"}, timeout_s=120)
+        prometheus.wait_for("autotune_step_ratio", {"0", "1"}, timeout_s=120)
         time.sleep(20)  # rates over a few scrapes, a tuner that has switched a few times
         yield client
     finally:

@@ -29,7 +29,9 @@ from autotune.metrics import (
     NvmlUnavailable,
     PynvmlQuery,
 )
-from autotune.plan import Choice, Plan
+from autotune.metrics._hook import step_ratio_series
+from autotune.plan import Choice, Gain, Plan
+from autotune.tuning.status import Status
 
 HOST = socket.gethostname()
 
@@ -381,3 +383,44 @@ def test_a_missing_server_skips_outside_ci_and_fails_under_it(
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match=r"\.ci/run provides it"):
         require("no-such-server-binary")
+
+
+def _samples(now: Status) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in step_ratio_series(now, ["rank"], ["0"])
+        for s in family.samples
+    }
+
+
+def test_the_step_ratio_reads_below_one_where_faster_with_the_old_series_its_inverse() -> None:
+    gain = Gain(0.8, 0.75, 0.9, 12)
+    now = Status(
+        tuning=True, phase="catch", plan_locked=False, settled=False, locked=False, gain=gain,
+        unhooked_at=None, verdict="", iterations_left=96,
+    )  # fmt: skip
+    got = _samples(now)
+
+    def at(name: str, bound: str | None = None) -> float:
+        labels = {"rank": "0"} | ({} if bound is None else {"bound": bound})
+        return got[(name, tuple(sorted(labels.items())))]
+
+    assert (at("autotune_step_ratio", "estimate"), at("autotune_step_ratio", "low")) == (0.8, 0.75)
+    assert at("autotune_step_ratio", "high") == 0.9
+    assert at("autotune_step_ratio_pairs") == 12
+    # Provisional: the gain so far is exported, and said not to be final.
+    assert at("autotune_step_ratio_final") == 0 and at("autotune_tuner_iterations_left") == 96
+    # The deprecated series, for one release: the same figures inverted.
+    assert at("autotune_step_speedup_ratio", "estimate") == pytest.approx(1.25)
+    assert at("autotune_step_speedup_ratio", "low") == pytest.approx(1 / 0.9)
+    assert at("autotune_step_speedup_ratio", "high") == pytest.approx(1 / 0.75)
+    assert at("autotune_step_speedup_pairs") == 12
+
+
+def test_before_any_comparison_only_the_decision_is_exported() -> None:
+    now = Status(
+        tuning=True, phase="screening", plan_locked=False, settled=False, locked=False,
+        gain=None, unhooked_at=None, verdict="",
+    )  # fmt: skip
+    got = _samples(now)
+    assert got == {("autotune_step_ratio_final", (("rank", "0"),)): 0.0}

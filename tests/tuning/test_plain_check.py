@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from headlines import assert_never_claims_early
 from unhook_jobs import KEEPS_BASELINE, Aside, beside_plain
 
 from autotune.comm.launch import run_local
@@ -67,6 +68,13 @@ def test_a_plan_faster_than_plain_ddp_keeps_the_hook_with_the_gain_against_plain
     assert len({r.hooked for r in runs}) == 1, "ranks' parameters diverged"
     verdict = runs[0].verdict
     assert f"pairs of {BLOCK}-iteration blocks" in verdict and "plan: " in verdict, verdict
+    # The confirmed plan's gain is provisional until the check against plain DDP kept it.
+    for r in runs:
+        assert_never_claims_early(r.headlines)
+        checking = [h for h in r.headlines if "still to run: the check against plain DDP" in h]
+        assert checking, r.headlines
+        assert r.headlines[-1].endswith("x step time: faster with autotune"), r.headlines[-1]
+        assert verdict.split("x step time")[0].endswith(r.headlines[-1].split("x ")[0])
     assert runs[0].stored_plan is not None and set(runs[0].stored_plan.values()) == {"ring"}
 
 
@@ -83,6 +91,14 @@ def test_a_plan_slower_than_plain_ddp_is_dropped_and_the_job_steps_aside(tmp_pat
     verdict = runs[0].verdict
     assert "beat it through the hook, but ran" in verdict, verdict
     assert "unhooked after iteration" in verdict, verdict
+    # Never "faster": provisional through the check, then final, the same on every rank.
+    for r in runs:
+        assert_never_claims_early(r.headlines)
+        assert any("still to run: the check against plain DDP" in h for h in r.headlines)
+        assert r.headlines[-1] == (
+            f"no gain: plain DDP kept, autotune stepped aside after iteration {r.aside_at}"
+        )
+    assert not verdict.startswith("provisional: "), verdict
     # The next job finds the baseline (no lead: the plan lost to plain DDP itself).
     assert runs[0].stored_plan is not None and set(runs[0].stored_plan.values()) == {"native"}
     stored = Store(f"sqlite:///{tmp_path / 'tuning.db'}").load_table(

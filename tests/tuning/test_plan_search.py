@@ -434,3 +434,28 @@ def test_a_plan_that_needs_no_hook_is_locked_without_the_check_against_plain_ddp
     assert c.phase == "confirm" and c.match is not None
     drive(c, lambda arm, i: 0.8 if arm == won else 1.0, 40)
     assert c.settled and c.incumbent == won
+
+
+def test_the_estimate_of_iterations_left_counts_down_and_is_zero_once_locked() -> None:
+    """`PlanSearch.iterations_left`: None while loading and, before screening, until screening's
+    windows are known; the paired test under way counts down one per measured iteration."""
+    c = plan_search()
+    assert c.iterations_left(screening=30) is None  # loading
+    c.start(None)
+    assert c.phase == "fusion"
+    assert c.iterations_left(screening=None) is None
+    # The fusion test under way: 8 pairs (16 iterations) to its max_pairs, then screening's 30.
+    assert c.iterations_left(screening=30) == 2 * 8 + 30
+
+    def step(arm: Arm, i: int) -> float:
+        return 1.0 + 0.01 * (i % 3)  # nothing to gain: the fusion size loses
+
+    before = c.iterations_left(screening=30)
+    drive(c, step, 1)
+    after = c.iterations_left(screening=30)
+    assert before is not None and after is not None and after == before - 1
+    drive(c, step, 40, start=1)
+    assert c.phase == "screening"
+    assert c.iterations_left(screening=12) == 12
+    c.screened([])  # nothing shortlisted: the baseline is locked
+    assert c.settled and c.iterations_left(screening=None) == 0

@@ -1,9 +1,8 @@
-"""The plain verdict a job's summary leads with (`Status.headline`), one per situation, never
-contradicting whether autotune stepped aside."""
+"""The plain verdict a job's summary leads with (`Status.headline`), one per situation: final or
+provisional, never "faster" before the decision is final, never contradicting the verdict's gain
+or whether autotune stepped aside."""
 
 from __future__ import annotations
-
-import math
 
 import pytest
 
@@ -32,15 +31,59 @@ def status(**changes: object) -> Status:
             {"unhooked_at": 460, "plan_locked": True, "phase": "locked"},
             "no gain: plain DDP kept, autotune stepped aside after iteration 460",
         ),
-        # Stepped aside wins over a gain measured before (never "faster" and "stepped aside").
+        # A DDP bucket size that won once autotune stepped aside: the same gain the verdict
+        # states, never "no gain" beside a verdict below 1.
         (
-            {"unhooked_at": 460, "gain": Gain(0.98, 0.9, math.inf, 6)},
-            "no gain: plain DDP kept, autotune stepped aside after iteration 460",
+            {"unhooked_at": 460, "gain": Gain(0.93, 0.88, 0.98, 12)},
+            "0.93x step time: faster with autotune (DDP's own all-reduce in autotune's bucket "
+            "size; autotune stepped aside after iteration 460)",
         ),
         ({"plan_locked": True, "phase": "locked"}, "no gain: plain DDP's all-reduce kept"),
         ({"gain": Gain(1.03, 0.98, 1.09, 6)}, "no gain: plain DDP's all-reduce kept"),
-        ({}, "not decided yet: still tuning (the plan so far is stored; run longer or again)"),
     ],
 )
-def test_the_headline_says_what_the_job_got(changes: dict[str, object], headline: str) -> None:
-    assert status(**changes).headline == headline
+def test_a_final_headline_says_what_the_job_got(changes: dict[str, object], headline: str) -> None:
+    assert status(final=True, **changes).headline == headline
+
+
+@pytest.mark.parametrize(
+    ("changes", "headline"),
+    [
+        # A gain measured through the hook, before the check against plain DDP: not "faster".
+        (
+            {
+                "gain": Gain(0.90, 0.85, 0.95, 12),
+                "phase": "catch",
+                "to_run": ("the check against plain DDP",),
+                "iterations_left": 96,
+            },
+            "provisional: 0.90x step time so far, not final; still to run: the check against "
+            "plain DDP (about 96 iterations for what is known now)",
+        ),
+        (
+            {"to_run": ("loading what earlier jobs stored",)},
+            "provisional: still to run: loading what earlier jobs stored",
+        ),
+        (
+            {
+                "unhooked_at": 300,
+                "to_run": ("DDP's bucket-size search",),
+                "iterations_left": 160,
+            },
+            "provisional: still to run: DDP's bucket-size search (about 160 iterations for what "
+            "is known now)",
+        ),
+    ],
+)
+def test_a_provisional_headline_says_what_is_left_and_never_faster(
+    changes: dict[str, object], headline: str
+) -> None:
+    now = status(**changes)
+    assert now.decision == "provisional"
+    assert now.headline == headline
+
+
+def test_the_decision_names_the_three_cases() -> None:
+    assert status(tuning=False).decision == "fixed"
+    assert status(final=True).decision == "final"
+    assert status().decision == "provisional"

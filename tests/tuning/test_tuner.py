@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from headlines import assert_never_claims_early
 from tuner_jobs import (
     KEEPS_SWITCHING,
     SMALL_BYTES,
@@ -49,6 +50,16 @@ def test_with_a_baseline_that_is_always_best_the_tuner_locks_the_baseline(
     assert result.plan and all(c.algorithm == "native" for c in result.plan.values())
     last = max(i for i, *_ in result.messages)
     assert all(a == "native" for i, _, a, _ in result.messages if i == last)
+    # Provisional through screening and the paired tests, then final without a gain (plain
+    # DDP kept, or a DDP bucket size of autotune's that won its own paired test).
+    headlines = [h for h, _ in result.headlines]
+    assert_never_claims_early(headlines)
+    phases = {phase for h, phase in result.headlines if h.startswith("provisional: ")}
+    assert {"screening", "classes"} <= phases, phases
+    final = headlines[-1]
+    assert final.startswith("no gain: plain DDP kept, autotune stepped aside") or (
+        "faster with autotune (DDP's own all-reduce in autotune's bucket size" in final
+    ), final
 
 
 def test_a_plan_whose_messages_look_fast_but_whose_step_is_slower_is_not_locked(
@@ -78,6 +89,14 @@ def test_the_best_algorithm_differs_between_size_classes(tmp_path: Path) -> None
     }
     assert {cls: c.algorithm for cls, c in result.plan.items()} == expected
     assert set(expected.values()) == {"fast_small", "fast_large"}  # both kinds of class occur
+    # "faster" only once the plan is locked: provisional through every phase before it.
+    headlines = [h for h, _ in result.headlines]
+    assert_never_claims_early(headlines)
+    provisional = {phase for h, phase in result.headlines if h.startswith("provisional: ")}
+    assert {"screening", "classes"} <= provisional, provisional
+    assert all(phase == "locked" for h, phase in result.headlines if "faster" in h)
+    assert headlines[-1].endswith("x step time: faster with autotune"), headlines[-1]
+    assert float(headlines[-1].split("x ")[0]) < 1
     assert not result.baseline_kept
 
 

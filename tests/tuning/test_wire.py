@@ -57,6 +57,7 @@ def test_rank_zeros_orders_reach_every_rank_beside_the_windows() -> None:
         cadence=wire.LOCKED,
         phase="classes",
         gain=Gain(0.93, 0.91, 0.96, 24),
+        to_go=118,
     )
     window, got = wire.read(
         exchanged(
@@ -65,3 +66,9 @@ def test_rank_zeros_orders_reach_every_rank_beside_the_windows() -> None:
     )
     assert got == orders
     assert window.latencies == {1 << 24: 0.01} and window.step_s == 0.2
+
+
+def test_an_estimate_of_none_and_of_zero_iterations_left_both_cross_the_wire() -> None:
+    for to_go in (None, 0):
+        orders = wire.Orders({}, {}, 0, wire.EXPLORING, "loading", None, to_go=to_go)
+        assert wire.read(exchanged(wire.Window({}, None), orders=orders))[1] == orders
