@@ -51,8 +51,14 @@ def push(
     A dashboard already there with the same content and folder is left alone, so pushing twice
     changes nothing the second time.
     """
-    from grafana_client.api import GrafanaApi
-    from grafana_client.client import GrafanaClientError
+    try:
+        from grafana_client.api import GrafanaApi
+        from grafana_client.client import GrafanaClientError
+    except ImportError:
+        raise PushError(
+            "pushing dashboards needs grafana-client, which is not installed here: "
+            "pip install 'autotune[grafana]' (or import dashboards/*.json in Grafana's UI)"
+        ) from None
 
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:

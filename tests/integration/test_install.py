@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from importlib.metadata import requires, version
+from importlib.metadata import Distribution, distribution, distributions, requires, version
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,3 +40,62 @@ def test_the_declared_torch_range_holds_the_installed_torch() -> None:
     installed = version("torch").split("+")[0]
     assert torch.specifier.contains(installed), (str(torch.specifier), installed)
     assert not torch.specifier.contains("3.0") and torch.specifier.contains("2.6")
+
+
+def _closure(name: str) -> set[str]:
+    """The installed distributions ``name`` needs, itself included, extras left out."""
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        dist = distribution(todo.pop())
+        key = canonicalize_name(dist.metadata["Name"])
+        if key in seen:
+            continue
+        seen.add(key)
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return seen
+
+
+def _import_names(dist: Distribution) -> set[str]:
+    """The top-level modules and regular packages ``dist`` installs (namespace packages, which
+    several distributions share by design, left out)."""
+    files = [f for f in dist.files or [] if f.parts and f.parts[0] != ".."]
+    names = set()
+    for f in files:
+        top = f.parts[0]
+        if top.endswith((".dist-info", ".data", ".egg-info")) or top == "__pycache__":
+            continue
+        if len(f.parts) == 1 and f.suffix in (".py", ".so", ".pyd"):
+            names.add(top.split(".")[0])
+        elif len(f.parts) == 2 and f.name == "__init__.py":
+            names.add(top)
+    return names
+
+
+def _replacing(closure: set[str]) -> dict[str, set[str]]:
+    """Import names a distribution of ``closure`` installs that belong to another project: one
+    another installed distribution also installs, or one named as another project whose fork
+    this distribution is (``urllib3`` from urllib3-future)."""
+    installed = {canonicalize_name(d.metadata["Name"]): d for d in distributions()}
+    owners: dict[str, set[str]] = {}
+    for key, dist in installed.items():
+        for module in _import_names(dist):
+            owners.setdefault(module, set()).add(key)
+    found: dict[str, set[str]] = {}
+    for key in closure:
+        for module in _import_names(installed[key]):
+            name = canonicalize_name(module)
+            fork = name != key and key.startswith(f"{name}-")
+            if fork or owners[module] - {key}:
+                found[module] = owners[module]
+    return found
+
+
+def test_autotune_adds_no_package_that_replaces_another_ones_import_name() -> None:
+    # grafana-client's urllib3-future installs its own urllib3/ over urllib3's, which a
+    # training environment's other tools import. Pushing dashboards is an extra now.
+    assert not _replacing(_closure("autotune"))
+    assert _replacing(_closure("grafana-client")) == {"urllib3": {"urllib3-future"}}

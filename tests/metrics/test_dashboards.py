@@ -406,6 +406,22 @@ def test_push_refuses_a_malformed_url(url: str, words: str) -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_push_without_grafana_client_says_which_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # grafana-client is an extra (autotune[grafana]): a training environment has no web stack.
+    import autotune.cli
+
+    monkeypatch.setitem(sys.modules, "grafana_client", None)  # not installed
+    monkeypatch.setitem(sys.modules, "grafana_client.api", None)
+    monkeypatch.setenv("GRAFANA_TOKEN", TOKEN)
+    assert autotune.cli.main(["dashboards", "push", "--url", "http://127.0.0.1:9"]) == 1
+    err = capsys.readouterr().err
+    assert "needs grafana-client, which is not installed here: pip install 'autotune[grafana]'" in (
+        err
+    )
+
+
 @pytest.mark.distributed
 def test_push_creates_then_leaves_alone_then_updates(grafana: FakeGrafana, tmp_path: Path) -> None:
     first = push(grafana.url, TOKEN)
