@@ -79,17 +79,19 @@ def _replacing(closure: set[str]) -> dict[str, set[str]]:
     """Import names a distribution of ``closure`` installs that belong to another project: one
     another installed distribution also installs, or one named as another project whose fork
     this distribution is (``urllib3`` from urllib3-future)."""
-    installed = {canonicalize_name(d.metadata["Name"]): d for d in distributions()}
+    installed: dict[str, Distribution] = {
+        canonicalize_name(d.metadata["Name"]): d for d in distributions()
+    }
     owners: dict[str, set[str]] = {}
     for key, dist in installed.items():
         for module in _import_names(dist):
             owners.setdefault(module, set()).add(key)
     found: dict[str, set[str]] = {}
-    for key in closure:
-        for module in _import_names(installed[key]):
+    for owner in closure:
+        for module in _import_names(installed[owner]):
             name = canonicalize_name(module)
-            fork = name != key and key.startswith(f"{name}-")
-            if fork or owners[module] - {key}:
+            fork = name != owner and owner.startswith(f"{name}-")
+            if fork or owners[module] - {owner}:
                 found[module] = owners[module]
     return found
 
