@@ -29,8 +29,11 @@ from torch.nn.parallel import DistributedDataParallel
 from autotune.algorithms import (
     AllReduceAlgorithm,
     PeerError,
+    agreed,
+    current_device,
     forget_p2p_group,
     get_algorithm,
+    get_algorithm_class,
     p2p_group,
 )
 from autotune.comm.faults import FailureBoard, release
@@ -157,6 +160,7 @@ class AutotuneState:
             # thread; every collective step comes before any step that may fail on one rank.
             # A channel of this state's own: another hooked model's messages never share it.
             self.engine.channel = p2p_group(group, _timeout(self.config), self.board.sequence)
+            _refuse_what_cannot_run(self.config, table, group)
             if table is not None:
                 for cls, entry in table.classes.items():
                     self.engine.plan.set(cls, entry.choice)
@@ -381,6 +385,40 @@ class AutotuneState:
             f"AutotuneState(world_size={self.world_size}, config={self.config}, "
             f"iteration={self.engine.iteration})"
         )
+
+
+def _refuse_what_cannot_run(config: Config, table: Table | None, group: ProcessGroup) -> None:
+    """Collectively: a fixed algorithm (``Config.algorithm``, or a plan file's) that some rank
+    cannot run its own schedule for is refused, on every rank alike, with what it needs: it
+    would run something else under its name (an nccl.* cell on gloo runs gloo's all-reduce), and
+    `plan()` and `stats()` would report it. "auto" never offers such a one (the tuner's
+    candidates are agreed the same way)."""
+    asked = [] if config.algorithm == "auto" else [config.algorithm]
+    if table is not None:
+        asked += sorted({e.choice.algorithm for e in table.classes.values()} - set(asked))
+    asked = [a for a in asked if a != BASELINE_CHOICE.algorithm]
+    if not asked:
+        return
+    device = current_device()
+    can = agreed(asked, group, device, timedelta(seconds=config.timeout_s))
+    refused = [a for a in asked if a not in can]
+    if not refused:
+        return
+    where = (
+        f"{backend_name(group)} backend, {device.type} tensors, {dist.get_world_size(group)} "
+        "rank" + ("s" if dist.get_world_size(group) > 1 else "")
+    )
+    reasons = []
+    for name in refused:
+        cls = get_algorithm_class(name)
+        reason = f"{name} runs on {' or '.join(cls.runs_on)}"
+        reasons.append(reason + (f" and needs {cls.needs}" if cls.needs else ""))
+    source = "Config.algorithm" if refused[0] == config.algorithm else "the plan file"
+    raise ValueError(
+        f"{source}: {', '.join(refused)} cannot run its own schedule on this job ({where}); "
+        f"{'; '.join(reasons)}. `autotune algorithms` lists what runs here; 'auto' chooses "
+        "among those"
+    )
 
 
 def _warn_restart_on_shared_store() -> None:

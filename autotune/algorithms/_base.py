@@ -99,6 +99,9 @@ class AllReduceAlgorithm(abc.ABC):
     #: Where it can run at all, as backend/device: what ``autotune algorithms`` checks against
     #: this machine (`offered` decides for a given group, collectively).
     runs_on: ClassVar[tuple[str, ...]] = ("gloo/cpu", "gloo/cuda", "nccl/cuda")
+    #: What else it needs to run its own schedule, in a few words, for the error that refuses
+    #: it where `offered` says no ("" : nothing beyond `runs_on`).
+    needs: ClassVar[str] = ""
     #: Whether it applies a ``scale`` (`start`) itself, in a copy of the input it makes anyway
     #: (``Comm.scale``); otherwise `start` scales the input in place first.
     folds_scale: ClassVar[bool] = False

@@ -119,6 +119,7 @@ class SharedMemoryAllReduce(AllReduceAlgorithm):
     """
 
     runs_on = ("gloo/cpu",)  # one host's shared memory, CPU tensors on gloo
+    needs = "every rank of the group on one host, and a shared-memory window there"
     name = "shm"
     segmented = False
     folds_scale = True

@@ -25,6 +25,7 @@ __all__ = [
     "Case",
     "Outcome",
     "algorithms_under_test",
+    "hookable_on_gloo",
     "cases",
     "error_bound",
     "failures",
@@ -58,6 +59,12 @@ def algorithms_under_test() -> list[str]:
     none of them steers anything (no NCCL asks the plugin), so each runs the backend's own
     all-reduce, and twenty copies of one check would only take time."""
     return [a for a in available() if not a.startswith("nccl.") or a == NCCL_COMBINATION]
+
+
+def hookable_on_gloo() -> list[str]:
+    """`algorithms_under_test` that register accepts on gloo: NCCL's combinations are refused
+    there (no NCCL asks the plugin: they would run gloo's own all-reduce under their name)."""
+    return [a for a in algorithms_under_test() if not a.startswith("nccl.")]
 
 
 @dataclass(frozen=True)

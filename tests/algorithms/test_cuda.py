@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from autotune.algorithms import get_algorithm_class
 from autotune.comm.launch import run_local
 from autotune.comm.nccl_version import runtime_version
 from autotune.testing.conformance import (
@@ -94,7 +95,19 @@ def _ddp_matches(world_size: int, backend: str, env: dict[str, str] | None = Non
     per_rank = run_local(
         train_all, world_size, names, ["base"], "cuda", backend=backend, env=env, timeout_s=600
     )
+    # register refuses an nccl.* cell NCCL does not offer here (gloo, one rank, no plugin): it
+    # would run NCCL's own choice under its name. With the plugin at two ranks, NCCL offers some.
+    # So is one that does not run on this backend with CUDA tensors (shm on gloo).
+    refused = {t.algorithm for t in per_rank[0] if t.refused is not None}
+    cells = {n for n in names if n.startswith("nccl.")}
+    elsewhere = {n for n in names if f"{backend}/cuda" not in get_algorithm_class(n).runs_on}
+    unable = elsewhere | (cells if world_size == 1 else set())
+    assert unable <= refused <= unable | cells, (sorted(refused), sorted(unable))
+    if world_size > 1 and backend == "nccl":
+        assert cells - refused, f"NCCL offered none of autotune's cells: {sorted(refused)}"
     for i, t in enumerate(per_rank[0]):
+        if t.refused is not None:
+            continue
         for hooked, plain in zip(t.hooked, t.plain, strict=True):
             rel = float((hooked.double() - plain.double()).norm() / plain.double().norm())
             assert rel <= 1e-5, f"{t.algorithm}: {rel:.2e} from DDP without the hook"

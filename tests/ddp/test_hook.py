@@ -7,6 +7,8 @@ side by side, on the same data for 30 steps.
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +24,7 @@ from ddp_jobs import (
     overlap_events,
     python_reducer,
     records,
+    register_refused,
     register_twice,
     setup_with_env,
     train_all,
@@ -29,10 +32,11 @@ from ddp_jobs import (
 
 import autotune
 from autotune.comm.launch import launch, run_local
-from autotune.plan import size_class
-from autotune.testing.conformance import algorithms_under_test
+from autotune.plan import Choice, Entry, Table, size_class
+from autotune.testing.conformance import NCCL_COMBINATION, hookable_on_gloo
 
-ALGORITHMS = algorithms_under_test()
+#: Through the hook on gloo: NCCL's combinations are refused there (`test_an_algorithm_that_...`).
+ALGORITHMS = hookable_on_gloo()
 FP32_VARIANTS = [name for name, v in VARIANTS.items() if v.dtype == torch.float32]
 
 
@@ -130,6 +134,34 @@ def test_second_registration_is_refused() -> None:
         assert "autotune is registered on this DDP model already: register it once" in msg, msg
     for msg in run_local(register_twice, 2, "allreduce_hook"):
         assert "has a comm hook already (allreduce_hook) and DDP allows one" in msg, msg
+
+
+@pytest.mark.distributed
+def test_an_algorithm_that_cannot_run_here_is_refused_at_register_with_what_it_needs(
+    tmp_path: Path,
+) -> None:
+    # AUTOTUNE_ALGORITHM=nccl.ring.ll on gloo was accepted: gloo's own all-reduce ran, and plan()
+    # and stats() reported nccl.ring.ll.
+    for msg in run_local(register_refused, 2, NCCL_COMBINATION, None):
+        assert msg.startswith(
+            f"Config.algorithm: {NCCL_COMBINATION} cannot run its own schedule on this job "
+            "(gloo backend, cpu tensors, 2 ranks); "
+        ), msg
+        assert "runs on nccl/cuda and needs NCCL to load autotune-nccl's tuner plugin" in msg
+        assert "`autotune algorithms` lists what runs here" in msg
+
+    # A plan file's cell the same, named as the plan file's.
+    def plan_file(large: str) -> str:
+        classes = {4096: Entry(Choice("ring")), 1 << 20: Entry(Choice(large))}
+        path = tmp_path / f"{large}.json"
+        path.write_text(json.dumps(Table(classes, 0).to_json()))
+        return str(path)
+
+    for msg in run_local(register_refused, 2, "auto", plan_file("nccl.tree.simple")):
+        assert msg.startswith("the plan file: nccl.tree.simple cannot run its own schedule"), msg
+    # What can run here is accepted, in both forms.
+    assert run_local(register_refused, 2, "auto", plan_file("shm")) == ["no error"] * 2
+    assert run_local(register_refused, 2, "two_tree", None) == ["no error"] * 2
 
 
 def test_a_module_not_yet_in_ddp_is_refused_with_what_to_do() -> None:

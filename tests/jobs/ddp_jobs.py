@@ -86,6 +86,9 @@ class Trained:
     message_bytes: int
     algorithms_used: set[str]
     plan_classes: list[int]
+    #: Why register refused the algorithm (it cannot run its own schedule here), if it did:
+    #: nothing was trained then.
+    refused: str | None = None
 
 
 def train_pair(
@@ -98,10 +101,15 @@ def train_pair(
     torch.manual_seed(0)
     base = Net().to(variant.dtype).to(device)
     models = [DDP(copy.deepcopy(base), **variant.ddp) for _ in range(2)]
-    state = autotune.register(
-        models[0],
-        autotune.Config(algorithm=algorithm, fusion_bytes=variant.fusion_bytes, timeout_s=60),
-    )
+    try:
+        state = autotune.register(
+            models[0],
+            autotune.Config(algorithm=algorithm, fusion_bytes=variant.fusion_bytes, timeout_s=60),
+        )
+    except ValueError as exc:
+        if "cannot run its own schedule on this job" not in str(exc):
+            raise
+        return Trained(algorithm, variant.name, [], [], 0, 0, set(), [], str(exc))
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in models]
     g = torch.Generator().manual_seed(100 + rank)
     for step in range(steps):
@@ -230,6 +238,18 @@ def register_twice(rank: int, world_size: int, first: str = "autotune") -> str:
     finally:
         if state is not None:
             state.close()
+    return "no error"
+
+
+def register_refused(rank: int, world_size: int, algorithm: str, plan_file: str | None) -> str:
+    """Register ``algorithm`` (or ``plan_file``) where it cannot run: the error, every rank."""
+    model = DDP(Net())
+    config = autotune.Config(algorithm=algorithm, plan_file=plan_file, timeout_s=60)
+    try:
+        state = autotune.register(model, config)
+    except ValueError as exc:
+        return str(exc)
+    state.close()
     return "no error"
 
 

@@ -53,6 +53,10 @@ class NcclAllReduce(NativeAllReduce):
     and everything else stay NCCL's. Subclasses name the combination (`combination`)."""
 
     runs_on = ("nccl/cuda",)  # and NCCL must load the tuner plugin (NCCL_TUNER_PLUGIN)
+    needs = (
+        "NCCL to load autotune-nccl's tuner plugin (NCCL_TUNER_PLUGIN), two or more ranks, and "
+        "NCCL to offer this algorithm and protocol there"
+    )
     nccl_algorithm: ClassVar[str]
     nccl_protocol: ClassVar[str]
     joins_auto = True
