@@ -141,13 +141,22 @@ def status(tuner: Tuner | None, unhooking: Unhooking | None) -> Status:
         locked=is_locked(tuner, unhooking, settled),
         gain=_gain(tuner, unhooking),
         unhooked_at=unhooked_at,
-        verdict=verdict if final else f"provisional: {verdict}",
+        verdict=verdict if final else _provisional(verdict),
         states=dict(tuner.states),
         progress=tuner.progress(),
         final=final,
         to_run=to_run,
         iterations_left=left,
     )
+
+
+def _provisional(verdict: str) -> str:
+    """``verdict``, said to be provisional where it starts (still "autotune ...", as a log
+    filter looks for)."""
+    lead = "autotune vs plain DDP: "
+    if verdict.startswith(lead):
+        return f"autotune vs plain DDP, provisional: {verdict.removeprefix(lead)}"
+    return f"provisional: {verdict}"
 
 
 #: What each phase of the plan search runs, in the order they come (`PlanSearch`).

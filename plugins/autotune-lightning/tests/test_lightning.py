@@ -35,12 +35,17 @@ def test_the_callback_trains_through_autotune_like_plain_ddp(tmp_path: Path) -> 
     # The engine's count: at a step's end its last bucket may still be finishing.
     assert [float(r["autotune/iterations"]) for r in rows][-1] in (STEPS - 1, STEPS)
     assert {r["autotune/locked"] for r in rows} <= {"0.0", "1.0"}
+    # Whether the decision is final: never before the plan is locked.
+    assert {r["autotune/final"] for r in rows} <= {"0.0", "1.0"}
+    assert all(r["autotune/locked"] == "1.0" for r in rows if r["autotune/final"] == "1.0")
     hparams = (log_dir / "hparams.yaml").read_text()
     assert "autotune/plan:" in hparams and "fusion:" in hparams
     # Rank 0 said the plain verdict first, then the plan, then the comparison in full.
     said = tuned[0]["said"]
     assert len(said) == 3, said
-    assert re.fullmatch(r"autotune: (\d\.\d\dx step time: faster|no gain|not decided).*", said[0])
+    assert re.fullmatch(r"autotune: (\d\.\d\dx step time: faster|no gain|provisional: ).*", said[0])
     assert said[1].startswith("autotune plan: ") and "fusion:" in said[1]
-    assert said[2].startswith("autotune vs plain DDP: "), said
+    provisional = said[0].startswith("autotune: provisional: ")
+    verdict = "autotune vs plain DDP, provisional: " if provisional else "autotune vs plain DDP: "
+    assert said[2].startswith(verdict), said
     assert tuned[1]["said"] == []  # once, on rank 0
