@@ -27,6 +27,7 @@ from autotune.state import (
     is_default_state,
     reset_default_state,
 )
+from autotune.storage import describe_model
 
 __all__ = [
     "AutotuneState",
@@ -114,6 +115,8 @@ def register(
         raise
     if state.unhooking is not None:
         state.unhooking.attach(ddp_model)
+    if state.tuner is not None:
+        state.tuner.described = describe_model(ddp_model.module)
     return state
 
 

@@ -1,12 +1,17 @@
-"""The ``autotune`` command line: ``sweep``, ``model``, ``report``, ``show``, ``daemon``,
-``dashboards``, ``algorithms``, ``trees N``."""
+"""The ``autotune`` command line: ``sweep``, ``model``, ``report``, ``show``, ``forget``,
+``daemon``, ``dashboards``, ``algorithms``, ``trees N``."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from autotune.plan import Table
 
 __all__ = ["main"]
 
@@ -86,8 +91,7 @@ def _show(args: argparse.Namespace) -> int:
     if not (args.json or args.nccl_csv):
         print(f"storage: {url}")
     if args.key:
-        # KEY/WORKLOAD, or a fingerprint key alone: every workload's plan under it.
-        picked = {n: t for n, t in tables.items() if args.key in (n, n.split("/", 1)[0])}
+        picked = _pick(tables, args.key)
         if not picked:
             known = ", ".join(tables) or "none"
             print(
@@ -113,7 +117,9 @@ def _show(args: argparse.Namespace) -> int:
             print(f"plan {name} ({seeds[workload]}): {where}")
         else:
             fusion = "DDP's buckets" if not table.fusion_bytes else format_bytes(table.fusion_bytes)
-            print(f"plan {name}: {where}; fusion: {fusion}")
+            model = "" if table.model is None else f" ({table.model})"
+            print(f"plan {name}{model}: {where}; fusion: {fusion}")
+            print(f"  step: {_step_line(table)}")
         head = f"{'size class':>10}  {'algorithm':<10} {'segment':>9} {'best':>10}"
         print(f"  {head} {'trials':>6}  state")
         for cls, e in sorted(table.classes.items()):
@@ -143,6 +149,58 @@ def _show(args: argparse.Namespace) -> int:
         with open(args.nccl_csv, "w") as f:
             f.write(csv)
         print(f"wrote {args.nccl_csv} (for NCCL_TUNER_CONFIG_FILE)")
+    return 0
+
+
+def _pick(tables: dict[str, Table], key: str) -> dict[str, Table]:
+    """The plans ``key`` names: KEY/WORKLOAD, a fingerprint KEY (every workload's plan under it),
+    or a WORKLOAD (under any key)."""
+    return {n: t for n, t in tables.items() if key in (n, *n.split("/", 1))}
+
+
+def _step_line(table: Table) -> str:
+    """The stored plan's training step against plain DDP's, as the job that stored it measured
+    it (below 1 faster), and whether that job's decision was final."""
+    gain = table.buckets.gain if table.buckets is not None and table.buckets.gain else table.gain
+    decided = "final" if table.final else "provisional: the next job resumes from it"
+    if gain is None:
+        if table.runs_native:
+            return f"1.00x plain DDP's (its own all-reduce kept), {decided}"
+        return f"not compared with plain DDP, {decided}"
+    high = "?" if math.isinf(gain.high) else f"{gain.high:.2f}"
+    return (
+        f"{gain.ratio:.2f}x plain DDP's ({gain.pairs} pairs, 95% interval {gain.low:.2f}-{high}x), "
+        f"{decided}"
+    )
+
+
+def _forget(args: argparse.Namespace) -> int:
+    from autotune.storage import Store, storage_url
+    from autotune.util.redact import redact_url
+
+    try:
+        url = storage_url(args.storage, create=False)
+        store = Store(url)
+        stored = store.tables()
+    except ValueError as exc:
+        print(f"autotune forget: {exc}", file=sys.stderr)
+        return 1
+    tables = {f"{key}/{workload}": table for (key, workload), table in stored.items()}
+    picked = _pick(tables, args.plan)
+    if not picked:
+        known = ", ".join(tables) or "none"
+        print(
+            f"autotune forget: no plan {args.plan!r} in {redact_url(url)} (stored: {known})",
+            file=sys.stderr,
+        )
+        return 2
+    for name in picked:
+        key, workload = name.split("/", 1)
+        runs = store.forget(key, workload)
+        print(
+            f"forgot plan {name} ({runs} run{'s' if runs != 1 else ''}' plan"
+            f"{'s' if runs != 1 else ''}): its next job tunes from scratch"
+        )
     return 0
 
 
@@ -400,6 +458,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", metavar="FILE", help="write the plan as JSON (for Config.plan_file)")
     p.add_argument("--nccl-csv", metavar="FILE", help="write the plan as NCCL tuner plugin CSV")
     p.set_defaults(func=_show)
+    p = sub.add_parser(
+        "forget", help="forget a stored plan: its next job tunes from scratch (studies stay)"
+    )
+    p.add_argument(
+        "plan", help="KEY/WORKLOAD as 'autotune show' prints it, a fingerprint KEY, or a WORKLOAD"
+    )
+    p.add_argument(
+        "--storage", help="Optuna storage URL (default: AUTOTUNE_STORAGE, else the cache)"
+    )
+    p.set_defaults(func=_forget)
     p = sub.add_parser(
         "daemon",
         help="serve this node's GPU (NVML) and host metrics, and its NCCL jobs' collectives",

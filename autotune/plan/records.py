@@ -220,6 +220,12 @@ class Table:
     gain: Gain | None = None
     lead: NearMiss | None = None
     buckets: Buckets | None = None
+    #: The model the plan was tuned for, in words a person reads (its class and parameter
+    #: count: ``Net, 23,140 parameters``), where the job that stored it knew; None before.
+    model: str | None = None
+    #: Whether the job that stored it had decided (False: it ended while still tuning, and the
+    #: next job resumes from it).
+    final: bool = True
 
     @property
     def runs_native(self) -> bool:
@@ -238,7 +244,11 @@ class Table:
         return all(carried(e.choice.algorithm) for e in self.classes.values())
 
     def to_json(self) -> dict[str, object]:
+        described: dict[str, object] = {} if self.model is None else {"model": self.model}
+        if not self.final:
+            described["final"] = False
         return {
+            **described,
             "fingerprint": self.fingerprint,
             "fusion_bytes": self.fusion_bytes,
             "gain": None if self.gain is None else self.gain.to_json(),
@@ -298,6 +308,11 @@ class Table:
                 "buckets: DDP's own bucket size is kept only where every class runs without the "
                 "hook, native or an NCCL cell (autotune applies it by unhooking)"
             )
+        model, final = data.get("model"), data.get("final", True)
+        if model is not None and not isinstance(model, str):
+            raise ValueError(f"model: expected a string or null, got {model!r}")
+        if not isinstance(final, bool):
+            raise ValueError(f"final: expected true or false, got {final!r}")
         return cls(
             classes,
             fusion,
@@ -305,6 +320,8 @@ class Table:
             None if gain is None else Gain.from_json(gain),
             None if lead is None else NearMiss.from_json(lead),
             None if buckets is None else Buckets.from_json(buckets),
+            model,
+            final,
         )
 
     def nccl_csv(self, n_nodes: int = -1, n_ranks: int = -1) -> str:

@@ -29,6 +29,8 @@ __all__ = [
     "EARLIER",
     "SWEEP",
     "check_workload",
+    "describe_layout",
+    "describe_model",
     "device_model",
     "elastic_attempt",
     "elastic_run",
@@ -117,6 +119,20 @@ def workload_name(layout: Sequence[tuple[int, str]]) -> str:
         json.dumps([[n, d] for n, d in layout]).encode(), usedforsecurity=False
     ).hexdigest()
     return LAYOUT_PREFIX + digest[:12]
+
+
+def describe_model(module: torch.nn.Module) -> str:
+    """A model in words a person reads, for `autotune show`: its class and parameter count
+    (those that take gradients, as DDP all-reduces them)."""
+    count = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    return f"{type(module).__name__}, {count:,} parameters"
+
+
+def describe_layout(layout: Sequence[tuple[int, str]], itemsize: int) -> str:
+    """What a job's gradient layout says of its model where the model itself is not known (a
+    hook registered without `autotune.register`): its parameter count."""
+    count = sum(nbytes for nbytes, _ in layout) // max(1, itemsize)
+    return f"{count:,} parameters"
 
 
 def check_workload(name: object) -> None:

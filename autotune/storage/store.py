@@ -117,6 +117,9 @@ warnings.filterwarnings("ignore", ".*fail_stale_trials is experimental")
 #: A stored plan as `Store._records` reads it: (workload, saved at, attribute name, table JSON).
 _Record = tuple[str, float, str, object]
 
+#: The attribute prefix that marks a workload's plans forgotten (`Store.forget`).
+FORGOTTEN = "forgotten"
+
 #: Seconds between heartbeats of a job's running trials; a trial whose job has not beaten for
 #: `STALE_AFTER_S` is a dead job's, and only such trials are failed by another job.
 HEARTBEAT_S = 20
@@ -296,14 +299,22 @@ class Store:
         except KeyError:
             return []
         out: list[_Record] = []
-        for name, raw in study.user_attrs.items():
+        attrs = study.user_attrs
+        forgotten = {
+            name.removeprefix(f"{FORGOTTEN}/"): float(raw.get("at", 0.0))
+            for name, raw in attrs.items()
+            if name.startswith(f"{FORGOTTEN}/") and isinstance(raw, dict)
+        }
+        for name, raw in attrs.items():
             if name == "table":  # written before plans were kept per run
                 out.append((EARLIER, 0.0, name, raw))
             elif name.startswith("table/") and isinstance(raw, dict):
                 # table/<workload>/<run>; table/<run> before plans were kept per workload.
                 parts = name.split("/")
                 workload = parts[1] if len(parts) == 3 else EARLIER
-                out.append((workload, float(raw.get("saved_at", 0.0)), name, raw.get("table")))
+                saved_at = float(raw.get("saved_at", 0.0))
+                if saved_at > forgotten.get(workload, -1.0):
+                    out.append((workload, saved_at, name, raw.get("table")))
         return out
 
     def save_table(self, key: str, workload: str, table: Table) -> None:
@@ -316,6 +327,18 @@ class Store:
             "table": table.to_json(),
         }
         self.study(key, "plan").set_user_attr(f"table/{workload}/{self.run_id}", record)
+
+    def forget(self, key: str, workload: str) -> int:
+        """Forget the plan stored for ``key`` and ``workload``: every run's, as of now (the next
+        job of it starts from scratch; a plan a later job stores counts again). How many runs'
+        plans were forgotten. The screening studies of the fingerprint stay: they are
+        measurements any workload on it reuses. Optuna cannot delete a study's attribute, so a
+        mark records when (`_records` leaves out what was saved before it)."""
+        kept = [r for r in self._records(key) if r[0] == workload]
+        if kept:
+            mark = {"at": time.time(), "run": self.run_id}
+            self.study(key, "plan").set_user_attr(f"{FORGOTTEN}/{workload}", mark)
+        return len(kept)
 
     def save_prior(self, key: str, prior: dict[str, Any]) -> None:
         """Store the cost model's fit for fingerprint ``key`` (a later sweep's replaces it)."""
@@ -366,12 +389,12 @@ def merge_tables(saved: Sequence[tuple[float, Table]]) -> Table:
     sweep's classes with older plans').
 
     Per size class the newest locked entry wins (an entry that is not locked only where no entry
-    is); the fusion size is the newest locked one, the lead (`NearMiss`) and DDP's bucket size
-    (`Buckets`) the newest table's. A job judges its plan as a whole, on the step against the
-    baseline, so the latest verdict stands: a plan that a later job dropped for the baseline
-    does not come back. (The rule before this
-    took the lowest screened latency per class, from the latency-tuned days: it brought a
-    dropped class choice back, to be confirmed again, and dropped again, by every later job.)
+    is); the fusion size is the newest locked one, the gain, the lead (`NearMiss`), DDP's bucket
+    size (`Buckets`) and the model's description the newest table's. A job judges its plan as a
+    whole, on the step against the baseline, so the latest verdict stands: a plan that a later
+    job dropped for the baseline does not come back. (The rule before this took the lowest
+    screened latency per class, from the latency-tuned days: it brought a dropped class choice
+    back, to be confirmed again, and dropped again, by every later job.)
     The same tables give the same plan whatever order the jobs wrote them in.
     """
     newest_first = sorted(saved, key=lambda t: -t[0])
@@ -384,8 +407,9 @@ def merge_tables(saved: Sequence[tuple[float, Table]]) -> Table:
     fusion = next((t.fusion_bytes for _, t in newest_first if t.fusion_bytes is not None), None)
     fingerprint = next((t.fingerprint for _, t in newest_first if t.fingerprint), None)
     newest = newest_first[0][1] if newest_first else None
-    lead = None if newest is None else newest.lead
-    merged = Table(classes, fusion, fingerprint, lead=lead)
+    merged = Table(classes, fusion, fingerprint)
+    if newest is not None:
+        merged = dataclasses.replace(merged, gain=newest.gain, lead=newest.lead, model=newest.model)
     # The newest job's bucket size, where every class the merge keeps runs without the hook (a
     # class only an older job saw may keep its Python-driven plan, and with it the hook).
     if newest is None or not merged.runs_without_hook:

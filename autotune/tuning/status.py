@@ -331,7 +331,7 @@ def tuner_table(tuner: Tuner) -> Table:
             cls: Entry(c, state=tuner.states.get(cls, "exploring"))
             for cls, c in tuner.engine.plan.table().items()
         }
-        return Table(classes, tuner.arm.fusion_bytes, None, tuner.gain)
+        return Table(classes, tuner.arm.fusion_bytes, None, tuner.gain, model=tuner.described)
     plan = plan_search.incumbent
     state = "locked" if plan_search.phase == "locked" else "exploring"
     classes = {}
@@ -342,7 +342,9 @@ def tuner_table(tuner: Tuner) -> Table:
     if plan_search.phase == "locked" or not tuner.tune_fusion:
         fusion = plan.fusion_bytes
     fingerprint = getattr(tuner, "fingerprint", None)
-    table = Table(classes, fusion, fingerprint, plan_search.gain, plan_search.lead)
+    table = Table(
+        classes, fusion, fingerprint, plan_search.gain, plan_search.lead, model=tuner.described
+    )
     # A stored bucket size holds while the baseline does: not once a plan (a stored lead's
     # retry, say) has won the job back for the hook.
     keeps = table.runs_without_hook

@@ -39,6 +39,7 @@ from autotune.model import Prior
 from autotune.plan import Arm, Buckets, Choice, Gain, Table
 from autotune.storage import (
     Store,
+    describe_layout,
     fingerprint_key,
     job_fingerprint,
     storage_failure,
@@ -119,6 +120,10 @@ class Tuner:
         #: The workload this job's plan is stored under (rank 0, from the first exchange on):
         #: `Config.workload`, or one its gradient layout names.
         self.workload = ""
+        #: The model in words (`autotune.storage.describe_model`), stored with the plan for
+        #: `autotune show`: set by `autotune.register`; else, at the first exchange, what the
+        #: gradient layout says.
+        self.described: str | None = None
         #: The classes a sweep screened on this fingerprint (rank 0, once loaded, where the
         #: workload had no plan stored): they stand in for those classes' screening.
         self._seed: Table | None = None
@@ -449,6 +454,9 @@ class Tuner:
         self.key = fingerprint_key(self.fingerprint)
         layout = self.engine.layout
         self.workload = self.config.workload or workload_name(layout)
+        if self.described is None:
+            itemsize = torch.empty((), dtype=dtype).element_size()
+            self.described = describe_layout(layout, itemsize)
         total = sum(n for n, _ in layout)
         _log.info(
             "autotune: this job's plan is stored as %s/%s (%s; the gradients as DDP first "

@@ -116,6 +116,7 @@ def test_show_names_the_bucket_size_a_job_stepped_aside_onto(
     assert main(["show", "--storage", url]) == 0
     out = capsys.readouterr().out
     assert "unhooked onto DDP's buckets at 16 MiB (0.81x over 8 pairs of blocks)" in out
+    assert "  step: 0.81x plain DDP's (8 pairs, 95% interval 0.70-0.90x), final" in out
 
 
 def test_show_wants_a_key_when_exporting_one_of_several(
@@ -148,3 +149,62 @@ def test_show_empty(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     Store(url).tables()  # an empty storage, as a job leaves one that has stored nothing yet
     assert main(["show", "--storage", url]) == 0
     assert "no tuned plans" in capsys.readouterr().out
+
+
+def test_a_table_keeps_the_model_and_whether_it_was_final_and_old_tables_load() -> None:
+    described = Table(TABLE.classes, 0, FP, Gain(0.9, 0.85, 0.95, 12), model="Net, 9 parameters")
+    provisional = Table(TABLE.classes, 0, FP, None, model="Net, 9 parameters", final=False)
+    for table in (described, provisional):
+        assert Table.from_json(json.loads(json.dumps(table.to_json()))) == table
+    # Written before either existed: no model, final (only decided plans were stored).
+    old = TABLE.to_json()
+    assert "model" not in old and "final" not in old
+    assert Table.from_json(old).model is None and Table.from_json(old).final
+    with pytest.raises(ValueError, match="final: expected true or false"):
+        Table.from_json({**old, "final": "no"})
+
+
+def test_show_says_the_model_and_the_step_against_plain_ddp(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It showed neither: the gain was stored, and dropped when runs' plans were merged, and the
+    # workload was only layout-<digest>.
+    url = f"sqlite:///{tmp_path / 'tuning.db'}"
+    store = Store(url)
+    gain = Gain(0.914, 0.88, 0.951, 24)
+    store.save_table(
+        "aaa",
+        "layout-2acba524efd1",
+        Table(TABLE.classes, 0, FP, gain, model="Net, 23,140 parameters"),
+    )
+    native = {cls: Entry(Choice("native"), None, 3, "locked") for cls in TABLE.classes}
+    store.save_table("bbb", "gpt", Table(native, 0, FP))
+    assert main(["show", "--storage", url]) == 0
+    out = capsys.readouterr().out
+    assert "plan aaa/layout-2acba524efd1 (Net, 23,140 parameters): backend=nccl" in out
+    assert "  step: 0.91x plain DDP's (24 pairs, 95% interval 0.88-0.95x), final" in out
+    assert "  step: 1.00x plain DDP's (its own all-reduce kept), final" in out
+
+
+def test_forget_drops_every_runs_plan_of_a_workload_and_only_that(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'tuning.db'}"
+    for run in ("one", "two"):
+        Store(url, run_id=run).save_table("aaa", "bert", TABLE)
+    Store(url).save_table("aaa", "gpt", TABLE)
+    assert main(["forget", "aaa/bert", "--storage", url]) == 0
+    assert "forgot plan aaa/bert (2 runs' plans): its next job tunes from scratch" in (
+        capsys.readouterr().out
+    )
+    assert set(Store(url).tables()) == {("aaa", "gpt")}
+    assert Store(url).load_table("aaa", "bert") is None
+    # A plan stored after counts again; an unknown name is an error listing what is stored.
+    Store(url).save_table("aaa", "bert", TABLE)
+    assert Store(url).load_table("aaa", "bert") == TABLE
+    assert main(["forget", "nope", "--storage", url]) == 2
+    err = capsys.readouterr().err
+    assert "no plan 'nope'" in err and "(stored: aaa/bert, aaa/gpt)" in err, err
+    # A workload alone names it under any key.
+    assert main(["forget", "gpt", "--storage", url]) == 0
+    assert set(Store(url).tables()) == {("aaa", "bert")}

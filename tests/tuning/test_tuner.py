@@ -16,6 +16,7 @@ from tuner_jobs import (
     SMALL_BYTES,
     Tuned,
     fixed_from_file,
+    model,
     register_injected,
     register_with_plan_file,
     tune,
@@ -154,6 +155,10 @@ def test_a_restarted_job_confirms_the_stored_plan_without_exploring(tmp_path: Pa
     assert not first.baseline_kept
     trials = Store(url).trial_count()
     assert trials > 0
+    # Stored with the model in words, for `autotune show` (the job registered the model).
+    ((_, stored),) = Store(url).tables().items()
+    params = sum(p.numel() for p in model().parameters())
+    assert stored.model == f"Sequential, {params:,} parameters" and stored.final
     second = run_local(tune, 2, SETTLE_CAP, config, False, True, None, True, timeout_s=600)[0]
     assert Store(url).trial_count() == trials  # nothing screened again
     assert [(kind, won) for kind, _, won in second.duels] == [("confirm", True)]
