@@ -73,7 +73,8 @@ class Config:
 
     segment_bytes: int | None = None
     """Pipeline segment for a fixed algorithm; None: the algorithm's own default. At least 4 KiB
-    (`autotune.plan.MIN_SEGMENT_BYTES`)."""
+    (`autotune.plan.MIN_SEGMENT_BYTES`). A size such as ``"64K"`` is read as the environment
+    variable's (this and `fusion_bytes`)."""
 
     fusion_bytes: int | None = None
     """Message size the hook aims for: consecutive smaller buckets are fused up to it, larger ones
@@ -160,6 +161,14 @@ class Config:
             if unknown or not self.algorithms:
                 what = unknown_names("algorithm", unknown, names) if unknown else "empty"
                 raise ValueError(f"Config.algorithms: {what}; choose from {', '.join(names)}")
+        for name in ("segment_bytes", "fusion_bytes"):
+            # "4M", as AUTOTUNE_FUSION_BYTES takes it (it was a TypeError here alone).
+            value = getattr(self, name)
+            if isinstance(value, str):
+                try:
+                    object.__setattr__(self, name, parse_bytes(value))
+                except ValueError as exc:
+                    raise ValueError(f"Config.{name}: {exc}") from None
         check_segment_bytes(self.segment_bytes, "Config.segment_bytes")
         check_fusion_bytes(self.fusion_bytes, "Config.fusion_bytes")
         _check_int("tune_warmup", self.tune_warmup, minimum=0)

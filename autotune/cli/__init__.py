@@ -36,15 +36,38 @@ def _algorithms(args: argparse.Namespace) -> int:
 
     names = available()
     machine = here()
-    w = max(len("name"), *map(len, names))
-    print(f"{'name':<{w}} {'segmented':<9} {'default segment':>15}  {'here':<22}  source")
+    # A family of a plugin's (nccl.<algorithm>.<protocol>) none of which runs on this machine is
+    # one row, unless --all: 24 rows of what cannot run here hid the rest.
+    families: dict[str, list[str]] = {}
     for name in names:
+        family, dot, _ = name.partition(".")
+        cls = ALGORITHMS[name]
+        if dot and not args.all and not any(r in machine for r in cls.runs_on):
+            families.setdefault(family, []).append(name)
+    folded = {n for members in families.values() if len(members) > 1 for n in members}
+    rows: list[tuple[str, str]] = []  # (what the row says, the algorithm its columns describe)
+    for name in names:
+        family = name.partition(".")[0]
+        if name not in folded:
+            rows.append((name, name))
+        elif families[family][0] == name:
+            rows.append((f"{family}.* ({len(families[family])})", name))
+    w = max(len("name"), *(len(label) for label, _ in rows))
+    print(f"{'name':<{w}} {'segmented':<9} {'default segment':>15}  {'here':<22}  source")
+    for label, name in rows:
         cls = ALGORITHMS[name]
         source = PLUGIN_SOURCES.get(name, "built in")
         seg = f"{cls.default_segment_bytes >> 10} KiB" if cls.segmented else "-"
         usable = [r for r in cls.runs_on if r in machine]
         where = ", ".join(usable) if usable else f"no: needs {' or '.join(cls.runs_on)}"
-        print(f"{name:<{w}} {'yes' if cls.segmented else 'no':<9} {seg:>15}  {where:<22}  {source}")
+        print(
+            f"{label:<{w}} {'yes' if cls.segmented else 'no':<9} {seg:>15}  {where:<22}  {source}"
+        )
+    if folded:
+        print(
+            f"\n{len(folded)} algorithms that cannot run here are folded into a row: --all "
+            "lists them"
+        )
     print(
         f"\nhere: this machine can run it on ({', '.join(machine) or 'no backend'}); whether a "
         "job offers it is decided on its own group (shm: one host; nccl.*: NCCL asks "
@@ -442,6 +465,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     b.add_argument("--folder", default="autotune", help="Grafana folder, made if missing")
     b.set_defaults(func=_dashboards)
     p = sub.add_parser("algorithms", help="list the registered all-reduce algorithms")
+    p.add_argument(
+        "--all", action="store_true", help="list each one, also those folded into a family's row"
+    )
     p.set_defaults(func=_algorithms)
     p = sub.add_parser("trees", help="draw the double binary tree for N ranks")
     p.add_argument("size", type=int, metavar="N")

@@ -8,6 +8,7 @@ import sys
 import textwrap
 from collections.abc import Callable
 
+from autotune.algorithms import available
 from autotune.ddp.stats import bus_factor
 from autotune.model._cost import DEFAULT_SEGMENT_BYTES, Link, Shape, predict
 from autotune.model._fit import Fit, fit, samples_from_sweep
@@ -167,7 +168,11 @@ def _table(
         return
     shape = Shape(ranks, per_node)
     times = {(name, size): time_of(name, size, shape) for size in sizes for name in names}
-    fastest = {size: min(names, key=lambda n: times[(n, size)]) for size in sizes}
+    # Modelled but not registered here (direct and star come with autotune-baselines): shown,
+    # starred, never named fastest, since autotune cannot run them until they are installed.
+    missing = set(names) - set(available())
+    runnable = [n for n in names if n not in missing] or names
+    fastest = {size: min(runnable, key=lambda n: times[(n, size)]) for size in sizes}
     per_table = len(names)
     if width is not None:
         per_table = max(1, (width - _SIZE_W - _FASTEST_W) // _CELL_W)
@@ -178,7 +183,9 @@ def _table(
             f"\n# {ranks} ranks, {shape.nodes} node(s) of {min(per_node, ranks)}, "
             f"{segment_bytes} B segments{part}"
         )
-        head = "".join(f" {n + ' time(us)':>18} {'busbw':>7}" for n in chunk)
+        head = "".join(
+            f" {n + ('*' if n in missing else '') + ' time(us)':>18} {'busbw':>7}" for n in chunk
+        )
         print(f"# {'size(B)':>12}{head}  fastest")
         for size in sizes:
             cells = []
@@ -187,3 +194,9 @@ def _table(
                 bw = size / t * bus_factor(ranks) / 1e9 if t > 0 else 0.0
                 cells.append(f" {t * 1e6:18.1f} {bw:7.2f}")
             print(f"  {size:>12}{''.join(cells)}  {fastest[size]}")
+    if missing:
+        print(
+            f"# * {', '.join(sorted(missing))}: modelled, not registered here (the naive "
+            "baselines come with autotune-baselines: pip install ./plugins/autotune-baselines); "
+            "never named fastest"
+        )

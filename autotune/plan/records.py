@@ -18,6 +18,7 @@ from autotune.plan.runtime import (
     size_class,
 )
 from autotune.util.names import unknown
+from autotune.util.units import count
 
 __all__ = ["STATES", "Buckets", "Entry", "Gain", "NearMiss", "Table", "load_table"]
 
@@ -49,7 +50,7 @@ class Gain:
 
     def over(self, pairs_of: str = "") -> str:
         """``0.95x over 24 pairs`` (``pairs_of``: what is paired, where not iterations)."""
-        return f"{self.ratio:.2f}x over {self.pairs} pairs" + (
+        return f"{self.ratio:.2f}x over {count(self.pairs, 'pair')}" + (
             f" of {pairs_of}" if pairs_of else ""
         )
 
@@ -57,7 +58,7 @@ class Gain:
         """The summary line of a job whose step this gain measures against plain DDP's."""
         high = "?" if math.isinf(self.high) else f"{self.high:.2f}"
         return (
-            f"autotune vs plain DDP: {self.ratio:.2f}x step time ({self.pairs} pairs of "
+            f"autotune vs plain DDP: {self.ratio:.2f}x step time ({count(self.pairs, 'pair')} of "
             f"{pairs_of}, 95% interval {self.low:.2f}-{high}x; {what})"
         )
 

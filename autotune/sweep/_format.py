@@ -13,19 +13,25 @@ from autotune.util.units import format_bytes
 
 __all__ = ["columns", "footer", "header", "plan_lines", "row_line"]
 
-_HEAD = (
-    f"#{'size':>11} {'count':>12} {'type':>8} {'algorithm':>18} {'segment':>9} "
-    f"{'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7}"
-)
-_UNITS = (
-    f"#{'(B)':>11} {'(elements)':>12} {'':>8} {'':>18} {'(B)':>9} "
-    f"{'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}"
-)
+
+def _algorithm_width() -> int:
+    """The algorithm column's width: the longest registered name, with "tuned:" before it (a
+    tuned row's label), and never narrower than nccl-tests' 18 (hierarchical_two_tree, at 21,
+    overflowed that)."""
+    from autotune.algorithms import available
+
+    return max(18, *(len("tuned:") + len(n) for n in available()))
 
 
 def columns() -> list[str]:
     """The column names, and their units."""
-    return [_HEAD, _UNITS]
+    w = _algorithm_width()
+    return [
+        f"#{'size':>11} {'count':>12} {'type':>8} {'algorithm':>{w}} {'segment':>9} "
+        f"{'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7}",
+        f"#{'(B)':>11} {'(elements)':>12} {'':>8} {'':>{w}} {'(B)':>9} "
+        f"{'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}",
+    ]
 
 
 def header(result: SweepResult, ranks: list[str]) -> list[str]:
@@ -53,7 +59,7 @@ def row_line(row: Row) -> str:
     label = f"{row.algorithm}:{row.chosen}" if row.chosen else row.algorithm
     wrong = "N/A" if row.wrong is None else str(row.wrong)
     return (
-        f"{row.bytes:>12} {row.count:>12} {row.type:>8} {label:>18} "
+        f"{row.bytes:>12} {row.count:>12} {row.type:>8} {label:>{_algorithm_width()}} "
         f"{_segment(row).replace(' ', ''):>9} {row.time_us:>10.2f} {row.algbw_gbps:>8.2f} "
         f"{row.busbw_gbps:>8.2f} {wrong:>7}"
     )

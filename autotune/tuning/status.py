@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from autotune.plan import Entry, Gain, Table
 from autotune.tuning.blocks import BLOCK
 from autotune.tuning.search import Progress
-from autotune.util.units import format_bytes
+from autotune.util.units import count, format_bytes
 
 if TYPE_CHECKING:
     from autotune.ddp.unhook import Unhooking
@@ -257,14 +257,14 @@ def _verdict(tuner: Tuner | None, unhooking: Unhooking | None) -> str:
     if search is None or not unhooking.buckets.done:
         pairs = 0 if search is None else search.pairs
         return (
-            f"{tuner_verdict(tuner)}; {after}, and compares bucket sizes on it ({pairs} "
-            "pairs of blocks so far)"
+            f"{tuner_verdict(tuner)}; {after}, and compares bucket sizes on it "
+            f"({count(pairs, 'pair')} of blocks so far)"
         )
     kept = search.result()
     assert kept is not None
     if kept.gain is None:
         why = (
-            f"no bucket size beat them over {search.pairs} pairs of blocks"
+            f"no bucket size beat them over {count(search.pairs, 'pair')} of blocks"
             if search.history
             else "as the stored plan says"
         )
@@ -312,7 +312,7 @@ def tuner_verdict(tuner: Tuner) -> str:
         )
         return (
             "autotune vs plain DDP: 1.00x step time (DDP's own all-reduce kept: no plan "
-            f"beat it over {pairs} pairs of iterations{again})"
+            f"beat it over {count(pairs, 'pair')} of iterations{again})"
         )
     gain = plan_search.gain
     if gain is None:

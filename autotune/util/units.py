@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-__all__ = ["byte_count", "format_bytes", "parse_bytes"]
+__all__ = ["byte_count", "count", "format_bytes", "parse_bytes"]
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -40,3 +40,9 @@ def format_bytes(nbytes: int) -> str:
         if nbytes >= _UNITS[unit] and nbytes % _UNITS[unit] == 0:
             return f"{nbytes // _UNITS[unit]} {unit}iB"
     return f"{nbytes} B"
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 pair``, ``2 pairs``, ``0 pairs``: a count with its noun in the right number
+    (``plural``: where it is not the noun with an s)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"

@@ -204,3 +204,15 @@ def test_old_spellings_still_work_for_a_release_with_a_deprecation_warning() -> 
         Config(**both)
     with pytest.raises(ValueError, match="both set"):
         Config.from_env({"AUTOTUNE_STEP_ASIDE": "0", "AUTOTUNE_UNHOOK": "1"})
+
+
+def test_sizes_given_as_text_read_as_the_environment_reads_them() -> None:
+    # AUTOTUNE_FUSION_BYTES=4M worked but Config(fusion_bytes="4M") was a TypeError.
+    text: dict[str, Any] = {"fusion_bytes": "4M", "segment_bytes": "64K"}
+    c = Config(**text)
+    assert (c.fusion_bytes, c.segment_bytes) == (4 << 20, 64 << 10)
+    assert c == Config.from_env({"AUTOTUNE_FUSION_BYTES": "4M", "AUTOTUNE_SEGMENT_BYTES": "64K"})
+    with pytest.raises(ValueError, match=r"Config.fusion_bytes: not a byte count: 'lots'"):
+        Config(**dict[str, Any](fusion_bytes="lots"))
+    with pytest.raises(ValueError, match="at least 4096 bytes"):
+        Config(**dict[str, Any](segment_bytes="1K"))

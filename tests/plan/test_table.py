@@ -94,6 +94,7 @@ def test_show_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     )
     assert load_table(str(json_path)) == TABLE
     assert csv_path.read_text() == TABLE.nccl_csv(2, 16)
+    assert csv_path.read_text().endswith("-1,-1\n")  # a final newline, as tools expect
     assert "tests it again" not in out  # TABLE has no lead
 
 

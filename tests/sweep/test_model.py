@@ -408,3 +408,25 @@ def test_direct_is_priced_as_its_n_minus_1_messages_at_every_scale() -> None:
     for n in (2, 8, 1024):
         direct = predict("direct", 8, Shape(n, n), params, segment_bytes=1 << 20)
         assert direct == pytest.approx((n - 1) * 10 * US)  # n - 1 messages, latency each
+
+
+def test_autotune_model_never_names_fastest_what_is_not_installed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It named direct fastest for small messages on a machine without autotune-baselines.
+    import autotune.cli.model
+    from autotune.algorithms import available
+    from autotune.cli import main
+
+    argv = ["model", "--ranks", "8", "-b", "8", "-e", "8", "--algorithms", "ring,direct", "--wide"]
+    assert main(argv) == 0
+    installed = capsys.readouterr().out.strip().splitlines()
+    assert "direct" in available() and installed[-1].split()[-1] == "direct"  # it is fastest
+    monkeypatch.setattr(
+        autotune.cli.model, "available", lambda: [a for a in available() if a != "direct"]
+    )
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "direct* time(us)" in lines[-3], lines
+    assert lines[-2].split()[-1] == "ring"
+    assert lines[-1].startswith("# * direct: modelled, not registered here"), lines[-1]

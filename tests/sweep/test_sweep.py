@@ -414,3 +414,19 @@ def test_each_round_runs_the_variants_in_an_order_of_its_own_the_same_on_every_r
     expected = [(k + 1) * 1024 for o in orders for k in o]
     for calls, timed in per_rank:
         assert calls == expected and timed == rounds - 1
+
+
+def test_the_sweep_table_keeps_its_columns_for_the_longest_names() -> None:
+    # hierarchical_two_tree (21 characters) overflowed the 18-wide algorithm column.
+    from autotune.sweep._format import columns, row_line
+    from autotune.sweep._result import Row
+
+    head = columns()[0]
+    end = head.index("algorithm") + len("algorithm")
+    for algorithm, chosen in (("hierarchical_two_tree", None), ("tuned", "hierarchical_two_tree"),
+                              ("ring", None)):  # fmt: skip
+        row = Row(1 << 20, 1 << 18, "float", algorithm, None, 10.0, 1.0, 1.5, 0, chosen=chosen)
+        line = row_line(row)
+        label = algorithm if chosen is None else f"{algorithm}:{chosen}"
+        assert line.index(label) + len(label) == end, (head, line)
+        assert len(line) == len(head)

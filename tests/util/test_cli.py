@@ -72,12 +72,23 @@ def test_algorithms_says_what_runs_on_this_machine(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     import autotune.cli
+    from autotune.algorithms import available
 
     monkeypatch.setattr(autotune.cli, "here", lambda: machine)
-    assert autotune.cli.main(["algorithms"]) == 0
+    assert autotune.cli.main(["algorithms", "--all"]) == 0
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line}
     assert nccl_cell in rows["nccl.ring.ll128"] and shm in rows["shm"]
     assert ", ".join(machine) in rows["ring"] if machine else "no: needs" in rows["ring"]
+    # Without --all, NCCL's cells are one row where none can run here (24 rows hid the rest).
+    assert autotune.cli.main(["algorithms"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if line}
+    cells = [a for a in available() if a.startswith("nccl.")]
+    if "nccl/cuda" in machine:
+        assert "nccl.ring.ll128" in rows and "nccl.*" not in rows and "--all" not in out
+    else:
+        assert "nccl.ring.ll128" not in rows and f"nccl.* ({len(cells)})" in rows["nccl.*"]
+        assert nccl_cell in rows["nccl.*"] and "--all lists them" in out
 
 
 @pytest.mark.parametrize("args", [["results.json"], ["--prometheus", "http://127.0.0.1:9"]])
