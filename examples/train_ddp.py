@@ -210,7 +210,7 @@ def summary(result: Result, world_size: int, args: argparse.Namespace) -> str:
                 f"{result.settled_after_s:.1f} s)"
             )
         else:
-            when = "still exploring (more steps, or run again: the plan is stored)"
+            when = "still exploring (more steps, or run again: the next run resumes from here)"
         lines.append(f"tuner: {when}; fusion: {fusion}")
     if result.metrics is not None:
         lines.append(result.metrics)

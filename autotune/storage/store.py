@@ -390,11 +390,11 @@ def merge_tables(saved: Sequence[tuple[float, Table]]) -> Table:
 
     Per size class the newest locked entry wins (an entry that is not locked only where no entry
     is); the fusion size is the newest locked one, the gain, the lead (`NearMiss`), DDP's bucket
-    size (`Buckets`) and the model's description the newest table's. A job judges its plan as a
-    whole, on the step against the baseline, so the latest verdict stands: a plan that a later
-    job dropped for the baseline does not come back. (The rule before this took the lowest
-    screened latency per class, from the latency-tuned days: it brought a dropped class choice
-    back, to be confirmed again, and dropped again, by every later job.)
+    size (`Buckets`), the model's description and whether it was final the newest table's. A job
+    judges its plan as a whole, on the step against the baseline, so the latest verdict stands:
+    a plan that a later job dropped for the baseline does not come back. (The rule before this
+    took the lowest screened latency per class, from the latency-tuned days: it brought a
+    dropped class choice back, to be confirmed again, and dropped again, by every later job.)
     The same tables give the same plan whatever order the jobs wrote them in.
     """
     newest_first = sorted(saved, key=lambda t: -t[0])
@@ -409,7 +409,9 @@ def merge_tables(saved: Sequence[tuple[float, Table]]) -> Table:
     newest = newest_first[0][1] if newest_first else None
     merged = Table(classes, fusion, fingerprint)
     if newest is not None:
-        merged = dataclasses.replace(merged, gain=newest.gain, lead=newest.lead, model=newest.model)
+        merged = dataclasses.replace(
+            merged, gain=newest.gain, lead=newest.lead, model=newest.model, final=newest.final
+        )
     # The newest job's bucket size, where every class the merge keeps runs without the hook (a
     # class only an older job saw may keep its Python-driven plan, and with it the hook).
     if newest is None or not merged.runs_without_hook:

@@ -198,12 +198,16 @@ class PlanSearch:
 
     # -- what rank 0 tells it ------------------------------------------------------------
 
-    def start(self, stored: Arm | None, lead: NearMiss | None = None) -> None:
+    def start(
+        self, stored: Arm | None, lead: NearMiss | None = None, fusion_decided: bool = False
+    ) -> None:
         """Begin, from the plan a previous job stored (None: from scratch) and, where that is
-        the baseline, the lead it stored with it."""
+        the baseline, the lead it stored with it. ``fusion_decided``: from scratch, but a job
+        before (one that ended undecided) kept the baseline's fusion size over the others:
+        screening comes first."""
         self.stored = stored
         if stored is None:
-            self._open()
+            self._open(fusion=not fusion_decided)
         elif stored == self.baseline:
             if lead is not None and lead.arm != self.baseline:
                 self.phase = "confirm"
@@ -281,11 +285,11 @@ class PlanSearch:
 
     # -- transitions ---------------------------------------------------------------------
 
-    def _open(self) -> None:
+    def _open(self, fusion: bool = True) -> None:
         self.incumbent, self.gain, self.against_plain = self.baseline, None, False
         self._near, self._lead = {}, None
         self.phase = "fusion"
-        self._queue = [("fusion", f, None) for f in self.fusion_options]
+        self._queue = [("fusion", f, None) for f in self.fusion_options] if fusion else []
         self._next()
 
     def _next(self) -> None:

@@ -13,6 +13,7 @@ ask, tell and storage writes run on a worker thread on rank 0, off the training'
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -140,6 +141,10 @@ class Tuner:
         self._inbox: deque[Callable[[], None]] = deque()
         self._store: Store | None = None
         self._saved = -1  # the plan search history's length when the table was last stored
+        #: Whether this job stores what it learns before it has decided (a provisional table,
+        #: `_store_provisional`): where no decided plan was stored for its workload.
+        self._resumable = False
+        self._provisional_at: tuple[int, str] | None = None  # (history length, phase) stored
         self._exchange_device: torch.device | None = None
         # The exchange in flight: started at one iteration end, finished at the next, with the
         # plan its measurements ran under.
@@ -413,6 +418,8 @@ class Tuner:
             if plan_search.settled and len(plan_search.history) != self._saved:
                 self._saved = len(plan_search.history)
                 self._store_table()
+            elif not plan_search.settled and self._resumable:
+                self._store_provisional()
         arm = plan_search.next_arm(self._screening_arm()) if self.loaded else self.arm
         codes = {cls: self._space(cls).index(c) + 1 for cls, c in arm.choices}
         state = "locked" if plan_search.steady else "exploring"
@@ -499,6 +506,18 @@ class Tuner:
                     search.finished = e.trials  # as the job that tuned it left it
         self.buckets = None if table is None else table.buckets
         lead = None if table is None else table.lead
+        self._resumable = table is None or not table.final
+        if table is not None and not table.final:
+            # A job that ended before it decided: its winner so far is confirmed against the
+            # baseline; where none had won, the search goes on past its fusion sizes.
+            won = None if stored == self.plan_search.baseline else stored
+            _log.info(
+                "autotune: resuming the provisional plan a job stored before it decided: %s",
+                "none had won yet, the search goes on" if won is None else won.describe(),
+            )
+            if won is None:
+                self.plan_search.start(None, fusion_decided=table.fusion_bytes is not None)
+                return
         if lead is not None and self._runnable(lead.arm):
             _log.info(
                 "autotune: the stored plan is DDP's own all-reduce; its lead, %s (%.3fx its "
@@ -642,6 +661,32 @@ class Tuner:
     def screened(self) -> None:
         """A class search locked its best (the `Host` call): shortlist now if it was the last."""
         self._shortlist()
+
+    def _store_provisional(self) -> None:
+        """Rank 0, while undecided: once a paired test has ended or the phase has moved on, store
+        what the job has learned as a provisional table (`Table.final` False), so a job that
+        ends before it decides leaves the next one a place to resume (`_loaded`): the plan that
+        has won so far (its classes locked), its gain so far, and the fusion size once that
+        phase is over. Screening needs nothing: its trials are in the studies already."""
+        plan_search = self.plan_search
+        assert plan_search is not None
+        at = (len(plan_search.history), plan_search.phase)
+        if at == self._provisional_at or plan_search.phase in ("loading", "fusion"):
+            return
+        self._provisional_at = at
+        table = self.table()
+        incumbent = plan_search.incumbent
+        classes = {
+            cls: dataclasses.replace(
+                e, state="locked" if cls in incumbent.as_dict() else "exploring"
+            )
+            for cls, e in table.classes.items()
+        }
+        provisional = dataclasses.replace(
+            table, classes=classes, fusion_bytes=incumbent.fusion_bytes, final=False
+        )
+        assert self.worker is not None
+        self.worker.submit(lambda: self.store().save_table(self.key, self.workload, provisional))
 
     def _store_table(self) -> None:
         """Rank 0: the plan locked (or fell back); store the table for the next job."""

@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import autotune
 from autotune.algorithms import Comm, NativeAllReduce, Pending, RingAllReduce, register
 from autotune.testing import played_nccl
-from autotune.testing.settled import all_settled
+from autotune.testing.settled import all_settled, everywhere
 
 #: Messages up to this many bytes are "small" for the size-dependent algorithms below.
 SMALL_BYTES = 100_000
@@ -178,13 +178,15 @@ def tune(
     flip_at: int | None = None,
     until_settled: bool = False,
     width: int = 1024,
+    until_won: bool = False,
 ) -> Tuned:
     """Train with the tuner on (and, if ``compare``, beside DDP without a hook). With
     ``slow_native`` the baseline is `SlowNative`; at step ``flip_at`` it turns fast and
     `QuickRing` slow. With ``until_settled``, ``steps`` is a cap: training stops once every
     rank knows the plan is locked (with ``flip_at``: after the flip, locked on the baseline).
     How many iterations tuning takes depends on how soon the tuner's Optuna worker answers,
-    which a loaded machine slows; a fixed count would not."""
+    which a loaded machine slows; a fixed count would not. With ``until_won``, training stops
+    (undecided) once every rank has heard that a plan beat the baseline."""
     register_injected()
     register("native", SlowNative if slow_native else NativeAllReduce, replace=True)
     if slow_native:
@@ -208,6 +210,11 @@ def tune(
         after_flip = flip_at is None or step > flip_at
         if until_settled and after_flip and all_settled(state, flip_at is not None):
             break
+        if until_won:
+            state.status()  # the engine settled: every rank has heard the same orders
+            won = state.tuner is not None and state.tuner.gain is not None
+            if everywhere(won):
+                break  # a plan has beaten the baseline, undecided: the job ends here
         steps_run += 1
         if step == flip_at:
             CONDITIONS.update(native_slow=False, quick_ring_slow=True)

@@ -94,7 +94,7 @@ def test_show_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     )
     assert load_table(str(json_path)) == TABLE
     assert csv_path.read_text() == TABLE.nccl_csv(2, 16)
-    assert csv_path.read_text().endswith("-1,-1\n")  # a final newline, as tools expect
+    assert csv_path.read_text().endswith(": native\n")  # a final newline, as tools expect
     assert "tests it again" not in out  # TABLE has no lead
 
 
@@ -209,3 +209,14 @@ def test_forget_drops_every_runs_plan_of_a_workload_and_only_that(
     # A workload alone names it under any key.
     assert main(["forget", "gpt", "--storage", url]) == 0
     assert set(Store(url).tables()) == {("aaa", "bert")}
+
+
+def test_merged_runs_keep_the_newest_runs_gain_model_and_decision() -> None:
+    from autotune.storage import merge_tables
+
+    older = Table(TABLE.classes, 0, FP, Gain(0.8, 0.7, 0.9, 12), model="Net, 9 parameters")
+    newer = Table(TABLE.classes, 0, FP, Gain(0.9, 0.85, 0.95, 6), model="Net, 9 parameters",
+                  final=False)  # fmt: skip
+    merged = merge_tables([(1.0, older), (2.0, newer)])
+    assert (merged.gain, merged.model, merged.final) == (newer.gain, newer.model, False)
+    assert merge_tables([(2.0, older), (1.0, newer)]).final

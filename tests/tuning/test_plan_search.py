@@ -459,3 +459,13 @@ def test_the_estimate_of_iterations_left_counts_down_and_is_zero_once_locked() -
     assert c.iterations_left(screening=12) == 12
     c.screened([])  # nothing shortlisted: the baseline is locked
     assert c.settled and c.iterations_left(screening=None) == 0
+
+
+def test_a_search_resumed_after_its_fusion_phase_screens_first() -> None:
+    """A job that ended undecided with the fusion sizes tried and none ahead: the next one
+    starts at screening (`PlanSearch.start(None, fusion_decided=True)`)."""
+    c = plan_search()
+    c.start(None, fusion_decided=True)
+    assert c.phase == "screening" and c.match is None and not c.duels("fusion")
+    c.screened([(1 << 20, TREE, 0.001)])
+    assert c.phase == "classes" and c.match is not None

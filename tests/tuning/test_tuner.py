@@ -22,6 +22,7 @@ from tuner_jobs import (
     tune,
 )
 
+from autotune.cli import main
 from autotune.comm.launch import run_local
 from autotune.plan import Arm, Buckets, Choice, Entry, Gain, NearMiss, Table, size_class
 from autotune.storage import Store
@@ -167,6 +168,33 @@ def test_a_restarted_job_confirms_the_stored_plan_without_exploring(tmp_path: Pa
     assert {cls: second.plan[cls] for cls in first.plan if cls in second.plan} == {
         cls: c for cls, c in first.plan.items() if cls in second.plan
     }
+
+
+def test_a_job_that_ends_undecided_stores_its_winner_so_far_and_the_next_resumes_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A 300-step job ended "not decided yet" and stored nothing a user could see: the next
+    # job started over. Now the first stops as soon as a plan has beaten the baseline.
+    url = storage(tmp_path)
+    config = {"tune_warmup": 0, "tune_samples": 2, "max_pairs": 6, "algorithms": ("tree",)}
+    # unhook: a plan that won through the hook meets plain DDP before it is final.
+    config.update(storage=url, fusion_bytes=0, unhook=True)
+    args = (False, True, None, False, 1024, True)  # the baseline slowed: tree wins; until_won
+    first = run_local(tune, 2, SETTLE_CAP, config, *args, timeout_s=600)[0]
+    assert not first.settled and first.duels and first.duels[-1][2], first.duels
+    ((_, stored),) = Store(url).tables().items()
+    assert not stored.final, (first.duels, first.steps_run, first.progress)
+    assert {e.choice.algorithm for e in stored.classes.values()} & {"tree"}
+    assert main(["show", "--storage", url]) == 0
+    assert "provisional: the next job resumes from it" in capsys.readouterr().out
+    # The next job takes that winner straight to the check against plain DDP (where the first
+    # stopped), screens nothing again, and stores its decision as final.
+    trials = Store(url).trial_count()
+    second = run_local(tune, 2, SETTLE_CAP, config, False, True, None, True, timeout_s=600)[0]
+    assert second.settled and second.duels[0][0] == "catch", second.duels
+    assert Store(url).trial_count() == trials
+    ((_, decided),) = Store(url).tables().items()
+    assert decided.final
 
 
 def test_two_models_alternating_on_one_storage_each_start_from_their_own_plan(

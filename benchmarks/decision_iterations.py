@@ -1,0 +1,95 @@
+"""How many iterations autotune takes to a final decision, from an empty storage and resumed.
+
+    python benchmarks/decision_iterations.py --world-size 4 --models mlp,transformer,convnet
+
+Per model (benchmarks/step_gain.py's), three jobs of autotune alone on spawned CPU ranks (gloo,
+127.0.0.1, one intra-op thread per rank), each stopping once `state.status()` is final (the
+same iteration on every rank) or at its cap:
+
+1. empty: from an empty storage, up to ``--cap`` iterations;
+2. short: from another empty storage, a job of ``--short`` iterations, which ends where it is
+   (provisional, most often: what it learned is stored, `autotune.tuning.tuner`);
+3. resumed: the next job on run 2's storage, up to ``--cap``.
+
+Printed per model: the iterations each took (the iteration after which its status was final;
+"-" where it was not final at the cap), the headline it ended with, and where run 2 ended.
+Iterations, not seconds, are the figure: how long an iteration takes is the model's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import autotune
+from autotune.comm.launch import run_local
+from autotune.testing.settled import everywhere
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from step_gain import MODELS, _step, model_and_batch
+
+
+def job(rank: int, world_size: int, model: str, storage: str, cap: int) -> dict[str, Any]:
+    """Train ``model`` with autotune until its status is final, or ``cap`` iterations."""
+    torch.set_num_threads(1)
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    net, batch = model_and_batch(model)
+    ddp = DDP(net, bucket_cap_mb=1.0 if model == "mlp" else None)  # as step_gain.py runs them
+    state = autotune.register(ddp, autotune.Config(storage=storage, timeout_s=120))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(rank)
+    final_at = None
+    for step in range(cap):
+        x, y = batch(g)
+        _step(ddp, opt, x, y)
+        if everywhere(state.status().final):
+            final_at = step + 1
+            break
+    now = state.status()
+    out = {"final_at": final_at, "headline": now.headline, "phase": now.phase}
+    state.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--world-size", type=int, default=4)
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--cap", type=int, default=1000, help="runs 1 and 3, at most")
+    p.add_argument("--short", type=int, default=150, help="run 2's length")
+    p.add_argument("--json", default=None, help="also write the figures here")
+    args = p.parse_args(argv)
+    rows = []
+    for model in args.models.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            empty = f"sqlite:///{Path(tmp) / 'empty.db'}"
+            resumed = f"sqlite:///{Path(tmp) / 'resumed.db'}"
+            n = args.world_size
+            first = run_local(job, n, model, empty, args.cap, timeout_s=3600)[0]
+            short = run_local(job, n, model, resumed, args.short, timeout_s=3600)[0]
+            then = run_local(job, n, model, resumed, args.cap, timeout_s=3600)[0]
+        row = {"model": model, "empty": first, "short": short, "resumed": then}
+        rows.append(row)
+        print(
+            f"{model}: from empty {first['final_at'] or '-'} iterations ({first['headline']}); "
+            f"a {args.short}-iteration job ended {short['phase']} "
+            f"({'final' if short['final_at'] else 'provisional'}); the next one resumed and took "
+            f"{then['final_at'] or '-'} ({then['headline']})",
+            flush=True,
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
