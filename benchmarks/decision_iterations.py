@@ -12,7 +12,8 @@ same iteration on every rank) or at its cap:
 3. resumed: the next job on run 2's storage, up to ``--cap``.
 
 Printed per model: the iterations each took (the iteration after which its status was final;
-"-" where it was not final at the cap), the headline it ended with, and where run 2 ended.
+"-" where it was not final at the cap), the headline it ended with, where run 2 ended, and per
+run the iterations spent in each stage (the first of `Status.to_run`, or the phase).
 Iterations, not seconds, are the figure: how long an iteration takes is the model's.
 """
 
@@ -48,14 +49,18 @@ def job(rank: int, world_size: int, model: str, storage: str, cap: int) -> dict[
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(rank)
     final_at = None
+    stages: dict[str, int] = {}  # iterations spent in each stage (what the status ran)
     for step in range(cap):
         x, y = batch(g)
         _step(ddp, opt, x, y)
-        if everywhere(state.status().final):
+        now = state.status()
+        stage = now.to_run[0].split(" (")[0] if now.to_run else now.phase
+        stages[stage] = stages.get(stage, 0) + 1
+        if everywhere(now.final):
             final_at = step + 1
             break
     now = state.status()
-    out = {"final_at": final_at, "headline": now.headline, "phase": now.phase}
+    out = {"final_at": final_at, "headline": now.headline, "phase": now.phase, "stages": stages}
     state.close()
     return out
 
@@ -86,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{then['final_at'] or '-'} ({then['headline']})",
             flush=True,
         )
+        for name, run in (("empty", first), ("short", short), ("resumed", then)):
+            spent = ", ".join(f"{stage} {n}" for stage, n in run["stages"].items())
+            print(f"  {name}: {spent}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0
