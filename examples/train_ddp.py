@@ -73,7 +73,7 @@ class Result:
     table: autotune.plan.Table | None = None  # what the tuner knows (rank 0), if it ran
     verdict: str | None = None  # the tuned plan's step against plain DDP's (rank 0)
     headline: str | None = None  # the plain verdict, said first (rank 0)
-    unhooked_at: int | None = None  # the iteration after which autotune stepped aside
+    unhooked_at: int | None = None  # the iteration after which autotune unhooked
     settled_at: int | None = None  # the step from which everything was locked
     settled_after_s: float | None = None  # training time (from step 0) until then
     fusion_bytes: int = 0
@@ -203,7 +203,7 @@ def summary(result: Result, world_size: int, args: argparse.Namespace) -> str:
         if result.table.buckets is not None:  # unhooked: DDP's own buckets, tuned
             fusion = result.table.buckets.describe()
         if result.unhooked_at is not None:
-            when = f"plain DDP kept: autotune stepped aside after iteration {result.unhooked_at}"
+            when = f"plain DDP kept: autotune unhooked after iteration {result.unhooked_at}"
         elif result.settled_at is not None and result.settled_after_s is not None:
             when = (
                 f"everything locked from step {result.settled_at} (step time until locked: "

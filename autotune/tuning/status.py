@@ -78,7 +78,7 @@ class Status:
     @property
     def headline(self) -> str:
         """The plain verdict, for the first line of a job's summary: faster with autotune, no
-        gain (plain DDP kept, and whether autotune stepped aside), or provisional (what is
+        gain (plain DDP kept, and whether autotune unhooked), or provisional (what is
         still to run). "faster" only once the decision is final and its paired test won."""
         if not self.tuning:
             return "a fixed plan: not compared with plain DDP"
@@ -87,7 +87,7 @@ class Status:
         aside = (
             ""
             if self.unhooked_at is None
-            else f"autotune stepped aside after iteration {self.unhooked_at}"
+            else f"autotune unhooked after iteration {self.unhooked_at}"
         )
         if self.gain is not None and self.gain.ratio < 1:
             how = f" (DDP's own all-reduce in autotune's bucket size; {aside})" if aside else ""

@@ -51,7 +51,7 @@ def test_the_demo_trains_tunes_and_serves_metrics(tmp_path: Path) -> None:
         r"to run: )",
         lines[verdict],
     ), text
-    if "stepped aside" in lines[verdict]:
+    if "unhooked after" in lines[verdict]:
         assert "still exploring" not in text
     served = re.search(r"metrics: rank 0 served (\d+) samples in (\d+) metric families", text)
     assert served is not None, text

@@ -96,7 +96,7 @@ def test_a_plan_slower_than_plain_ddp_is_dropped_and_the_job_steps_aside(tmp_pat
         assert_never_claims_early(r.headlines)
         assert any("still to run: the check against plain DDP" in h for h in r.headlines)
         assert r.headlines[-1] == (
-            f"no gain: plain DDP kept, autotune stepped aside after iteration {r.aside_at}"
+            f"no gain: plain DDP kept, autotune unhooked after iteration {r.aside_at}"
         )
     assert "provisional" not in verdict, verdict
     # The next job finds the baseline (no lead: the plan lost to plain DDP itself).

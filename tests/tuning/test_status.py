@@ -1,6 +1,6 @@
 """The plain verdict a job's summary leads with (`Status.headline`), one per situation: final or
 provisional, never "faster" before the decision is final, never contradicting the verdict's gain
-or whether autotune stepped aside."""
+or whether autotune unhooked."""
 
 from __future__ import annotations
 
@@ -29,14 +29,14 @@ def status(**changes: object) -> Status:
         ),
         (
             {"unhooked_at": 460, "plan_locked": True, "phase": "locked"},
-            "no gain: plain DDP kept, autotune stepped aside after iteration 460",
+            "no gain: plain DDP kept, autotune unhooked after iteration 460",
         ),
-        # A DDP bucket size that won once autotune stepped aside: the same gain the verdict
+        # A DDP bucket size that won once autotune unhooked: the same gain the verdict
         # states, never "no gain" beside a verdict below 1.
         (
             {"unhooked_at": 460, "gain": Gain(0.93, 0.88, 0.98, 12)},
             "0.93x step time: faster with autotune (DDP's own all-reduce in autotune's bucket "
-            "size; autotune stepped aside after iteration 460)",
+            "size; autotune unhooked after iteration 460)",
         ),
         ({"plan_locked": True, "phase": "locked"}, "no gain: plain DDP's all-reduce kept"),
         ({"gain": Gain(1.03, 0.98, 1.09, 6)}, "no gain: plain DDP's all-reduce kept"),

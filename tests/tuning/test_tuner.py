@@ -59,7 +59,7 @@ def test_with_a_baseline_that_is_always_best_the_tuner_locks_the_baseline(
     phases = {phase for h, phase in result.headlines if h.startswith("provisional: ")}
     assert {"screening", "classes"} <= phases, phases
     final = headlines[-1]
-    assert final.startswith("no gain: plain DDP kept, autotune stepped aside") or (
+    assert final.startswith("no gain: plain DDP kept, autotune unhooked") or (
         "faster with autotune (DDP's own all-reduce in autotune's bucket size" in final
     ), final
 
