@@ -39,6 +39,8 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	@# The layer contract: no import circle, no layer importing one above it (tools/layers.py).
 	$(PY) tools/layers.py
+	@# Every path of the tree a doc names exists (tools/doc_paths.py).
+	$(PY) tools/doc_paths.py
 
 # Two pytest-xdist workers, a test file each at a time (its module fixtures, such as one
 # Prometheus for a file's tests, stay in one worker). `make pytest PYTEST_ARGS=` runs serially.
