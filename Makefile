@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 BASE := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint pytest demo bench bench-all clean
+.PHONY: venv test test-fast lint pytest demo bench bench-all clean
 
 venv: $(STAMP)
 
@@ -48,6 +48,11 @@ PYTEST_ARGS ?= -n 2 --dist loadfile
 
 pytest: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The tests that spawn no ranks and start no server or namespace: about 30 s here, for the loop
+# of an edit (make test is what CI and a finished change run).
+test-fast: $(STAMP)
+	$(PY) -m pytest -n 2 -m "not distributed and not needs_server and not needs_root and not cuda"
 
 demo: $(BASE)
 	$(PY) examples/train_ddp.py --world-size 4 --steps 600 --metrics-port 0
