@@ -52,6 +52,7 @@ from autotune.tuning.status import Status, is_locked, is_settled, status
 from autotune.tuning.unhooked import bucket_tuner, catch_hooks, plan_file_buckets
 from autotune.util.cores import oversubscription, usable_cores
 from autotune.util.redact import redact
+from autotune.util.units import count
 
 if TYPE_CHECKING:
     from autotune.metrics import Exporter
@@ -405,8 +406,8 @@ def _refuse_what_cannot_run(config: Config, table: Table | None, group: ProcessG
     if not refused:
         return
     where = (
-        f"{backend_name(group)} backend, {device.type} tensors, {dist.get_world_size(group)} "
-        "rank" + ("s" if dist.get_world_size(group) > 1 else "")
+        f"{backend_name(group)} backend, {device.type} tensors, "
+        f"{count(dist.get_world_size(group), 'rank')}"
     )
     reasons = []
     for name in refused:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from collections.abc import Sequence
@@ -184,16 +183,17 @@ def _pick(tables: dict[str, Table], key: str) -> dict[str, Table]:
 def _step_line(table: Table) -> str:
     """The stored plan's training step against plain DDP's, as the job that stored it measured
     it (below 1 faster), and whether that job's decision was final."""
+    from autotune.util.units import count
+
     gain = table.buckets.gain if table.buckets is not None and table.buckets.gain else table.gain
     decided = "final" if table.final else "provisional: the next job resumes from it"
     if gain is None:
         if table.runs_native:
             return f"1.00x plain DDP's (its own all-reduce kept), {decided}"
         return f"not compared with plain DDP, {decided}"
-    high = "?" if math.isinf(gain.high) else f"{gain.high:.2f}"
     return (
-        f"{gain.ratio:.2f}x plain DDP's ({gain.pairs} pairs, 95% interval {gain.low:.2f}-{high}x), "
-        f"{decided}"
+        f"{gain.ratio:.2f}x plain DDP's ({count(gain.pairs, 'pair')}, 95% interval "
+        f"{gain.interval()}), {decided}"
     )
 
 
@@ -220,10 +220,8 @@ def _forget(args: argparse.Namespace) -> int:
     for name in picked:
         key, workload = name.split("/", 1)
         runs = store.forget(key, workload)
-        print(
-            f"forgot plan {name} ({runs} run{'s' if runs != 1 else ''}' plan"
-            f"{'s' if runs != 1 else ''}): its next job tunes from scratch"
-        )
+        whose = "1 run's plan" if runs == 1 else f"{runs} runs' plans"
+        print(f"forgot plan {name} ({whose}): its next job tunes from scratch")
     return 0
 
 

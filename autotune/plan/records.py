@@ -54,12 +54,16 @@ class Gain:
             f" of {pairs_of}" if pairs_of else ""
         )
 
+    def interval(self) -> str:
+        """``0.88-0.95x``, the 95% interval (``?`` for an upper end the pairs cannot bound yet)."""
+        high = "?" if math.isinf(self.high) else f"{self.high:.2f}"
+        return f"{self.low:.2f}-{high}x"
+
     def verdict(self, pairs_of: str, what: str) -> str:
         """The summary line of a job whose step this gain measures against plain DDP's."""
-        high = "?" if math.isinf(self.high) else f"{self.high:.2f}"
         return (
             f"autotune vs plain DDP: {self.ratio:.2f}x step time ({count(self.pairs, 'pair')} of "
-            f"{pairs_of}, 95% interval {self.low:.2f}-{high}x; {what})"
+            f"{pairs_of}, 95% interval {self.interval()}; {what})"
         )
 
     def to_json(self) -> dict[str, object]:

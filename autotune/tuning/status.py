@@ -159,29 +159,31 @@ def _provisional(verdict: str) -> str:
     return f"provisional: {verdict}"
 
 
-#: What each phase of the plan search runs, in the order they come (`PlanSearch`).
+#: What each phase of the plan search runs, in the order they come (`PlanSearch`), then DDP's
+#: bucket-size search once unhooked.
 STAGES = {
     "loading": "loading what earlier jobs stored",
     "fusion": "fusion sizes against DDP's buckets on the step",
     "screening": "screening each message size's algorithms on latency",
     "classes": "paired tests of the shortlisted algorithms on the step",
     "confirm": "the plan against the baseline on the step",
-    "catch": "the check against plain DDP (if the plan needs the hook)",
-    "buckets": "DDP's bucket-size search (if plain DDP is kept)",
+    "catch": "the check against plain DDP",
+    "buckets": "DDP's bucket-size search",
 }
+#: The stages that may not come, and when they do, as said while they are still ahead.
+_ONLY_IF = {"catch": " (if the plan needs the hook)", "buckets": " (if plain DDP is kept)"}
 
 
 def _still_to_run(tuner: Tuner, unhooking: Unhooking | None) -> tuple[tuple[str, ...], int | None]:
     """The stages still to run, and the estimate of the iterations those known now take."""
-    bucket_stage = STAGES["buckets"].split(" (")[0]
     if unhooking is not None:
         check = unhooking.catch
         if tuner.check_from is not None and check is not None and not check.over:
-            return ("the check against plain DDP",), check.iterations_left()
+            return (STAGES["catch"],), check.iterations_left()
         if unhooking.at is not None and unhooking.buckets is not None:
-            return (bucket_stage,), unhooking.buckets.iterations_left()
+            return (STAGES["buckets"],), unhooking.buckets.iterations_left()
         if tuner.unhook_from is not None and unhooking.refused is None:
-            return ("stepping aside for plain DDP at the next forward", bucket_stage), None
+            return ("unhooking for plain DDP at the next forward", STAGES["buckets"]), None
     if tuner.phase == "locked":  # the orders that lock it are on their way to every rank
         return ("settling the locked plan on every rank",), 0
     order = list(STAGES)
@@ -190,7 +192,7 @@ def _still_to_run(tuner: Tuner, unhooking: Unhooking | None) -> tuple[tuple[str,
         ahead = [a for a in ahead if a not in ("catch", "buckets")]
     if tuner.phase == "loading":
         ahead = ahead[:1]
-    return tuple(STAGES[a] for a in ahead), tuner.to_go
+    return tuple(STAGES[a] + _ONLY_IF.get(a, "") for a in ahead), tuner.to_go
 
 
 def _gain(tuner: Tuner, unhooking: Unhooking | None) -> Gain | None:

@@ -462,8 +462,7 @@ class Tuner:
         layout = self.engine.layout
         self.workload = self.config.workload or workload_name(layout)
         if self.described is None:
-            itemsize = torch.empty((), dtype=dtype).element_size()
-            self.described = describe_layout(layout, itemsize)
+            self.described = describe_layout(layout, dtype.itemsize)
         total = sum(n for n, _ in layout)
         _log.info(
             "autotune: this job's plan is stored as %s/%s (%s; the gradients as DDP first "
@@ -508,8 +507,9 @@ class Tuner:
         lead = None if table is None else table.lead
         self._resumable = table is None or not table.final
         if table is not None and not table.final:
-            # A job that ended before it decided: its winner so far is confirmed against the
-            # baseline; where none had won, the search goes on past its fusion sizes.
+            # A job that ended before it decided: its winner so far goes to the stage left (the
+            # check against plain DDP, or the confirmation: `PlanSearch.start`); where none had
+            # won, the search goes on past its fusion sizes.
             won = None if stored == self.plan_search.baseline else stored
             _log.info(
                 "autotune: resuming the provisional plan a job stored before it decided: %s",
@@ -676,10 +676,9 @@ class Tuner:
         self._provisional_at = at
         table = self.table()
         incumbent = plan_search.incumbent
+        won = incumbent.as_dict()
         classes = {
-            cls: dataclasses.replace(
-                e, state="locked" if cls in incumbent.as_dict() else "exploring"
-            )
+            cls: dataclasses.replace(e, state="locked" if cls in won else "exploring")
             for cls, e in table.classes.items()
         }
         provisional = dataclasses.replace(

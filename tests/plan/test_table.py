@@ -208,6 +208,7 @@ def test_forget_drops_every_runs_plan_of_a_workload_and_only_that(
     assert "no plan 'nope'" in err and "(stored: aaa/bert, aaa/gpt)" in err, err
     # A workload alone names it under any key.
     assert main(["forget", "gpt", "--storage", url]) == 0
+    assert "forgot plan aaa/gpt (1 run's plan)" in capsys.readouterr().out  # it said "1 run' plan"
     assert set(Store(url).tables()) == {("aaa", "bert")}
 
 
