@@ -50,9 +50,11 @@ def test_uneven_inputs_under_join_train_as_plain_ddp(phase: str, tmp_path: Path)
     if phase == "unhook due":  # the plan file's, after the first iteration: inside the Join
         assert [r.unhooked_at for r in results] == [1, 1, 1], results
     if phase == "unhook after a rank joined":
-        # Rank 1 joined after 4 batches; the tuner unhooked later, inside the Join, rank 1 in
-        # its shadow of the same iteration as the others in their forward.
+        # Rank 1 joined after 4 batches; the tuner unhooked later, inside the Join (rank 0 trains
+        # on until it has), rank 1 in its shadow of the same iteration as the others in their
+        # forward.
         at = [r.unhooked_at for r in results]
-        assert at[0] is not None and 4 < at[0] < 220 and at == [at[0]] * 3, results
+        assert at[0] is not None and 4 < at[0] <= results[0].batches, results
+        assert at == [at[0]] * 3, results
     if phase in ("catch", "buckets"):
         assert all(r.went_on > 0 for r in results), results

@@ -19,9 +19,11 @@ import autotune
 #: first, then rank 2; rank 0 goes on alone past several blocks of `autotune.tuning.blocks`.
 UNEVEN = (44, 12, 28)
 #: The issue's 220 and 140, where the tuner must unhook under the Join after rank 1 has joined:
-#: rank 1 joins after 4 batches, before any tuner can have decided (at 59 to 160 iterations
-#: here: how soon depends on the machine's load).
+#: rank 1 joins after 4 batches, before any tuner can have decided (at 59 to 224 iterations
+#: here: how soon depends on the machine's load). Rank 0 goes on past its 220 until autotune has
+#: unhooked (`MAX_LONG` at most), so the unhook falls inside the Join however loaded the machine.
 LONG = (220, 4, 140)
+MAX_LONG = 2000
 
 
 @dataclass
@@ -35,6 +37,7 @@ class Joined:
     #: Iterations the check against plain DDP, or DDP's bucket-size search, ran after the Join.
     went_on: int
     seconds: float  # the Join with autotune, on this rank
+    batches: int  # batches this rank trained under the Join
 
 
 class BigNet(torch.nn.Module):
@@ -100,15 +103,20 @@ def uneven(
         step(plain, x, y)
         at += 1
         assert at < 2000, f"never reached {phase}"
-    counts = LONG if phase == "unhook after a rank joined" else UNEVEN
+    long = phase == "unhook after a rank joined"
+    counts = LONG if long else UNEVEN
     batches = [batch() for _ in range(counts[rank])]
-    seconds = 0.0
-    for model in (ours, plain):
-        began = time.monotonic()
-        with Join([model]):
-            for x, y in batches:
-                step(model, x, y)
-        seconds = seconds or time.monotonic() - began
+    began = time.monotonic()
+    with Join([ours]):
+        for x, y in batches:
+            step(ours, x, y)
+        while long and rank == 0 and _still_hooked(state) and len(batches) < MAX_LONG:
+            batches.append(batch())
+            step(ours, *batches[-1])
+    seconds = time.monotonic() - began
+    with Join([plain]):  # the same batches, for plain DDP
+        for x, y in batches:
+            step(plain, x, y)
     unhooking = state.unhooking
     held = 0 if unhooking is None else unhooking.held
     before = _iterations(state)
@@ -127,9 +135,15 @@ def uneven(
         None if unhooking is None else unhooking.at,
         _iterations(state) - before,
         seconds,
+        len(batches),
     )
     state.close()
     return joined
+
+
+def _still_hooked(state: autotune.AutotuneState) -> bool:
+    """Whether autotune has not unhooked yet."""
+    return state.unhooking is None or state.unhooking.at is None
 
 
 def _iterations(state: autotune.AutotuneState) -> int:
