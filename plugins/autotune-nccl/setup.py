@@ -6,9 +6,13 @@ setup(
     ext_modules=[
         Extension(
             "autotune_nccl._tuner",
-            sources=["autotune_nccl/_tuner.c", "autotune_nccl/_profiler.c"],
+            sources=[
+                "autotune_nccl/_tuner.c",
+                "autotune_nccl/_profiler.c",
+                "autotune_nccl/_profiler_chain.c",
+            ],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-fvisibility=hidden"],
-            libraries=["pthread"],
+            libraries=["pthread", "dl"],
         )
     ]
 )

@@ -3,9 +3,9 @@
  * through NCCL_PROFILER_PLUGIN=<the library>, autotune's Python side drains what it kept through
  * ctypes (autotune_nccl.Profiler). See docs/NCCL_PROFILER.md.
  *
- * It exports ncclProfiler_v6 down to _v3, so NCCL 2.26 to 2.30 each find the newest one they know
- * (2.26: v3; 2.27: v4; 2.28: v5; 2.29 and 2.30: v6). The layouts are written from NCCL's headers
- * of each release (src/include/plugin/profiler/profiler_v*.h); the parts read here:
+ * It exports ncclProfiler_v7 down to _v3, so NCCL 2.26 to 2.31 each find the newest one they know
+ * (2.26: v3; 2.27: v4; 2.28: v5; 2.29 and 2.30: v6; 2.31: v7). The layouts are written from
+ * NCCL's headers of each release (src/include/plugin/profiler/profiler_v*.h); the parts read here:
  *  - v3: the descriptor's type is a uint8_t; the collective carries its communicator's name and
  *    hash; init(ctx, mask) has no communicator; the kernel-channel events carry no GPU timer, so
  *    a channel's time is taken on the host when NCCL's proxy thread starts and stops the event.
@@ -13,6 +13,12 @@
  *    the GPU's globaltimer (ns) at start, and at stop through recordEventState(KernelChStop).
  *  - v5, v6: the type is a uint64_t, init(ctx, commId, mask, commName, nNodes, nranks, rank,
  *    logfn); the collective gains parentGroup; v6 adds copy-engine events (not asked for).
+ *  - v7: the collective gains kernelVariant, isSymColl and userTag (ncclCollConfig_t's
+ *    userProfilerTag) after parentGroup; kernel-phase events (ncclProfileKernelPhase, 1 << 15),
+ *    children of a kernel channel, for symmetric kernels: phaseId 0 initial sync, 1 compute,
+ *    2 final sync, the GPU timer at start in the descriptor and at stop through
+ *    recordEventState(ncclProfilerKernelPhaseStop = 31) in the kernelCh member of the args; NCCL
+ *    fires a channel's phases before it stops the channel (src/plugin/profiler.cc).
  *
  * It asks for collective and kernel-channel events only (the activation mask). Per collective it
  * keeps the communicator, sequence number, function, bytes, algorithm, protocol and channels, and
@@ -22,7 +28,14 @@
  * threads: collectives live in a fixed pool claimed with compare-and-swap, channels in a fixed
  * array beside it, and the ring is a bounded multi-producer queue (one sequence number per cell).
  * A full ring, a full pool, an event whose handle or parent is not one of ours, and events after
- * finalize are each counted (ap_stats): nothing is dropped silently.
+ * finalize are each counted (ap_stats): nothing is dropped silently. Each record carries the
+ * plugin's own time in NCCL's calls for it, up to the record (cost_ns: what profiling costs
+ * NCCL's threads). AUTOTUNE_NCCL_PROFILER_SAMPLE=N records every Nth collective of each
+ * communicator (default 1: all); the others are counted (sampled_out) and cost a counter.
+ *
+ * AUTOTUNE_NCCL_PROFILER_CHAIN=<another profiler plugin> loads that one too and forwards every
+ * call to it (_profiler_chain.c): its events, contexts and handles are its own, its activation
+ * mask is added to ours, and a failure of it is logged once and leaves this profiler running.
  *
  * The node's view: unless AUTOTUNE_NCCL_SHM=0, the library also keeps, in a file of its own in
  * AUTOTUNE_NCCL_SHM_DIR (default /dev/shm, name autotune-nccl.<pid>), cumulative sums per
@@ -33,11 +46,15 @@
  * swept when the next process starts its own (and by the daemon).
  */
 #include <dirent.h>
+#include "_profiler_chain.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,13 +65,14 @@
 #include <unistd.h>
 
 typedef int ncclResult_t;
-typedef void (*ap_logger_t)(int level, unsigned long flags, const char *file, int line,
-                            const char *fmt, ...);
 
 #define AP_SUCCESS 0
 #define AP_EVENT_COLL (1 << 1)     /* ncclProfileColl */
 #define AP_EVENT_KERNEL_CH (1 << 6) /* ncclProfileKernelCh */
+#define AP_EVENT_KERNEL_PHASE (1 << 15) /* ncclProfileKernelPhase (v7) */
 #define AP_STATE_KERNEL_CH_STOP 22 /* ncclProfilerKernelChStop (v4+) */
+#define AP_STATE_KERNEL_PHASE_STOP 31 /* ncclProfilerKernelPhaseStop (v7) */
+#define AP_PHASES 3                /* initial sync, compute, final sync */
 #define AP_MAX_CHANNELS 64         /* MAXCHANNELS */
 #define AP_POOL 1024               /* collectives in flight */
 #define AP_RING 8192               /* completed records not yet drained (a power of two) */
@@ -81,6 +99,12 @@ typedef struct {
     int32_t version;       /* the profiler symbol NCCL loaded for this communicator */
     int32_t flags;
     char func[16], algo[16], proto[8], dtype[16];
+    uint64_t user_tag;          /* v7: the call's userProfilerTag (0: none) */
+    uint64_t phase_ns[AP_PHASES]; /* v7, symmetric kernels: each phase's longest channel */
+    uint64_t cost_ns;           /* the plugin's own time in NCCL's calls for it, to the record */
+    int32_t symmetric;          /* v7: NCCL ran a symmetric kernel (1) or not (0); -1: not said */
+    int32_t phases_seen;        /* v7: phase events that stopped */
+    char variant[32];           /* v7: NCCL's kernel variant ("" where not said) */
 } ap_record;
 
 typedef struct {
@@ -96,7 +120,13 @@ typedef struct {
     uint64_t late;        /* events on a finalised communicator */
     uint64_t ignored;     /* events of a type not asked for */
     int32_t in_flight;    /* collectives started and not yet recorded */
-    int32_t mask;         /* the activation mask given to NCCL */
+    int32_t mask;         /* the events asked for (from v7 with kernel phases; a chained
+                           * profiler's are added to what NCCL is given) */
+    uint64_t sampled_out; /* collectives left out by AUTOTUNE_NCCL_PROFILER_SAMPLE */
+    uint64_t chained;     /* calls forwarded to the chained profiler */
+    uint64_t chain_failures; /* its library, symbol, init or calls failing (logged once) */
+    int32_t chain_version; /* the chained profiler's version forwarded to (0: none) */
+    int32_t sample_every; /* AUTOTUNE_NCCL_PROFILER_SAMPLE */
 } ap_stats_t;
 
 /* -- state ---------------------------------------------------------------------------------- */
@@ -107,11 +137,21 @@ typedef struct {
     uint64_t comm_id;
     int rank, nranks, nnodes;
     ap_logger_t log;
+    _Atomic uint64_t colls; /* collectives started: every Nth is recorded */
+    void *chain_ctx;        /* the chained profiler's context (NULL: none) */
+    int chain_mask;         /* the events it asked for */
 } ap_comm;
+
+typedef struct {
+    _Atomic uint64_t start, stop; /* GPU timer */
+    void *chained;
+} ap_phase;
 
 typedef struct {
     _Atomic uint64_t start, stop;   /* GPU timer (v4+) */
     _Atomic uint64_t hstart, hstop; /* host clock */
+    void *chained;                  /* the chained profiler's handle of this event */
+    ap_phase phase[AP_PHASES];      /* v7: handles of the channel's phase events */
 } ap_chan;
 
 typedef struct {
@@ -123,6 +163,8 @@ typedef struct {
     _Atomic uint64_t ch_used; /* bit per channel id started: what finish reads and clears */
     _Atomic uint64_t touched; /* host clock of the last event */
     _Atomic int self_released;
+    _Atomic uint64_t cost_ns; /* the plugin's time in NCCL's calls for it so far */
+    void *chained;            /* the chained profiler's handle of this event */
 } ap_coll;
 
 static ap_comm g_comms[AP_MAX_COMMS];
@@ -141,7 +183,12 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static _Atomic int g_version, g_live_comms, g_in_flight;
 static _Atomic uint64_t g_comms_total, g_records, g_drained, g_ring_full, g_pool_full, g_stale,
     g_orphans, g_late, g_ignored;
+static _Atomic uint64_t g_sampled_out;
 static int g_mask = AP_EVENT_COLL | AP_EVENT_KERNEL_CH;
+static uint64_t g_sample = 1; /* AUTOTUNE_NCCL_PROFILER_SAMPLE */
+/* The handle of a collective left out by sampling, and of its channels and phases. */
+static char g_skip;
+#define AP_SKIP ((void *)&g_skip)
 
 #define RELAXED memory_order_relaxed
 #define bump(counter) atomic_fetch_add_explicit(&(counter), 1, RELAXED)
@@ -153,6 +200,8 @@ static void ring_init(void) {
     for (uint64_t i = 0; i < AP_RING; i++) atomic_store_explicit(&g_ring[i].seq, i, RELAXED);
     const char *off = getenv("AUTOTUNE_NCCL_PROFILER");
     if (off != NULL && strcmp(off, "0") == 0) g_mask = 0; /* loaded, asks NCCL for nothing */
+    const char *every = getenv("AUTOTUNE_NCCL_PROFILER_SAMPLE");
+    if (every != NULL && atoll(every) > 1) g_sample = (uint64_t)atoll(every);
 }
 
 static uint64_t host_ns(void) {
@@ -394,24 +443,58 @@ static ap_chan *as_chan(void *h, ap_coll **coll) {
     return (ap_chan *)h;
 }
 
+/* A phase event's handle: one of a channel's `phase` entries. */
+static ap_phase *as_phase(void *h, ap_coll **coll) {
+    uintptr_t p = (uintptr_t)h, base = (uintptr_t)g_chans;
+    if (p < base || p >= base + sizeof g_chans) return NULL;
+    size_t off = (p - base) % sizeof(ap_chan), first = offsetof(ap_chan, phase);
+    if (off < first || (off - first) % sizeof(ap_phase) != 0) return NULL;
+    *coll = &g_pool[(p - base) / sizeof(ap_chan) / AP_MAX_CHANNELS];
+    return (ap_phase *)h;
+}
+
+/* The chained profiler's handle for one of ours (a foreign handle is its own already). */
+static void *chained_of(void *h) {
+    ap_coll *c;
+    if (h == NULL || h == AP_SKIP) return NULL;
+    if ((c = as_coll(h)) != NULL) return c->chained;
+    ap_chan *k = as_chan(h, &c);
+    if (k != NULL) return k->chained;
+    ap_phase *ph = as_phase(h, &c);
+    if (ph != NULL) return ph->chained;
+    return h;
+}
+
+static void charge(ap_coll *c, uint64_t since) {
+    atomic_fetch_add_explicit(&c->cost_ns, host_ns() - since, RELAXED);
+}
+
 static void release(ap_coll *c) {
     if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1)
         atomic_fetch_sub_explicit(&g_in_flight, 1, RELAXED);
 }
 
 /* The collective's kernel time, from its channels: the GPU's timer where every channel that
- * stopped has both stamps, else the host's. */
-static void finish(ap_coll *c, int flags) {
+ * stopped has both stamps, else the host's; per phase (v7), the longest channel's. `since`: the
+ * host clock when NCCL's call that completes it began (0: not in one of NCCL's calls). */
+static void finish(ap_coll *c, int flags, uint64_t since) {
     if (atomic_exchange_explicit(&c->recorded, 1, memory_order_acq_rel)) return;
     size_t i = (size_t)(c - g_pool);
     uint64_t gfirst = 0, glast = 0, glong = 0, hfirst = 0, hlast = 0, hlong = 0;
-    int gpu = 1, seen = 0;
+    uint64_t phase_ns[AP_PHASES] = {0};
+    int gpu = 1, seen = 0, phases = 0;
     uint64_t used = atomic_load(&c->ch_used);
     /* Bounded by the count, not by `used >> ch`: shifting a uint64_t by 64 is undefined (x86
      * shifts by 0), and with channel 63 in use that loop ran off g_chans (seen on an H200). */
     for (int ch = 0; ch < AP_MAX_CHANNELS; ch++) {
         if (!(used >> ch & 1)) continue;
         ap_chan *k = &g_chans[i][ch];
+        for (int ph = 0; ph < AP_PHASES; ph++) {
+            uint64_t ps = atomic_load(&k->phase[ph].start), pe = atomic_load(&k->phase[ph].stop);
+            if (ps == 0 || pe == 0) continue;
+            phases++;
+            if (pe > ps && pe - ps > phase_ns[ph]) phase_ns[ph] = pe - ps;
+        }
         uint64_t s = atomic_load(&k->start), e = atomic_load(&k->stop);
         uint64_t hs = atomic_load(&k->hstart), he = atomic_load(&k->hstop);
         if (hs == 0 || he == 0) continue;
@@ -429,7 +512,10 @@ static void finish(ap_coll *c, int flags) {
     ap_record r = c->rec;
     r.channels_seen = seen;
     r.flags = flags;
+    r.phases_seen = phases;
+    memcpy(r.phase_ns, phase_ns, sizeof phase_ns);
     r.end_ns = host_ns();
+    r.cost_ns = atomic_load(&c->cost_ns) + (since != 0 ? r.end_ns - since : 0);
     if (seen > 0 && gpu) {
         r.clock = AP_CLOCK_GPU;
         r.kernel_ns = glast - gfirst;
@@ -455,7 +541,7 @@ static void reclaim_stale(uint64_t now) {
         if (atomic_load(&c->ch_started) != atomic_load(&c->ch_stopped)) continue;
         int one = 1;
         if (!atomic_compare_exchange_strong(&c->refs, &one, 2)) continue;
-        finish(c, AP_FLAG_INCOMPLETE);
+        finish(c, AP_FLAG_INCOMPLETE, 0);
         bump(g_stale);
         release(c);
         release(c);
@@ -502,6 +588,9 @@ typedef struct {
     size_t count;
     int channels;
     int rank;
+    const char *variant; /* v7 (NULL before) */
+    int symmetric;       /* v7; -1 before */
+    uint64_t user_tag;   /* v7 */
 } ap_coll_descr;
 
 static ap_comm *live_comm(void *ctx) {
@@ -518,12 +607,17 @@ static ap_comm *live_comm(void *ctx) {
     return c;
 }
 
-static void start_coll(ap_comm *comm, void **handle, const ap_coll_descr *d) {
+/* A collective starts: claimed in the pool (or left out by sampling: AP_SKIP). */
+static void *start_coll(ap_comm *comm, const ap_coll_descr *d, uint64_t since) {
+    if (g_sample > 1 && atomic_fetch_add_explicit(&comm->colls, 1, RELAXED) % g_sample != 0) {
+        bump(g_sampled_out);
+        return AP_SKIP;
+    }
     ap_coll *c = claim();
     if (c == NULL) {
         bump(g_pool_full);
         shm_count_drop(1);
-        return;
+        return NULL;
     }
     atomic_fetch_add_explicit(&g_in_flight, 1, RELAXED);
     size_t i = (size_t)(c - g_pool);
@@ -541,42 +635,72 @@ static void start_coll(ap_comm *comm, void **handle, const ap_coll_descr *d) {
     r.nnodes = comm->nnodes;
     r.channels = d->channels;
     r.version = comm->version;
+    r.symmetric = d->symmetric;
+    r.user_tag = d->user_tag;
     copy_name(r.func, sizeof r.func, d->func);
     copy_name(r.algo, sizeof r.algo, d->algo);
     copy_name(r.proto, sizeof r.proto, d->proto);
     copy_name(r.dtype, sizeof r.dtype, d->dtype);
+    copy_name(r.variant, sizeof r.variant, d->variant);
     c->rec = r;
     c->comm = (int)(comm - g_comms);
+    c->chained = NULL;
     atomic_store(&c->recorded, 0);
     atomic_store(&c->ch_started, 0);
     atomic_store(&c->ch_stopped, 0);
     atomic_store(&c->self_released, 0);
+    atomic_store(&c->cost_ns, 0);
     atomic_store(&c->touched, host_ns());
     if (d->channels <= 0) release(c); /* no channels to wait for: done when NCCL stops it */
-    *handle = c;
+    charge(c, since);
+    return c;
 }
 
-static void start_channel(void *parent, void **handle, int channel, uint64_t gpu_start) {
+/* A kernel channel of one of our collectives starts (AP_SKIP under a skipped one). */
+static void *start_channel(void *parent, int channel, uint64_t gpu_start, uint64_t since) {
+    if (parent == AP_SKIP) return AP_SKIP;
     ap_coll *c = as_coll(parent);
     if (c == NULL || atomic_load(&c->refs) == 0 || atomic_load(&c->recorded) ||
         channel < 0 || channel >= AP_MAX_CHANNELS) {
-        bump(g_orphans);
-        return;
+        if (c != NULL || chain_version() == 0) bump(g_orphans); /* else: the chained one's */
+        return NULL;
     }
     atomic_fetch_add(&c->refs, 1);
     ap_chan *k = &g_chans[c - g_pool][channel];
     uint64_t now = host_ns();
     atomic_store(&k->start, gpu_start);
     atomic_store(&k->hstart, now);
+    k->chained = NULL;
     atomic_fetch_or(&c->ch_used, 1ull << channel);
     atomic_fetch_add(&c->ch_started, 1);
     atomic_store(&c->touched, now);
-    *handle = k;
+    charge(c, since);
+    return k;
+}
+
+/* A kernel phase of one of our channels starts (v7). */
+static void *start_phase(void *parent, int phase, uint64_t gpu_start, uint64_t since) {
+    if (parent == AP_SKIP) return AP_SKIP;
+    ap_coll *c;
+    ap_chan *k = as_chan(parent, &c);
+    if (k == NULL || atomic_load(&c->refs) == 0 || phase < 0 || phase >= AP_PHASES) {
+        if (k != NULL || chain_version() == 0) bump(g_orphans);
+        return NULL;
+    }
+    ap_phase *ph = &k->phase[phase];
+    atomic_store(&ph->start, gpu_start);
+    ph->chained = NULL;
+    charge(c, since);
+    return ph;
 }
 
 static ncclResult_t ap_stop(void *handle) {
-    if (handle == NULL) return AP_SUCCESS;
+    if (handle == NULL || handle == AP_SKIP) return AP_SUCCESS;
+    uint64_t since = host_ns();
+    void *chained = NULL;
     ap_coll *c = as_coll(handle);
+    ap_chan *k = NULL;
+    ap_phase *ph = NULL;
     if (c != NULL) {
         int zero = 0;
         if (atomic_load(&c->refs) == 0 ||
@@ -584,45 +708,76 @@ static ncclResult_t ap_stop(void *handle) {
             bump(g_orphans); /* stopped twice, or never started */
             return AP_SUCCESS;
         }
-        atomic_store(&c->touched, host_ns());
-        if (c->rec.channels <= 0) finish(c, 0);
+        chained = c->chained; /* read before the slot may go back to the pool */
+        atomic_store(&c->touched, since);
+        if (c->rec.channels <= 0) finish(c, 0, since);
+        else charge(c, since);
         release(c);
-        return AP_SUCCESS;
-    }
-    ap_chan *k = as_chan(handle, &c);
-    if (k == NULL || atomic_load(&c->refs) == 0 || atomic_load(&k->hstart) == 0 ||
-        atomic_load(&k->hstop) != 0) {
+    } else if ((k = as_chan(handle, &c)) != NULL) {
+        if (atomic_load(&c->refs) == 0 || atomic_load(&k->hstart) == 0 ||
+            atomic_load(&k->hstop) != 0) {
+            bump(g_orphans);
+            return AP_SUCCESS;
+        }
+        chained = k->chained;
+        atomic_store(&k->hstop, since);
+        atomic_store(&c->touched, since);
+        int stopped = atomic_fetch_add(&c->ch_stopped, 1) + 1;
+        if (stopped == c->rec.channels) {
+            finish(c, 0, since);
+            release(c); /* the completion reference */
+        } else {
+            charge(c, since);
+        }
+        release(c); /* this channel's */
+    } else if ((ph = as_phase(handle, &c)) != NULL) {
+        chained = ph->chained; /* the phase's time came with its stop state */
+    } else if (chain_version() != 0) {
+        chained = handle; /* an event only the chained profiler asked for */
+    } else {
         bump(g_orphans);
         return AP_SUCCESS;
     }
-    uint64_t now = host_ns();
-    atomic_store(&k->hstop, now);
-    atomic_store(&c->touched, now);
-    int stopped = atomic_fetch_add(&c->ch_stopped, 1) + 1;
-    if (stopped == c->rec.channels) {
-        finish(c, 0);
-        release(c); /* the completion reference */
-    }
-    release(c); /* this channel's */
+    if (chained != NULL) chain_stop(chained);
     return AP_SUCCESS;
 }
 
 static ncclResult_t ap_record_state(void *handle, int state, void *args) {
-    if (handle == NULL || state != AP_STATE_KERNEL_CH_STOP || args == NULL) return AP_SUCCESS;
+    if (handle == NULL || handle == AP_SKIP) return AP_SUCCESS;
+    uint64_t since = host_ns();
     ap_coll *c;
-    ap_chan *k = as_chan(handle, &c);
-    if (k == NULL || atomic_load(&c->refs) == 0) {
-        bump(g_orphans);
+    ap_chan *k = NULL;
+    ap_phase *ph = NULL;
+    void *chained = handle;
+    if (as_coll(handle) != NULL) {
+        chained = ((ap_coll *)handle)->chained;
+    } else if ((k = as_chan(handle, &c)) != NULL) {
+        if (atomic_load(&c->refs) == 0) {
+            bump(g_orphans);
+            return AP_SUCCESS;
+        }
+        chained = k->chained;
+        if (state == AP_STATE_KERNEL_CH_STOP && args != NULL) {
+            atomic_store(&k->stop, *(const uint64_t *)args); /* kernelCh.pTimer: the union's first */
+            charge(c, since);
+        }
+    } else if ((ph = as_phase(handle, &c)) != NULL) {
+        chained = ph->chained;
+        if (state == AP_STATE_KERNEL_PHASE_STOP && args != NULL) {
+            atomic_store(&ph->stop, *(const uint64_t *)args); /* kernelCh.pTimer, shared (v7) */
+            charge(c, since);
+        }
+    } else if (chain_version() == 0) {
+        if (state == AP_STATE_KERNEL_CH_STOP) bump(g_orphans);
         return AP_SUCCESS;
     }
-    atomic_store(&k->stop, *(const uint64_t *)args); /* kernelCh.pTimer: the union's first */
+    if (chained != NULL && chain_knows_state(state)) chain_record(chained, state, args);
     return AP_SUCCESS;
 }
 
 /* -- init and finalize ---------------------------------------------------------------------- */
 
-static ncclResult_t init_comm(void **ctx, int *mask, int version, uint64_t comm_id, int nnodes,
-                              int nranks, int rank, ap_logger_t log) {
+static ncclResult_t init_comm(void **ctx, int *mask, int version, const chain_comm_args *a) {
     pthread_once(&g_once, ring_init);
     if (g_mask != 0) pthread_once(&g_shm_once, shm_init);
     if (g_shm != NULL) g_shm->version = version;
@@ -633,26 +788,33 @@ static ncclResult_t init_comm(void **ctx, int *mask, int version, uint64_t comm_
             if (atomic_compare_exchange_strong(&g_comms[i].state, &want, 3)) slot = &g_comms[i];
         }
     }
-    if (mask != NULL) *mask = g_mask;
+    int ours = g_mask != 0 && version >= 7 ? g_mask | AP_EVENT_KERNEL_PHASE : g_mask;
+    if (mask != NULL) *mask = ours;
     if (slot == NULL) { /* 256 live communicators: this one goes unprofiled, not NCCL's load */
         *ctx = NULL;
         bump(g_orphans);
         return AP_SUCCESS;
     }
     slot->version = version;
-    slot->comm_id = comm_id;
-    slot->rank = rank;
-    slot->nranks = nranks;
-    slot->nnodes = nnodes;
-    slot->log = log;
+    slot->comm_id = a->comm_id;
+    slot->rank = a->rank;
+    slot->nranks = a->nranks;
+    slot->nnodes = a->nnodes;
+    slot->log = a->log;
+    atomic_store(&slot->colls, 0);
+    slot->chain_ctx = NULL;
+    slot->chain_mask = 0;
+    if (chain_init(version, &slot->chain_ctx, &slot->chain_mask, a) == 0 && mask != NULL)
+        *mask = ours | slot->chain_mask;
     atomic_store(&slot->state, 1);
     atomic_store(&g_version, version);
     atomic_fetch_add(&g_live_comms, 1);
     bump(g_comms_total);
-    if (log != NULL)
-        log(3 /* NCCL_LOG_INFO */, 1 /* NCCL_INIT */, __FILE__, __LINE__,
-            "autotune profiler (v%d): communicator %llx, rank %d of %d, mask 0x%x", version,
-            (unsigned long long)comm_id, rank, nranks, g_mask);
+    if (a->log != NULL)
+        a->log(3 /* NCCL_LOG_INFO */, 1 /* NCCL_INIT */, __FILE__, __LINE__,
+               "autotune profiler (v%d): communicator %llx, rank %d of %d, mask 0x%x%s", version,
+               (unsigned long long)a->comm_id, a->rank, a->nranks, mask != NULL ? *mask : 0,
+               slot->chain_ctx != NULL ? ", with a chained profiler" : "");
     *ctx = slot;
     return AP_SUCCESS;
 }
@@ -661,7 +823,10 @@ static ncclResult_t ap_finalize(void *ctx) {
     ap_comm *c = live_comm(ctx);
     if (c == NULL) return AP_SUCCESS;
     int live = 1;
-    if (atomic_compare_exchange_strong(&c->state, &live, 2)) atomic_fetch_sub(&g_live_comms, 1);
+    if (atomic_compare_exchange_strong(&c->state, &live, 2)) {
+        atomic_fetch_sub(&g_live_comms, 1);
+        if (c->chain_ctx != NULL) chain_finalize(c->chain_ctx);
+    }
     return AP_SUCCESS;
 }
 
@@ -735,75 +900,153 @@ typedef struct {
     };
 } ap_descr_v5; /* v6 adds members to the union, none before or inside these two */
 
-static ncclResult_t start_event(void *ctx, void **handle, uint64_t type, void *parent, int rank,
-                                const ap_coll_descr *coll, int channel, uint64_t timer) {
+typedef struct {
+    uint64_t type;
+    void *parentObj;
+    int rank;
+    union {
+        struct {
+            ap_coll_v4 base;
+            void *parentGroup;
+            const char *kernelVariant;
+            bool isSymColl;
+            uint64_t userTag;
+        } coll;
+        ap_kernel_ch_v4 kernelCh;
+        struct {
+            uint8_t channelId;
+            uint8_t phaseId; /* 0 initial_sync, 1 compute, 2 final_sync */
+            const char *phaseName;
+            uint64_t pTimer; /* GPU timer at the phase's start */
+        } kernelPhase;
+    };
+} ap_descr_v7; /* NCCL 2.31's profiler_v7.h; the union's other members are not read */
+
+/* One start, whatever the version: ours for the events we asked for, then the chained
+ * profiler's (its parent: its handle of our parent event). `parent_slot`: the descriptor's. */
+static ncclResult_t start_event(void *ctx, void **handle, uint64_t type, void **parent_slot,
+                                int rank, const ap_coll_descr *coll, int channel, uint64_t timer,
+                                void *descr) {
     if (handle == NULL) return AP_SUCCESS;
+    uint64_t since = host_ns();
     *handle = NULL;
     ap_comm *comm = live_comm(ctx);
     if (comm == NULL) return AP_SUCCESS;
-    if (type == AP_EVENT_COLL && coll != NULL) {
+    void *parent = *parent_slot, *ours = NULL;
+    int mine = 1;
+    if (type == AP_EVENT_COLL && coll != NULL && (g_mask & AP_EVENT_COLL)) {
         ap_coll_descr d = *coll;
         d.rank = rank;
-        start_coll(comm, handle, &d);
-    } else if (type == AP_EVENT_KERNEL_CH) {
-        start_channel(parent, handle, channel, timer);
+        ours = start_coll(comm, &d, since);
+    } else if (type == AP_EVENT_KERNEL_CH && (g_mask & AP_EVENT_KERNEL_CH)) {
+        ours = start_channel(parent, channel, timer, since);
+    } else if (type == AP_EVENT_KERNEL_PHASE && g_mask != 0 && comm->version >= 7) {
+        ours = start_phase(parent, channel, timer, since);
     } else {
+        mine = 0;
+    }
+    void *theirs = NULL;
+    if (comm->chain_ctx != NULL && (type & (uint64_t)comm->chain_mask) &&
+        chain_knows_type(type))
+        theirs = chain_start(comm->chain_ctx, descr, parent_slot, chained_of(parent));
+    else if (!mine)
         bump(g_ignored);
+    ap_coll *c;
+    ap_chan *k;
+    ap_phase *ph;
+    if (ours == NULL || ours == AP_SKIP) {
+        *handle = theirs != NULL ? theirs : ours;
+    } else {
+        if ((c = as_coll(ours)) != NULL) c->chained = theirs;
+        else if ((k = as_chan(ours, &c)) != NULL) k->chained = theirs;
+        else if ((ph = as_phase(ours, &c)) != NULL) ph->chained = theirs;
+        *handle = ours;
     }
     return AP_SUCCESS;
 }
 
 static ncclResult_t ap_start_v3(void *ctx, void **handle, ap_descr_v3 *e) {
     if (e == NULL) return AP_SUCCESS;
-    ap_coll_descr d = {0};
+    ap_coll_descr d = {.symmetric = -1};
     if (e->type == AP_EVENT_COLL)
-        d = (ap_coll_descr){e->coll.commHash, e->coll.seqNumber, e->coll.func, e->coll.datatype,
-                            e->coll.algo, e->coll.proto, e->coll.count, e->coll.nMaxChannels, 0};
-    return start_event(ctx, handle, e->type, e->parentObj, e->rank, &d,
-                       e->type == AP_EVENT_KERNEL_CH ? e->kernelCh.channelId : -1, 0);
+        d = (ap_coll_descr){.comm_hash = e->coll.commHash, .seq = e->coll.seqNumber,
+                            .func = e->coll.func, .dtype = e->coll.datatype,
+                            .algo = e->coll.algo, .proto = e->coll.proto,
+                            .count = e->coll.count, .channels = e->coll.nMaxChannels,
+                            .symmetric = -1};
+    return start_event(ctx, handle, e->type, &e->parentObj, e->rank, &d,
+                       e->type == AP_EVENT_KERNEL_CH ? e->kernelCh.channelId : -1, 0, e);
 }
 
 static ap_coll_descr from_v4(const ap_coll_v4 *c) {
-    return (ap_coll_descr){0,       c->seqNumber, c->func, c->datatype, c->algo,
-                           c->proto, c->count,    c->nChannels, 0};
+    return (ap_coll_descr){.seq = c->seqNumber, .func = c->func, .dtype = c->datatype,
+                           .algo = c->algo, .proto = c->proto, .count = c->count,
+                           .channels = c->nChannels, .symmetric = -1};
 }
 
 static ncclResult_t ap_start_v4(void *ctx, void **handle, ap_descr_v4 *e) {
     if (e == NULL) return AP_SUCCESS;
     ap_coll_descr d = e->type == AP_EVENT_COLL ? from_v4(&e->coll) : (ap_coll_descr){0};
     int kc = e->type == AP_EVENT_KERNEL_CH;
-    return start_event(ctx, handle, e->type, e->parentObj, e->rank, &d,
-                       kc ? e->kernelCh.channelId : -1, kc ? e->kernelCh.pTimer : 0);
+    return start_event(ctx, handle, e->type, &e->parentObj, e->rank, &d,
+                       kc ? e->kernelCh.channelId : -1, kc ? e->kernelCh.pTimer : 0, e);
 }
 
 static ncclResult_t ap_start_v5(void *ctx, void **handle, ap_descr_v5 *e) {
     if (e == NULL) return AP_SUCCESS;
     ap_coll_descr d = e->type == AP_EVENT_COLL ? from_v4(&e->coll.base) : (ap_coll_descr){0};
     int kc = e->type == AP_EVENT_KERNEL_CH;
-    return start_event(ctx, handle, e->type, e->parentObj, e->rank, &d,
-                       kc ? e->kernelCh.channelId : -1, kc ? e->kernelCh.pTimer : 0);
+    return start_event(ctx, handle, e->type, &e->parentObj, e->rank, &d,
+                       kc ? e->kernelCh.channelId : -1, kc ? e->kernelCh.pTimer : 0, e);
+}
+
+static ncclResult_t ap_start_v7(void *ctx, void **handle, ap_descr_v7 *e) {
+    if (e == NULL) return AP_SUCCESS;
+    ap_coll_descr d = {0};
+    int index = -1;
+    uint64_t timer = 0;
+    if (e->type == AP_EVENT_COLL) {
+        d = from_v4(&e->coll.base);
+        d.variant = e->coll.kernelVariant;
+        d.symmetric = e->coll.isSymColl ? 1 : 0;
+        d.user_tag = e->coll.userTag;
+    } else if (e->type == AP_EVENT_KERNEL_CH) {
+        index = e->kernelCh.channelId;
+        timer = e->kernelCh.pTimer;
+    } else if (e->type == AP_EVENT_KERNEL_PHASE) {
+        index = e->kernelPhase.phaseId;
+        timer = e->kernelPhase.pTimer;
+    }
+    return start_event(ctx, handle, e->type, &e->parentObj, e->rank, &d, index, timer, e);
 }
 
 static ncclResult_t ap_init_v3(void **ctx, int *mask) {
-    return init_comm(ctx, mask, 3, 0, 0, 0, -1, NULL);
+    chain_comm_args a = {.rank = -1};
+    return init_comm(ctx, mask, 3, &a);
 }
 
 static ncclResult_t ap_init_v4(void **ctx, int *mask, const char *name, uint64_t comm_hash,
                                int nnodes, int nranks, int rank, ap_logger_t log) {
-    (void)name;
-    return init_comm(ctx, mask, 4, comm_hash, nnodes, nranks, rank, log);
+    chain_comm_args a = {comm_hash, name, nnodes, nranks, rank, log};
+    return init_comm(ctx, mask, 4, &a);
 }
 
 static ncclResult_t ap_init_v5(void **ctx, uint64_t comm_id, int *mask, const char *name,
                                int nnodes, int nranks, int rank, ap_logger_t log) {
-    (void)name;
-    return init_comm(ctx, mask, 5, comm_id, nnodes, nranks, rank, log);
+    chain_comm_args a = {comm_id, name, nnodes, nranks, rank, log};
+    return init_comm(ctx, mask, 5, &a);
 }
 
 static ncclResult_t ap_init_v6(void **ctx, uint64_t comm_id, int *mask, const char *name,
                                int nnodes, int nranks, int rank, ap_logger_t log) {
-    (void)name;
-    return init_comm(ctx, mask, 6, comm_id, nnodes, nranks, rank, log);
+    chain_comm_args a = {comm_id, name, nnodes, nranks, rank, log};
+    return init_comm(ctx, mask, 6, &a);
+}
+
+static ncclResult_t ap_init_v7(void **ctx, uint64_t comm_id, int *mask, const char *name,
+                               int nnodes, int nranks, int rank, ap_logger_t log) {
+    chain_comm_args a = {comm_id, name, nnodes, nranks, rank, log};
+    return init_comm(ctx, mask, 7, &a);
 }
 
 typedef struct {
@@ -833,6 +1076,17 @@ typedef struct {
     ncclResult_t (*finalize)(void *);
 } ap_profiler_v5;
 
+typedef struct {
+    const char *name;
+    ncclResult_t (*init)(void **, uint64_t, int *, const char *, int, int, int, ap_logger_t);
+    ncclResult_t (*startEvent)(void *, void **, ap_descr_v7 *);
+    ncclResult_t (*stopEvent)(void *);
+    ncclResult_t (*recordEventState)(void *, int, void *);
+    ncclResult_t (*finalize)(void *);
+} ap_profiler_v7;
+
+__attribute__((visibility("default"))) const ap_profiler_v7 ncclProfiler_v7 = {
+    "autotune", ap_init_v7, ap_start_v7, ap_stop, ap_record_state, ap_finalize};
 __attribute__((visibility("default"))) const ap_profiler_v5 ncclProfiler_v6 = {
     "autotune", ap_init_v6, ap_start_v5, ap_stop, ap_record_state, ap_finalize};
 __attribute__((visibility("default"))) const ap_profiler_v5 ncclProfiler_v5 = {
@@ -854,6 +1108,7 @@ __attribute__((visibility("default"))) int ap_drain(ap_record *out, int max) {
 }
 
 __attribute__((visibility("default"))) void ap_stats(ap_stats_t *out) {
+    pthread_once(&g_once, ring_init);
     ap_stats_t s = {0};
     s.version = atomic_load(&g_version);
     s.comms = atomic_load(&g_live_comms);
@@ -868,6 +1123,11 @@ __attribute__((visibility("default"))) void ap_stats(ap_stats_t *out) {
     s.ignored = atomic_load(&g_ignored);
     s.in_flight = atomic_load(&g_in_flight);
     s.mask = g_mask;
+    s.sampled_out = atomic_load(&g_sampled_out);
+    s.chained = chain_forwarded();
+    s.chain_failures = chain_failures();
+    s.chain_version = chain_version();
+    s.sample_every = (int32_t)g_sample;
     *out = s;
 }
 

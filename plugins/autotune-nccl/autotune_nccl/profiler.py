@@ -4,7 +4,9 @@ NCCL loads the library through ``NCCL_PROFILER_PLUGIN=<library_path()>`` (the sa
 tuner; `Profiler.environ` gives both variables). For every collective on every communicator it
 keeps a `Record`: the communicator, sequence number, function, bytes, NCCL's algorithm, protocol
 and channels, and the kernel time (first channel start to last channel stop, on the GPU's timer
-from NCCL 2.27 on, the host's before). `Profiler.drain` moves completed records out; it is cheap
+from NCCL 2.27 on, the host's before); from NCCL 2.31 (v7) also the kernel variant, whether the
+kernel was symmetric, the call's user tag and a symmetric kernel's phases; and what recording it
+cost NCCL's threads. `Profiler.drain` moves completed records out; it is cheap
 (one ctypes call per 256 records) and never blocks NCCL's threads. `Profiler.stats` counts what
 could not be kept (a full ring, a full pool, events that were not ours): see
 docs/NCCL_PROFILER.md.
@@ -46,6 +48,12 @@ class _Record(ctypes.Structure):
         ("algo", ctypes.c_char * 16),
         ("proto", ctypes.c_char * 8),
         ("dtype", ctypes.c_char * 16),
+        ("user_tag", ctypes.c_uint64),
+        ("phase_ns", ctypes.c_uint64 * 3),
+        ("cost_ns", ctypes.c_uint64),
+        ("symmetric", ctypes.c_int32),
+        ("phases_seen", ctypes.c_int32),
+        ("variant", ctypes.c_char * 32),
     ]
 
 
@@ -64,6 +72,11 @@ class _Stats(ctypes.Structure):
         ("ignored", ctypes.c_uint64),
         ("in_flight", ctypes.c_int32),
         ("mask", ctypes.c_int32),
+        ("sampled_out", ctypes.c_uint64),
+        ("chained", ctypes.c_uint64),
+        ("chain_failures", ctypes.c_uint64),
+        ("chain_version", ctypes.c_int32),
+        ("sample_every", ctypes.c_int32),
     ]
 
 
@@ -87,9 +100,20 @@ class Record:
     kernel_ns: int  # first channel start to last channel stop
     longest_ns: int  # the longest single channel (NCCL Inspector's execution time)
     clock: str  # one of CLOCKS
-    version: int  # the profiler symbol NCCL loaded (3 to 6)
+    version: int  # the profiler symbol NCCL loaded (3 to 7)
     incomplete: bool  # fewer channels stopped than NCCL announced (reclaimed after 10 s)
     end_ns: int  # the host's CLOCK_MONOTONIC when it completed
+    #: The plugin's own time in NCCL's calls for this collective, up to its record: what
+    #: profiling it cost NCCL's threads (without a chained profiler's time).
+    cost_ns: int = 0
+    # What NCCL 2.31 (profiler v7) adds; empty, None and 0 where NCCL did not say:
+    kernel_variant: str = ""  # NCCL's kernel variant
+    symmetric: bool | None = None  # whether NCCL ran a symmetric-memory kernel
+    user_tag: int = 0  # the call's ncclCollConfig_t.userProfilerTag (0: untagged)
+    #: Symmetric kernels' phases (initial sync, compute, final sync), each its longest channel's
+    #: GPU time in ns; `phases_seen` phase events arrived (0: none, and these are 0).
+    phase_ns: tuple[int, int, int] = (0, 0, 0)
+    phases_seen: int = 0
 
 
 @dataclass(frozen=True)
@@ -108,7 +132,12 @@ class ProfilerStats:
     late: int  # events on a finalised communicator
     ignored: int  # events of types not asked for
     in_flight: int
-    mask: int  # the activation mask given to NCCL (0: AUTOTUNE_NCCL_PROFILER=0)
+    mask: int  # the events asked for (0: AUTOTUNE_NCCL_PROFILER=0; v7 adds kernel phases)
+    sampled_out: int  # collectives left out by AUTOTUNE_NCCL_PROFILER_SAMPLE
+    chained: int  # calls forwarded to the chained profiler (AUTOTUNE_NCCL_PROFILER_CHAIN)
+    chain_failures: int  # its library, symbol, init or a call failing (logged once)
+    chain_version: int  # the version it is called at (0: no chained profiler)
+    sample_every: int  # AUTOTUNE_NCCL_PROFILER_SAMPLE (1: every collective)
 
     @property
     def lost(self) -> int:
@@ -198,4 +227,10 @@ def _record(r: _Record) -> Record:
         version=r.version,
         incomplete=bool(r.flags & 1),
         end_ns=r.end_ns,
+        cost_ns=r.cost_ns,
+        kernel_variant=r.variant.decode(errors="replace"),
+        symmetric=None if r.symmetric < 0 else bool(r.symmetric),
+        user_tag=r.user_tag,
+        phase_ns=(r.phase_ns[0], r.phase_ns[1], r.phase_ns[2]),
+        phases_seen=r.phases_seen,
     )

@@ -24,6 +24,7 @@ from autotune_nccl.played.tuner import (
     V6,
     NcclComm,
     changed,
+    constants_struct,
     nccl_table,
     v6,
 )
@@ -40,6 +41,29 @@ def test_the_library_exports_each_version_nccl_looks_for(api: V5 | V6) -> None:
     assert api.name == b"autotune"
     comm = NcclComm(api, comm_id=1)
     comm.close()
+
+
+@pytest.mark.parametrize(("version", "nbytes"), [("v5", 1152), ("v6", 1152), ("v7", 1272)])
+def test_init_is_given_nccls_constants_and_leaves_them_as_they_are(
+    tuner: Tuner, version: str, nbytes: int
+) -> None:
+    # NCCL 2.31's tuner_v7.h gives init ncclTunerConstants_v7_t, whose bandwidth tables have
+    # five compute-capability rows (NCCL_NUM_COMPCAPS_V7) where v5 and v6 have four: 1272 bytes
+    # against 1152. The plugin reads none of them and must write none.
+    kind = V5 if version == "v5" else V6
+    api = kind.in_dll(ctypes.CDLL(library_path()), f"ncclTunerPlugin_{version}")
+    constants = constants_struct(version)()
+    assert ctypes.sizeof(constants) == nbytes
+    raw = (ctypes.c_double * (nbytes // 8)).from_buffer(constants)
+    for i in range(len(raw)):
+        raw[i] = 0.5 + i
+    before = bytes(constants)
+    comm = NcclComm(api, comm_id=0x77, constants=constants)
+    tuner.arm("ring", "LL128")
+    table, _ = comm.coll_info(1 << 20)
+    comm.close()
+    assert changed(table) == {(RING, LL128): 0.0}
+    assert bytes(constants) == before
 
 
 def test_a_driven_choice_sets_exactly_its_cell_to_zero(tuner: Tuner, api: V5 | V6) -> None:

@@ -1,6 +1,6 @@
-"""The profiler plugin through its C ABI, played as NCCL 2.26 (v3), 2.27 (v4), 2.28 (v5) and 2.30
-(v6) call it, then drained through autotune_nccl.Profiler. The library's state is the process's:
-each test drains first and compares counters before and after."""
+"""The profiler plugin through its C ABI, played as NCCL 2.26 (v3), 2.27 (v4), 2.28 (v5), 2.30
+(v6) and 2.31 (v7) call it, then drained through autotune_nccl.Profiler. The library's state is
+the process's: each test drains first and compares counters before and after."""
 
 from __future__ import annotations
 
@@ -16,7 +16,14 @@ from dataclasses import replace
 import pytest
 
 from autotune_nccl import Profiler, ProfilerStats
-from autotune_nccl.played.profiler import COLL, KERNEL_CH, VERSIONS, ProfiledComm, profiler
+from autotune_nccl.played.profiler import (
+    COLL,
+    KERNEL_CH,
+    KERNEL_PHASE,
+    VERSIONS,
+    ProfiledComm,
+    profiler,
+)
 
 
 @pytest.fixture
@@ -43,7 +50,8 @@ def test_each_symbol_records_a_collective_with_its_kernel_time(
 ) -> None:
     before = prof.stats()
     comm = ProfiledComm(version, comm_id=0xC0FFEE, nranks=4, rank=1, nnodes=2)
-    assert comm.mask == COLL | KERNEL_CH  # collectives and kernel channels, nothing else
+    # Collectives and kernel channels, and from v7 (NCCL 2.31) symmetric kernels' phases.
+    assert comm.mask == COLL | KERNEL_CH | (KERNEL_PHASE if version == "v7" else 0)
     assert profiler(version).name == b"autotune"
     t0 = time.monotonic_ns()
     played = comm.collective("AllReduce", count=1 << 18, algo="RING", proto="LL128")
@@ -259,5 +267,5 @@ def test_autotune_nccl_profiler_0_loads_but_asks_nccl_for_nothing() -> None:
 
 
 def test_stats_lost_is_what_no_record_will_show() -> None:
-    s = ProfilerStats(6, 1, 1, 5, 5, 2, 3, 0, 0, 0, 0, 0, 66)
+    s = ProfilerStats(6, 1, 1, 5, 5, 2, 3, 0, 0, 0, 0, 0, 66, 0, 0, 0, 0, 1)
     assert s.lost == 5 and replace(s, ring_full=0).lost == 3

@@ -1,7 +1,9 @@
-"""NCCL's side of the profiler plugin's C ABI, as NCCL 2.26 (v3), 2.27 (v4), 2.28 (v5) and 2.29-2.30
-(v6) call it: the exported structs, the event descriptors, and one communicator's collectives
-played event by event (the host's collective start and stop, then each kernel channel's start,
-its GPU timer at stop, and its stop, as NCCL's proxy thread reports them)."""
+"""NCCL's side of the profiler plugin's C ABI, as NCCL 2.26 (v3), 2.27 (v4), 2.28 (v5), 2.29-2.30
+(v6) and 2.31 (v7) call it: the exported structs, the event descriptors, and one communicator's
+collectives played event by event (the host's collective start and stop, then each kernel
+channel's start, from v7 its kernel phases where the kernel was symmetric (each started, its GPU
+timer at stop recorded, stopped, before the channel stops: NCCL's src/plugin/profiler.cc), its
+GPU timer at stop, and its stop, as NCCL's proxy or profiler thread reports them)."""
 
 from __future__ import annotations
 
@@ -12,10 +14,14 @@ from autotune_nccl._library import library_path
 from autotune_nccl.played import ok
 
 GROUP, COLL, PROXY_OP, KERNEL_CH = 1 << 0, 1 << 1, 1 << 3, 1 << 6
+KERNEL_PHASE = 1 << 15  # ncclProfileKernelPhase (v7)
 KERNEL_CH_STOP = 22  # ncclProfilerKernelChStop
-VERSIONS = ("v3", "v4", "v5", "v6")
+KERNEL_PHASE_STOP = 31  # ncclProfilerKernelPhaseStop (v7)
+#: NCCL's phase names, by phaseId.
+PHASES = ("initial_sync", "compute", "final_sync")
+VERSIONS = ("v3", "v4", "v5", "v6", "v7")
 #: The NCCL release that loads each symbol first (its newest profiler).
-NCCL_OF = {"v3": "2.26", "v4": "2.27", "v5": "2.28", "v6": "2.30"}
+NCCL_OF = {"v3": "2.26", "v4": "2.27", "v5": "2.28", "v6": "2.30", "v7": "2.31"}
 
 
 class CollV3(ctypes.Structure):
@@ -54,6 +60,27 @@ class CollV4(ctypes.Structure):
 
 class CollV5(ctypes.Structure):
     _fields_ = [*CollV4._fields_, ("parentGroup", ctypes.c_void_p)]
+
+
+class CollV7(ctypes.Structure):
+    """NCCL 2.31's profiler_v7.h: v5's collective, then the kernel variant, whether it is a
+    symmetric kernel, and the call's user tag."""
+
+    _fields_ = [
+        *CollV5._fields_,
+        ("kernelVariant", ctypes.c_char_p),
+        ("isSymColl", ctypes.c_bool),
+        ("userTag", ctypes.c_uint64),
+    ]
+
+
+class KernelPhase(ctypes.Structure):
+    _fields_ = [
+        ("channelId", ctypes.c_uint8),
+        ("phaseId", ctypes.c_uint8),
+        ("phaseName", ctypes.c_char_p),
+        ("pTimer", ctypes.c_uint64),
+    ]
 
 
 class KernelChV3(ctypes.Structure):
@@ -111,6 +138,20 @@ class _U6(ctypes.Union):
     _fields_ = [*_U5._fields_, ("ceColl", CeColl)]
 
 
+class CeCollV7(ctypes.Structure):
+    _fields_ = [*CeColl._fields_, ("userTag", ctypes.c_uint64)]
+
+
+class _U7(ctypes.Union):
+    _fields_ = [
+        ("coll", CollV7),
+        ("proxyOp", ProxyOp),
+        ("kernelCh", KernelChV4),
+        ("ceColl", CeCollV7),
+        ("kernelPhase", KernelPhase),
+    ]
+
+
 class DescrV3(ctypes.Structure):
     _anonymous_ = ("u",)
     _fields_ = [
@@ -139,6 +180,11 @@ class DescrV5(ctypes.Structure):
 class DescrV6(ctypes.Structure):
     _anonymous_ = ("u",)
     _fields_ = [*DescrV5._fields_[:3], ("u", _U6)]
+
+
+class DescrV7(ctypes.Structure):
+    _anonymous_ = ("u",)
+    _fields_ = [*DescrV5._fields_[:3], ("u", _U7)]
 
 
 class StateArgs(ctypes.Union):
@@ -187,6 +233,7 @@ API = {
     "v4": (_api(INIT_V4, DescrV4), DescrV4),
     "v5": (_api(INIT_V5, DescrV5), DescrV5),
     "v6": (_api(INIT_V5, DescrV6), DescrV6),
+    "v7": (_api(INIT_V5, DescrV7), DescrV7),
 }
 
 
@@ -242,9 +289,9 @@ class ProfiledComm:
     def stop(self, handle: ctypes.c_void_p | int | None) -> None:
         ok(self.api.stopEvent(handle))
 
-    def record_stop(self, handle: ctypes.c_void_p, timer: int) -> None:
+    def record_stop(self, handle: ctypes.c_void_p, timer: int, state: int = KERNEL_CH_STOP) -> None:
         args = StateArgs(pTimer=timer)
-        ok(self.api.recordEventState(handle, KERNEL_CH_STOP, ctypes.byref(args)))
+        ok(self.api.recordEventState(handle, state, ctypes.byref(args)))
 
     def coll_event(
         self,
@@ -255,6 +302,9 @@ class ProfiledComm:
         proto: str = "SIMPLE",
         channels: int = 2,
         seq: int | None = None,
+        variant: str = "",
+        symmetric: bool = False,
+        tag: int = 0,
     ) -> ctypes.Structure:
         e = self.descr()
         e.type = COLL
@@ -269,6 +319,8 @@ class ProfiledComm:
             c.commHash, c.nMaxChannels = self.comm_id, channels
         else:
             c.nChannels = channels
+        if self.version == "v7":
+            c.kernelVariant, c.isSymColl, c.userTag = variant.encode(), symmetric, tag
         return e
 
     def channel_event(
@@ -292,6 +344,21 @@ class ProfiledComm:
             self.record_stop(handle, timer)
         self.stop(handle)
 
+    def phase(
+        self, parent: ctypes.c_void_p, channel: int, phase: int, start: int, stop: int
+    ) -> None:
+        """One kernel phase of a channel, as NCCL 2.31 fires it: start, stop state, stop."""
+        e = self.descr()
+        e.type = KERNEL_PHASE
+        e.parentObj = parent.value
+        p = e.kernelPhase
+        name = PHASES[phase] if phase < len(PHASES) else "unknown"
+        p.channelId, p.phaseId, p.phaseName, p.pTimer = channel, phase, name.encode(), start
+        handle = self.start(e)
+        if handle.value is not None:
+            self.record_stop(handle, stop, KERNEL_PHASE_STOP)
+            self.stop(handle)
+
     def proxy_op(self, parent: ctypes.c_void_p) -> ctypes.c_void_p:
         e = self.descr()
         e.type = PROXY_OP
@@ -304,10 +371,12 @@ class ProfiledComm:
         func: str = "AllReduce",
         count: int = 1 << 18,
         timers: list[tuple[int, int]] | None = None,
+        phases: list[list[tuple[int, int]]] | None = None,
         **kw: object,
     ) -> Played:
         """A whole collective: NCCL starts and stops the task on the launching thread, then the
-        proxy thread reports each channel (with a proxy op beside it, which the plugin ignores)."""
+        proxy thread reports each channel (with a proxy op beside it, which the plugin ignores);
+        ``phases`` (v7): per channel, each phase's GPU timers, fired before the channel stops."""
         timers = timers if timers is not None else [(1_000, 41_000), (3_000, 52_000)]
         event = self.coll_event(func, count, channels=len(timers), **kw)  # type: ignore[arg-type]
         seq = event.coll.seqNumber
@@ -316,6 +385,8 @@ class ProfiledComm:
         for ch, (start, stop) in enumerate(timers):
             op = self.proxy_op(handle)
             k = self.start_channel(handle, ch, start)
+            for i, (p_start, p_stop) in enumerate(phases[ch] if phases else ()):
+                self.phase(k, ch, i, p_start, p_stop)
             self.stop_channel(k, stop)
             self.stop(op)
         return Played(seq, count * DTYPE_SIZE.get(event.coll.datatype.decode(), 0), timers)

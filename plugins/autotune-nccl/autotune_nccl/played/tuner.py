@@ -42,6 +42,31 @@ class V6(ctypes.Structure):
     _fields_ = [*V5._fields_, ("getChunkSize", _CHUNK)]
 
 
+ALGOS_V5, PROTOS_V5, HW_LINKS_V5, SCALES_V5 = 7, 3, 3, 3  # tuner_v5.h's NCCL_NUM_*_V5
+#: Compute-capability rows of NCCL's tuner constants: tuner_v5.h's NCCL_NUM_COMPCAPS_V5 (v5, v6)
+#: and tuner_v7.h's NCCL_NUM_COMPCAPS_V7 (NCCL 2.31).
+COMPCAPS = {"v5": 4, "v6": 4, "v7": 5}
+
+
+def constants_struct(version: str) -> type[ctypes.Structure]:
+    """ncclTunerConstants_v5_t (v5, v6) or _v7_t: latencies, then five bandwidth tables of
+    COMPCAPS[version] rows, doubles throughout."""
+    scaled = ctypes.c_double * SCALES_V5 * COMPCAPS[version]
+    tables = ("llMaxBws", "perChMaxRingLL128Bws", "perChMaxTreeLL128Bws", "perChMaxTreeBws",
+              "perChMaxNVLSTreeBws")  # fmt: skip
+    return type(
+        f"Constants{version}",
+        (ctypes.Structure,),
+        {
+            "_fields_": [
+                ("baseLatencies", ctypes.c_double * PROTOS_V5 * ALGOS_V5),
+                ("hwLatencies", ctypes.c_double * PROTOS_V5 * ALGOS_V5 * HW_LINKS_V5),
+                *((name, scaled) for name in tables),
+            ]
+        },
+    )
+
+
 class Row(ctypes.Array[ctypes.c_float]):
     _type_ = ctypes.c_float
     _length_ = NUM_PROTO
@@ -77,10 +102,18 @@ def changed(table: Table) -> dict[tuple[int, int], float]:
 class NcclComm:
     """One communicator's view of the plugin: what NCCL does with it."""
 
-    def __init__(self, api: V5 | V6, comm_id: int, ranks: int = 8, nodes: int = 1) -> None:
+    def __init__(
+        self,
+        api: V5 | V6,
+        comm_id: int,
+        ranks: int = 8,
+        nodes: int = 1,
+        constants: ctypes.Structure | None = None,
+    ) -> None:
         self.api = api
         self.ctx = ctypes.c_void_p()
-        ok(api.init(ctypes.byref(self.ctx), comm_id, ranks, nodes, None, None, None))
+        where = None if constants is None else ctypes.addressof(constants)
+        ok(api.init(ctypes.byref(self.ctx), comm_id, ranks, nodes, None, None, where))
 
     def coll_info(
         self, nbytes: int, table: Table | None = None, func: int = ALLREDUCE
