@@ -62,7 +62,7 @@ static int init_v5(void **ctx, uint64_t id, int *mask, const char *name, int nno
     return init_common(ctx, mask, 5);
 }
 
-static int init_v7(void **ctx, uint64_t id, int *mask, const char *name, int nnodes, int nranks,
+__attribute__((unused)) static int init_v7(void **ctx, uint64_t id, int *mask, const char *name, int nnodes, int nranks,
                    int rank, void *log) {
     (void)id, (void)name, (void)nnodes, (void)nranks, (void)rank, (void)log;
     return init_common(ctx, mask, 7);
