@@ -19,6 +19,7 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
+    SummaryMetricFamily,
 )
 from prometheus_client.registry import Collector
 
@@ -135,8 +136,39 @@ class NcclMetrics(Collector):
                     [*values, func, str(cls), "/".join(r.nccl_choice), "/".join(r.best)], r.ratio
                 )
             clocks = dict(c.clocks)
+            v7 = list(self._v7_families(names, values, c))
         yield from (seconds, nbytes, busbw, predicted, measured, error, regret)
+        yield from v7
         yield from self._profiler_families(names, values, clocks)
+
+    def _v7_families(self, names: list[str], values: list[str], c: Collectives) -> Iterator[Metric]:
+        """What NCCL 2.31's profiler v7 adds, and what the profiler costs (under the lock)."""
+        variants = CounterMetricFamily(
+            "autotune_nccl_kernel_variant_collectives",
+            "NCCL's collectives by the kernel variant it ran and whether that was a "
+            "symmetric-memory kernel (NCCL 2.31, profiler v7; absent before).",
+            labels=[*names, *CELL_LABELS, "kernel_variant", "symmetric"],
+        )
+        for (func, cls, algo, proto, variant, sym), n in sorted(c.variants.items()):
+            key = [*values, func, str(cls), algo, proto, variant, str(sym).lower()]
+            variants.add_metric(key, n)
+        phases = SummaryMetricFamily(
+            "autotune_nccl_kernel_phase_seconds",
+            "Symmetric kernels' phases (initial_sync, compute, final_sync; NCCL 2.31), each "
+            "its longest channel's GPU time.",
+            labels=[*names, "collective", "size_class", "kernel_variant", "phase"],
+        )
+        for (func, cls, variant, phase), (total, count) in sorted(c.phases.items()):
+            phases.add_metric([*values, func, str(cls), variant, phase], int(count), total)
+        cost = SummaryMetricFamily(
+            "autotune_nccl_profiler_cost_seconds",
+            "The profiler plugin's own time in NCCL's calls, per recorded collective (count: "
+            "collectives recorded; sum: their time in the plugin, a chained profiler's not "
+            "included).",
+            labels=names,
+        )
+        cost.add_metric(values, c.records, c.cost_s)
+        yield from (variants, phases, cost)
 
     def _profiler_families(
         self, names: list[str], values: list[str], clocks: dict[str, int]
@@ -173,7 +205,21 @@ class NcclMetrics(Collector):
         )
         for kind, n in (("orphan", s.orphans), ("late", s.late), ("stale", s.stale)):
             odd.add_metric([*values, kind], n)
-        yield from (info, records, lost, odd)
+        sampled = CounterMetricFamily(
+            "autotune_nccl_profiler_sampled_out",
+            "Collectives AUTOTUNE_NCCL_PROFILER_SAMPLE=N left out (every Nth is recorded).",
+            labels=names,
+        )
+        sampled.add_metric(values, s.sampled_out)
+        chain = CounterMetricFamily(
+            "autotune_nccl_profiler_chain_calls",
+            "NCCL's calls forwarded to the chained profiler (AUTOTUNE_NCCL_PROFILER_CHAIN), "
+            "and its failures (library, symbol, init or a call; logged once).",
+            labels=[*names, "result"],
+        )
+        chain.add_metric([*values, "forwarded"], s.chained)
+        chain.add_metric([*values, "failed"], s.chain_failures)
+        yield from (info, records, lost, odd, sampled, chain)
 
 
 class NcclNodeMetrics(Collector):

@@ -10,7 +10,11 @@ NCCL's own prediction for it: its model error, and the regret of its own choice.
   expected half the time the kernel took);
 - per (collective, size class), where two or more cells were measured (the tuner's screening
   runs several) and NCCL's own choice is one of them: the regret, the median time of NCCL's choice
-  over the best measured cell's (1: NCCL chose the best one measured).
+  over the best measured cell's (1: NCCL chose the best one measured);
+- from NCCL 2.31 (profiler v7): collectives per kernel variant and symmetric flag, and the time
+  of each phase of symmetric kernels (initial sync, compute, final sync: each its longest
+  channel's);
+- what recording them cost NCCL's threads: the plugin's own time, summed over the records.
 
 A record joins a prediction by communicator (NCCL's commHash; NCCL 2.27 and older give the tuner
 none, so there any communicator of the same size matches), collective and NCCL's byte count,
@@ -31,6 +35,7 @@ from autotune_nccl.profiler import Record
 
 __all__ = [
     "KERNEL_BUCKETS_S",
+    "PHASES",
     "Cell",
     "Collectives",
     "Regret",
@@ -49,6 +54,8 @@ WINDOW = 64
 #: Measurements a cell needs before it counts towards the regret.
 MIN_SAMPLES = 3
 _GATHERED = ("AllGather", "ReduceScatter")
+#: NCCL's kernel phases (profiler v7's phaseId 0, 1, 2).
+PHASES = ("initial_sync", "compute", "final_sync")
 _PROTOCOLS = {"LL": "LL", "LL128": "LL128", "SIMPLE": "Simple"}
 
 
@@ -140,6 +147,13 @@ class Collectives:
         self.untimed = 0  # records without a kernel time (no channel stopped)
         self.clocks: dict[str, int] = {}
         self.versions: set[int] = set()
+        #: (collective, size class, algorithm, protocol, kernel variant, symmetric) -> count,
+        #: where NCCL said (v7)
+        self.variants: dict[tuple[str, int, str, str, str, bool], int] = {}
+        #: (collective, size class, kernel variant, phase) -> [seconds, count]: symmetric kernels
+        self.phases: dict[tuple[str, int, str, str], list[float]] = {}
+        self.cost_s = 0.0  # the plugin's own time for the records, summed
+        self.records = 0
         self._predictions: dict[tuple[str, int], list[Prediction]] = {}
         self._ranks: set[int] = set()  # the rank counts the predictions are for
 
@@ -152,6 +166,9 @@ class Collectives:
             n += 1
             self.versions.add(r.version)
             self.clocks[r.clock] = self.clocks.get(r.clock, 0) + 1
+            self.records += 1
+            self.cost_s += r.cost_ns / 1e9
+            self._add_v7(r)
             if r.kernel_ns <= 0:
                 self.untimed += 1
                 continue
@@ -168,6 +185,22 @@ class Collectives:
                 cell.predicted_s += p.cost_us[(algo, proto)] / 1e6
                 cell.measured_s += seconds
         return n
+
+    def _add_v7(self, r: Record) -> None:
+        """What profiler v7 adds: the variant and symmetric flag, and the phases."""
+        if r.symmetric is None:
+            return
+        cls = size_class(r.nbytes)
+        algo, proto = cell_of(r)
+        key = (r.func, cls, algo, proto, r.kernel_variant, r.symmetric)
+        self.variants[key] = self.variants.get(key, 0) + 1
+        if r.phases_seen <= 0:
+            return
+        for name, ns in zip(PHASES, r.phase_ns, strict=True):
+            if ns > 0:
+                sums = self.phases.setdefault((r.func, cls, r.kernel_variant, name), [0.0, 0])
+                sums[0] += ns / 1e9
+                sums[1] += 1
 
     def knows(self, records: Iterable[Record]) -> bool:
         """Whether every record's (collective, NCCL bytes) has a prediction indexed already

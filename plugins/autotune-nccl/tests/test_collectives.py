@@ -206,3 +206,55 @@ def test_a_job_on_a_played_nccl_exports_every_collective(tmp_path: Path) -> None
                 ["promtool", "check", "metrics"], input=r["text"], capture_output=True, text=True
             )
             assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_v7s_variant_symmetric_flag_phases_and_the_profilers_cost_are_series(
+    plugins: tuple[Profiler, Tuner],
+) -> None:
+    del plugins  # the fixture: a clean profiler and tuner
+    comm = ProfiledComm("v7", comm_id=0x79, nranks=4)
+    phases = [[(1_000, 3_000), (3_000, 30_000), (30_000, 41_000)],
+              [(3_000, 4_000), (4_000, 45_000), (45_000, 52_000)]]  # fmt: skip
+    for _ in range(2):
+        comm.collective("AllReduce", 1 << 18, phases=phases, variant="sym_ld", symmetric=True)
+    comm.collective("AllReduce", 1 << 18, variant="ring_ll", symmetric=False, algo="RING")
+    feed = NcclFeed(PluginLibrary())
+    metrics = NcclMetrics(feed, {"rank": "0"})
+    registry = CollectorRegistry()
+    registry.register(metrics)
+    text = generate_latest(registry).decode()
+    got = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+
+    def value(name: str, **labels: str) -> float:
+        return got[(name, tuple(sorted({"rank": "0", **labels}.items())))]
+
+    cell = {"collective": "AllReduce", "size_class": str(1 << 20), "algorithm": "ring",
+            "protocol": "Simple"}  # fmt: skip
+    name = "autotune_nccl_kernel_variant_collectives_total"
+    assert value(name, **cell, kernel_variant="sym_ld", symmetric="true") == 2
+    assert value(name, **cell, kernel_variant="ring_ll", symmetric="false") == 1
+    phase = {"collective": "AllReduce", "size_class": str(1 << 20), "kernel_variant": "sym_ld"}
+    for p, ns in (("initial_sync", 2_000), ("compute", 41_000), ("final_sync", 11_000)):
+        assert value("autotune_nccl_kernel_phase_seconds_count", **phase, phase=p) == 2
+        assert value("autotune_nccl_kernel_phase_seconds_sum", **phase, phase=p) == (
+            pytest.approx(2 * ns / 1e9)
+        )
+    assert not any(k[0].startswith("autotune_nccl_kernel_phase") and "ring_ll" in str(k)
+                   for k in got)  # fmt: skip
+    assert value("autotune_nccl_profiler_cost_seconds_count") == 3
+    assert 0 < value("autotune_nccl_profiler_cost_seconds_sum") < 1.0
+    assert value("autotune_nccl_profiler_chain_calls_total", result="forwarded") == 0
+    assert value("autotune_nccl_profiler_sampled_out_total") == 0
+    promtool = shutil.which("promtool")
+    if promtool is not None:
+        out = subprocess.run(
+            [promtool, "check", "metrics"], input=text, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+    metrics.close()
+    feed.close()
+    comm.finalize()
