@@ -7,8 +7,10 @@
  *
  *   python benchmarks/profiler_cost.py            # builds this file, runs 1, 2 and 4 threads
  *
- * Prints one line per thread count: collectives, ns per collective per thread, and the ring's
- * drops (0 while the drain keeps up).
+ * Prints one line per thread count: collectives, ns per collective per thread, the ring's drops
+ * (0 while the drain keeps up), and the mean of the records' own cost (cost_ns: what the
+ * plugin's series report). The driver runs it once per setting of the environment the plugin
+ * reads at its first communicator: as it is, AUTOTUNE_NCCL_PROFILER_CHAIN, _SAMPLE.
  */
 #include "../plugins/autotune-nccl/autotune_nccl/_profiler.c"
 
@@ -18,6 +20,7 @@ enum { CHANNELS = 2 };
 
 static long g_per_thread;
 static _Atomic int g_done;
+static uint64_t g_cost_ns, g_costed; /* the drain thread's sums of the records' cost_ns */
 
 static uint64_t now_ns(void) { return host_ns(); }
 
@@ -56,8 +59,14 @@ static void *produce(void *arg) {
 static void *drain(void *arg) {
     (void)arg;
     static ap_record out[256];
-    while (!atomic_load(&g_done)) ap_drain(out, 256);
-    ap_drain(out, 256);
+    for (int last = 0; !last;) {
+        last = atomic_load(&g_done);
+        int n = ap_drain(out, 256);
+        for (int i = 0; i < n; i++) {
+            g_cost_ns += out[i].cost_ns;
+            g_costed += out[i].cost_ns > 0; /* every 16th of a communicator is timed */
+        }
+    }
     return NULL;
 }
 
@@ -69,6 +78,7 @@ int main(int argc, char **argv) {
         ap_stats_t before, after;
         ap_stats(&before);
         atomic_store(&g_done, 0);
+        g_cost_ns = g_costed = 0;
         pthread_t drainer, workers[8];
         pthread_create(&drainer, NULL, drain, NULL);
         uint64_t start = now_ns();
@@ -80,11 +90,15 @@ int main(int argc, char **argv) {
         ap_stats(&after);
         long total = g_per_thread * t;
         printf("threads %d collectives %ld ns_per_collective_per_thread %.1f records %llu "
-               "ring_full %llu pool_full %llu\n",
+               "ring_full %llu pool_full %llu cost_ns_per_record %.1f chained %llu "
+               "sampled_out %llu\n",
                t, total, (double)took / (double)g_per_thread,
                (unsigned long long)(after.records - before.records),
                (unsigned long long)(after.ring_full - before.ring_full),
-               (unsigned long long)(after.pool_full - before.pool_full));
+               (unsigned long long)(after.pool_full - before.pool_full),
+               g_costed ? (double)g_cost_ns / (double)g_costed : 0.0,
+               (unsigned long long)(after.chained - before.chained),
+               (unsigned long long)(after.sampled_out - before.sampled_out));
     }
     return 0;
 }

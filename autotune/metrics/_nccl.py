@@ -162,9 +162,9 @@ class NcclMetrics(Collector):
             phases.add_metric([*values, func, str(cls), variant, phase], int(count), total)
         cost = SummaryMetricFamily(
             "autotune_nccl_profiler_cost_seconds",
-            "The profiler plugin's own time in NCCL's calls, per recorded collective (count: "
-            "collectives recorded; sum: their time in the plugin, a chained profiler's not "
-            "included).",
+            "The profiler plugin's own time in NCCL's calls, per recorded collective, measured "
+            "on every 16th of a communicator (count: those timed; sum: their time in the "
+            "plugin, a chained profiler's not included).",
             labels=names,
         )
         cost.add_metric(values, c.records, c.cost_s)

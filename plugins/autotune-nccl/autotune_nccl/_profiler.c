@@ -28,9 +28,10 @@
  * threads: collectives live in a fixed pool claimed with compare-and-swap, channels in a fixed
  * array beside it, and the ring is a bounded multi-producer queue (one sequence number per cell).
  * A full ring, a full pool, an event whose handle or parent is not one of ours, and events after
- * finalize are each counted (ap_stats): nothing is dropped silently. Each record carries the
- * plugin's own time in NCCL's calls for it, up to the record (cost_ns: what profiling costs
- * NCCL's threads). AUTOTUNE_NCCL_PROFILER_SAMPLE=N records every Nth collective of each
+ * finalize are each counted (ap_stats): nothing is dropped silently. Every 16th tracked
+ * collective of a communicator (AP_COST_EVERY) carries the plugin's own time in NCCL's calls for
+ * it, up to its record (cost_ns: what profiling costs NCCL's threads; timing every one doubled
+ * the clock reads, and so the plugin's cost, in benchmarks/profiler_cost.py). AUTOTUNE_NCCL_PROFILER_SAMPLE=N records every Nth collective of each
  * communicator (default 1: all); the others are counted (sampled_out) and cost a counter.
  *
  * AUTOTUNE_NCCL_PROFILER_CHAIN=<another profiler plugin> loads that one too and forwards every
@@ -73,6 +74,7 @@ typedef int ncclResult_t;
 #define AP_STATE_KERNEL_CH_STOP 22 /* ncclProfilerKernelChStop (v4+) */
 #define AP_STATE_KERNEL_PHASE_STOP 31 /* ncclProfilerKernelPhaseStop (v7) */
 #define AP_PHASES 3                /* initial sync, compute, final sync */
+#define AP_COST_EVERY 16 /* of a communicator's tracked collectives, those whose cost is timed */
 #define AP_MAX_CHANNELS 64         /* MAXCHANNELS */
 #define AP_POOL 1024               /* collectives in flight */
 #define AP_RING 8192               /* completed records not yet drained (a power of two) */
@@ -101,7 +103,8 @@ typedef struct {
     char func[16], algo[16], proto[8], dtype[16];
     uint64_t user_tag;          /* v7: the call's userProfilerTag (0: none) */
     uint64_t phase_ns[AP_PHASES]; /* v7, symmetric kernels: each phase's longest channel */
-    uint64_t cost_ns;           /* the plugin's own time in NCCL's calls for it, to the record */
+    uint64_t cost_ns;           /* the plugin's own time in NCCL's calls for it, to the record
+                                 * (every AP_COST_EVERY-th of a communicator; else 0) */
     int32_t symmetric;          /* v7: NCCL ran a symmetric kernel (1) or not (0); -1: not said */
     int32_t phases_seen;        /* v7: phase events that stopped */
     char variant[32];           /* v7: NCCL's kernel variant ("" where not said) */
@@ -138,6 +141,7 @@ typedef struct {
     int rank, nranks, nnodes;
     ap_logger_t log;
     _Atomic uint64_t colls; /* collectives started: every Nth is recorded */
+    _Atomic uint64_t recorded; /* collectives tracked: every AP_COST_EVERY-th is timed */
     void *chain_ctx;        /* the chained profiler's context (NULL: none) */
     int chain_mask;         /* the events it asked for */
 } ap_comm;
@@ -151,8 +155,11 @@ typedef struct {
     _Atomic uint64_t start, stop;   /* GPU timer (v4+) */
     _Atomic uint64_t hstart, hstop; /* host clock */
     void *chained;                  /* the chained profiler's handle of this event */
-    ap_phase phase[AP_PHASES];      /* v7: handles of the channel's phase events */
 } ap_chan;
+
+typedef struct {
+    ap_phase phase[AP_PHASES]; /* v7: handles of a channel's phase events */
+} ap_phases;
 
 typedef struct {
     _Atomic int refs; /* 0: free. Self (until NCCL stops it), completion, one per open channel */
@@ -161,15 +168,18 @@ typedef struct {
     ap_record rec;
     _Atomic int ch_started, ch_stopped;
     _Atomic uint64_t ch_used; /* bit per channel id started: what finish reads and clears */
+    _Atomic uint64_t ph_used; /* bit per channel id with a phase started (v7) */
     _Atomic uint64_t touched; /* host clock of the last event */
     _Atomic int self_released;
     _Atomic uint64_t cost_ns; /* the plugin's time in NCCL's calls for it so far */
+    int timed;                /* its cost is measured (every AP_COST_EVERY-th of a comm) */
     void *chained;            /* the chained profiler's handle of this event */
 } ap_coll;
 
 static ap_comm g_comms[AP_MAX_COMMS];
 static ap_coll g_pool[AP_POOL];
 static ap_chan g_chans[AP_POOL][AP_MAX_CHANNELS];
+static ap_phases g_phases[AP_POOL][AP_MAX_CHANNELS]; /* beside g_chans: touched only from v7 */
 static _Atomic unsigned g_next_slot;
 
 typedef struct {
@@ -443,13 +453,11 @@ static ap_chan *as_chan(void *h, ap_coll **coll) {
     return (ap_chan *)h;
 }
 
-/* A phase event's handle: one of a channel's `phase` entries. */
+/* A phase event's handle: one of a channel's entries in g_phases. */
 static ap_phase *as_phase(void *h, ap_coll **coll) {
-    uintptr_t p = (uintptr_t)h, base = (uintptr_t)g_chans;
-    if (p < base || p >= base + sizeof g_chans) return NULL;
-    size_t off = (p - base) % sizeof(ap_chan), first = offsetof(ap_chan, phase);
-    if (off < first || (off - first) % sizeof(ap_phase) != 0) return NULL;
-    *coll = &g_pool[(p - base) / sizeof(ap_chan) / AP_MAX_CHANNELS];
+    uintptr_t p = (uintptr_t)h, base = (uintptr_t)g_phases;
+    if (p < base || p >= base + sizeof g_phases || (p - base) % sizeof(ap_phase) != 0) return NULL;
+    *coll = &g_pool[(p - base) / sizeof(ap_phases) / AP_MAX_CHANNELS];
     return (ap_phase *)h;
 }
 
@@ -465,9 +473,13 @@ static void *chained_of(void *h) {
     return h;
 }
 
+/* Add the time since `since` to a timed collective's cost (an untimed one reads no clock). */
 static void charge(ap_coll *c, uint64_t since) {
-    atomic_fetch_add_explicit(&c->cost_ns, host_ns() - since, RELAXED);
+    if (c->timed) atomic_fetch_add_explicit(&c->cost_ns, host_ns() - since, RELAXED);
 }
+
+/* The host clock at the start of a call for `c`, where its cost is timed (else 0: not read). */
+static uint64_t clock_for(const ap_coll *c) { return c->timed ? host_ns() : 0; }
 
 static void release(ap_coll *c) {
     if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1)
@@ -483,14 +495,15 @@ static void finish(ap_coll *c, int flags, uint64_t since) {
     uint64_t gfirst = 0, glast = 0, glong = 0, hfirst = 0, hlast = 0, hlong = 0;
     uint64_t phase_ns[AP_PHASES] = {0};
     int gpu = 1, seen = 0, phases = 0;
-    uint64_t used = atomic_load(&c->ch_used);
+    uint64_t used = atomic_load(&c->ch_used), phased = atomic_load(&c->ph_used);
     /* Bounded by the count, not by `used >> ch`: shifting a uint64_t by 64 is undefined (x86
      * shifts by 0), and with channel 63 in use that loop ran off g_chans (seen on an H200). */
     for (int ch = 0; ch < AP_MAX_CHANNELS; ch++) {
         if (!(used >> ch & 1)) continue;
         ap_chan *k = &g_chans[i][ch];
-        for (int ph = 0; ph < AP_PHASES; ph++) {
-            uint64_t ps = atomic_load(&k->phase[ph].start), pe = atomic_load(&k->phase[ph].stop);
+        for (int ph = 0; ph < AP_PHASES && (phased >> ch & 1); ph++) {
+            ap_phase *f = &g_phases[i][ch].phase[ph];
+            uint64_t ps = atomic_load(&f->start), pe = atomic_load(&f->stop);
             if (ps == 0 || pe == 0) continue;
             phases++;
             if (pe > ps && pe - ps > phase_ns[ph]) phase_ns[ph] = pe - ps;
@@ -515,7 +528,7 @@ static void finish(ap_coll *c, int flags, uint64_t since) {
     r.phases_seen = phases;
     memcpy(r.phase_ns, phase_ns, sizeof phase_ns);
     r.end_ns = host_ns();
-    r.cost_ns = atomic_load(&c->cost_ns) + (since != 0 ? r.end_ns - since : 0);
+    if (c->timed) r.cost_ns = atomic_load(&c->cost_ns) + (since != 0 ? r.end_ns - since : 0);
     if (seen > 0 && gpu) {
         r.clock = AP_CLOCK_GPU;
         r.kernel_ns = glast - gfirst;
@@ -622,8 +635,11 @@ static void *start_coll(ap_comm *comm, const ap_coll_descr *d, uint64_t since) {
     atomic_fetch_add_explicit(&g_in_flight, 1, RELAXED);
     size_t i = (size_t)(c - g_pool);
     uint64_t used = atomic_exchange(&c->ch_used, 0); /* the channels the slot's last user set */
-    for (int ch = 0; ch < AP_MAX_CHANNELS; ch++)
+    uint64_t phased = atomic_exchange(&c->ph_used, 0);
+    for (int ch = 0; ch < AP_MAX_CHANNELS; ch++) {
         if (used >> ch & 1) memset(&g_chans[i][ch], 0, sizeof(ap_chan));
+        if (phased >> ch & 1) memset(&g_phases[i][ch], 0, sizeof(ap_phases));
+    }
     if (comm->comm_id == 0 && d->comm_hash != 0) comm->comm_id = d->comm_hash; /* v3 */
     ap_record r = {0};
     r.comm_id = comm->comm_id;
@@ -645,19 +661,20 @@ static void *start_coll(ap_comm *comm, const ap_coll_descr *d, uint64_t since) {
     c->rec = r;
     c->comm = (int)(comm - g_comms);
     c->chained = NULL;
+    c->timed = atomic_fetch_add_explicit(&comm->recorded, 1, RELAXED) % AP_COST_EVERY == 0;
     atomic_store(&c->recorded, 0);
     atomic_store(&c->ch_started, 0);
     atomic_store(&c->ch_stopped, 0);
     atomic_store(&c->self_released, 0);
     atomic_store(&c->cost_ns, 0);
-    atomic_store(&c->touched, host_ns());
+    atomic_store(&c->touched, since);
     if (d->channels <= 0) release(c); /* no channels to wait for: done when NCCL stops it */
     charge(c, since);
     return c;
 }
 
 /* A kernel channel of one of our collectives starts (AP_SKIP under a skipped one). */
-static void *start_channel(void *parent, int channel, uint64_t gpu_start, uint64_t since) {
+static void *start_channel(void *parent, int channel, uint64_t gpu_start) {
     if (parent == AP_SKIP) return AP_SKIP;
     ap_coll *c = as_coll(parent);
     if (c == NULL || atomic_load(&c->refs) == 0 || atomic_load(&c->recorded) ||
@@ -665,21 +682,21 @@ static void *start_channel(void *parent, int channel, uint64_t gpu_start, uint64
         if (c != NULL || chain_version() == 0) bump(g_orphans); /* else: the chained one's */
         return NULL;
     }
+    uint64_t now = host_ns(); /* the channel's host stamp, and the call's start */
     atomic_fetch_add(&c->refs, 1);
     ap_chan *k = &g_chans[c - g_pool][channel];
-    uint64_t now = host_ns();
     atomic_store(&k->start, gpu_start);
     atomic_store(&k->hstart, now);
     k->chained = NULL;
     atomic_fetch_or(&c->ch_used, 1ull << channel);
     atomic_fetch_add(&c->ch_started, 1);
     atomic_store(&c->touched, now);
-    charge(c, since);
+    charge(c, now);
     return k;
 }
 
 /* A kernel phase of one of our channels starts (v7). */
-static void *start_phase(void *parent, int phase, uint64_t gpu_start, uint64_t since) {
+static void *start_phase(void *parent, int phase, uint64_t gpu_start) {
     if (parent == AP_SKIP) return AP_SKIP;
     ap_coll *c;
     ap_chan *k = as_chan(parent, &c);
@@ -687,7 +704,10 @@ static void *start_phase(void *parent, int phase, uint64_t gpu_start, uint64_t s
         if (k != NULL || chain_version() == 0) bump(g_orphans);
         return NULL;
     }
-    ap_phase *ph = &k->phase[phase];
+    uint64_t since = clock_for(c);
+    size_t i = (size_t)(c - g_pool), ch = (size_t)(k - g_chans[i]);
+    ap_phase *ph = &g_phases[i][ch].phase[phase];
+    atomic_fetch_or(&c->ph_used, 1ull << ch);
     atomic_store(&ph->start, gpu_start);
     ph->chained = NULL;
     charge(c, since);
@@ -744,7 +764,6 @@ static ncclResult_t ap_stop(void *handle) {
 
 static ncclResult_t ap_record_state(void *handle, int state, void *args) {
     if (handle == NULL || handle == AP_SKIP) return AP_SUCCESS;
-    uint64_t since = host_ns();
     ap_coll *c;
     ap_chan *k = NULL;
     ap_phase *ph = NULL;
@@ -758,12 +777,14 @@ static ncclResult_t ap_record_state(void *handle, int state, void *args) {
         }
         chained = k->chained;
         if (state == AP_STATE_KERNEL_CH_STOP && args != NULL) {
+            uint64_t since = clock_for(c);
             atomic_store(&k->stop, *(const uint64_t *)args); /* kernelCh.pTimer: the union's first */
             charge(c, since);
         }
     } else if ((ph = as_phase(handle, &c)) != NULL) {
         chained = ph->chained;
         if (state == AP_STATE_KERNEL_PHASE_STOP && args != NULL) {
+            uint64_t since = clock_for(c);
             atomic_store(&ph->stop, *(const uint64_t *)args); /* kernelCh.pTimer, shared (v7) */
             charge(c, since);
         }
@@ -928,7 +949,6 @@ static ncclResult_t start_event(void *ctx, void **handle, uint64_t type, void **
                                 int rank, const ap_coll_descr *coll, int channel, uint64_t timer,
                                 void *descr) {
     if (handle == NULL) return AP_SUCCESS;
-    uint64_t since = host_ns();
     *handle = NULL;
     ap_comm *comm = live_comm(ctx);
     if (comm == NULL) return AP_SUCCESS;
@@ -937,11 +957,11 @@ static ncclResult_t start_event(void *ctx, void **handle, uint64_t type, void **
     if (type == AP_EVENT_COLL && coll != NULL && (g_mask & AP_EVENT_COLL)) {
         ap_coll_descr d = *coll;
         d.rank = rank;
-        ours = start_coll(comm, &d, since);
+        ours = start_coll(comm, &d, host_ns());
     } else if (type == AP_EVENT_KERNEL_CH && (g_mask & AP_EVENT_KERNEL_CH)) {
-        ours = start_channel(parent, channel, timer, since);
+        ours = start_channel(parent, channel, timer);
     } else if (type == AP_EVENT_KERNEL_PHASE && g_mask != 0 && comm->version >= 7) {
-        ours = start_phase(parent, channel, timer, since);
+        ours = start_phase(parent, channel, timer);
     } else {
         mine = 0;
     }

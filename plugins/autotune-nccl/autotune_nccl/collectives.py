@@ -152,8 +152,8 @@ class Collectives:
         self.variants: dict[tuple[str, int, str, str, str, bool], int] = {}
         #: (collective, size class, kernel variant, phase) -> [seconds, count]: symmetric kernels
         self.phases: dict[tuple[str, int, str, str], list[float]] = {}
-        self.cost_s = 0.0  # the plugin's own time for the records, summed
-        self.records = 0
+        self.cost_s = 0.0  # the plugin's own time for the records it timed, summed
+        self.records = 0  # records whose cost was timed
         self._predictions: dict[tuple[str, int], list[Prediction]] = {}
         self._ranks: set[int] = set()  # the rank counts the predictions are for
 
@@ -166,8 +166,9 @@ class Collectives:
             n += 1
             self.versions.add(r.version)
             self.clocks[r.clock] = self.clocks.get(r.clock, 0) + 1
-            self.records += 1
-            self.cost_s += r.cost_ns / 1e9
+            if r.cost_ns > 0:  # timed: every 16th of a communicator
+                self.records += 1
+                self.cost_s += r.cost_ns / 1e9
             self._add_v7(r)
             if r.kernel_ns <= 0:
                 self.untimed += 1

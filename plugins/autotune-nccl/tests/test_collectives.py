@@ -245,7 +245,7 @@ def test_v7s_variant_symmetric_flag_phases_and_the_profilers_cost_are_series(
         )
     assert not any(k[0].startswith("autotune_nccl_kernel_phase") and "ring_ll" in str(k)
                    for k in got)  # fmt: skip
-    assert value("autotune_nccl_profiler_cost_seconds_count") == 3
+    assert value("autotune_nccl_profiler_cost_seconds_count") == 1  # the first of 16 is timed
     assert 0 < value("autotune_nccl_profiler_cost_seconds_sum") < 1.0
     assert value("autotune_nccl_profiler_chain_calls_total", result="forwarded") == 0
     assert value("autotune_nccl_profiler_sampled_out_total") == 0
