@@ -49,6 +49,8 @@ OTHER_VARIABLES = {
     "AUTOTUNE_NCCL_PROFILER": "autotune-nccl's profiler: 0 asks NCCL for no events",
     "AUTOTUNE_NCCL_SHM": "autotune-nccl's profiler: 0 keeps no node file for autotune daemon",
     "AUTOTUNE_NCCL_SHM_DIR": "autotune-nccl's profiler: where the node files go (/dev/shm)",
+    "AUTOTUNE_NCCL_PROFILER_CHAIN": "autotune-nccl's profiler: a second profiler it loads",
+    "AUTOTUNE_NCCL_PROFILER_SAMPLE": "autotune-nccl's profiler: record every Nth collective",
 }
 
 

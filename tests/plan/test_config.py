@@ -171,7 +171,9 @@ def test_our_variables_that_are_not_fields_are_not_misspellings() -> None:
         Config.from_env({"AUTOTUNE_NODE_IDS": "x"})
     # The NCCL plugins' own (autotune-nccl reads them in C), set in the same environment.
     plugins = {"AUTOTUNE_NCCL_TABLE": "plan.csv", "AUTOTUNE_NCCL_PROFILER": "1",
-               "AUTOTUNE_NCCL_SHM": "0", "AUTOTUNE_NCCL_SHM_DIR": "/tmp"}  # fmt: skip
+               "AUTOTUNE_NCCL_SHM": "0", "AUTOTUNE_NCCL_SHM_DIR": "/tmp",
+               "AUTOTUNE_NCCL_PROFILER_CHAIN": "/opt/inspector.so",
+               "AUTOTUNE_NCCL_PROFILER_SAMPLE": "10"}  # fmt: skip
     assert Config.from_env(plugins) == Config()
     with pytest.raises(ValueError, match="did you mean AUTOTUNE_NCCL_SHM_DIR"):
         Config.from_env({"AUTOTUNE_NCCL_SHM_DIRS": "/tmp"})

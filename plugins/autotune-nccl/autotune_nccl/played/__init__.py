@@ -1,6 +1,6 @@
 """NCCL's side of the plugins' C ABI, played from Python: the structs NCCL finds in the library,
 the cost tables and event descriptors it passes, and one communicator's calls as each NCCL
-release makes them (`tuner`: ncclTunerPlugin_v2 to _v7; `profiler`: ncclProfiler_v3 to _v6).
+release makes them (`tuner`: ncclTunerPlugin_v2 to _v7; `profiler`: ncclProfiler_v3 to _v7).
 The plugin's tests, ``python -m autotune_nccl.selfcheck`` and ranks that play NCCL on CPU use it.
 """
 
