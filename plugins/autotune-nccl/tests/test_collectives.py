@@ -36,6 +36,31 @@ def plugins() -> Iterator[tuple[Profiler, Tuner]]:
         clear()
 
 
+def scrape(
+    metrics: NcclMetrics,
+) -> tuple[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]]:
+    """The exposition a scrape of ``metrics`` gets, and its samples by (name, labels)."""
+    registry = CollectorRegistry()
+    registry.register(metrics)
+    text = generate_latest(registry).decode()
+    got = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+    return text, got
+
+
+def promtool_accepts(text: str) -> None:
+    """Prometheus's own check of an exposition, where promtool is installed."""
+    promtool = shutil.which("promtool")
+    if promtool is not None:
+        out = subprocess.run(
+            [promtool, "check", "metrics"], input=text, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+
+
 def test_bus_factors_are_nccl_tests() -> None:
     assert bus_factor("AllReduce", 4) == 1.5 and bus_factor("AllReduce", 1) == 1.0
     assert bus_factor("AllGather", 4) == 3.0 and bus_factor("Broadcast", 8) == 1.0
@@ -67,14 +92,7 @@ def test_model_error_and_regret_from_played_nccl(plugins: tuple[Profiler, Tuner]
         play_step(comm, tuner_comm, tuner, ("ring", "Simple"), 100_000)
     feed = NcclFeed(PluginLibrary())
     metrics = NcclMetrics(feed, {"rank": "0"})
-    registry = CollectorRegistry()
-    registry.register(metrics)
-    text = generate_latest(registry).decode()
-    got = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for f in text_string_to_metric_families(text)
-        for s in f.samples
-    }
+    text, got = scrape(metrics)
 
     def value(name: str, **labels: str) -> float:
         return got[(name, tuple(sorted({"rank": "0", **labels}.items())))]
@@ -102,12 +120,7 @@ def test_model_error_and_regret_from_played_nccl(plugins: tuple[Profiler, Tuner]
     assert value("autotune_nccl_profiler_info", version="6") == 1
     assert value("autotune_nccl_profiler_records_total", clock="gpu") == 6
     assert value("autotune_nccl_profiler_lost_total", reason="ring_full") == dropped_before
-    promtool = shutil.which("promtool")
-    if promtool is not None:
-        out = subprocess.run(
-            [promtool, "check", "metrics"], input=text, capture_output=True, text=True
-        )
-        assert out.returncode == 0, out.stdout + out.stderr
+    promtool_accepts(text)
     metrics.close()
     feed.close()
     comm.finalize()
@@ -220,14 +233,7 @@ def test_v7s_variant_symmetric_flag_phases_and_the_profilers_cost_are_series(
     comm.collective("AllReduce", 1 << 18, variant="ring_ll", symmetric=False, algo="RING")
     feed = NcclFeed(PluginLibrary())
     metrics = NcclMetrics(feed, {"rank": "0"})
-    registry = CollectorRegistry()
-    registry.register(metrics)
-    text = generate_latest(registry).decode()
-    got = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for f in text_string_to_metric_families(text)
-        for s in f.samples
-    }
+    text, got = scrape(metrics)
 
     def value(name: str, **labels: str) -> float:
         return got[(name, tuple(sorted({"rank": "0", **labels}.items())))]
@@ -249,12 +255,7 @@ def test_v7s_variant_symmetric_flag_phases_and_the_profilers_cost_are_series(
     assert 0 < value("autotune_nccl_profiler_cost_seconds_sum") < 1.0
     assert value("autotune_nccl_profiler_chain_calls_total", result="forwarded") == 0
     assert value("autotune_nccl_profiler_sampled_out_total") == 0
-    promtool = shutil.which("promtool")
-    if promtool is not None:
-        out = subprocess.run(
-            [promtool, "check", "metrics"], input=text, capture_output=True, text=True
-        )
-        assert out.returncode == 0, out.stdout + out.stderr
+    promtool_accepts(text)
     metrics.close()
     feed.close()
     comm.finalize()
