@@ -131,8 +131,9 @@ class Config:
     unhook: bool = True
     """Once the tuner keeps the baseline (no plan beat the backend's own all-reduce on DDP's
     buckets), give DDP its reducer back without the hook, so the job runs as plain DDP
-    (`autotune.ddp.unhook`); and before a plan that needs the hook is locked, make it beat plain
-    DDP itself, in blocks of iterations on DDP's reducers (`autotune.tuning.plain_check`). False
+    (`autotune.tuning.unhooked`); and before a plan that needs the hook is locked, make it beat
+    plain DDP itself, in blocks of iterations on DDP's reducers (`autotune.tuning.plain_check`).
+    False
     keeps the hook, and its per-bucket measurements, to the end, whatever is kept. Was
     ``step_aside`` (still accepted, for one release, with a DeprecationWarning)."""
 

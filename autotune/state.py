@@ -44,12 +44,11 @@ from autotune.ddp.engine import Engine
 from autotune.ddp.guard import Guard, guarded_group
 from autotune.ddp.kernel_clock import KernelClock
 from autotune.ddp.stats import Recorder, Summary, summarize
-from autotune.ddp.unhook import Unhooking
 from autotune.plan import BASELINE_CHOICE, Choice, Entry, Plan, Table, load_table
 from autotune.storage import elastic_attempt
 from autotune.tuning import Tuner
 from autotune.tuning.status import Status, is_locked, is_settled, status
-from autotune.tuning.unhooked import bucket_tuner, catch_hooks, plan_file_buckets
+from autotune.tuning.unhooked import Unhooking, bucket_tuner, catch_hooks, plan_file_buckets
 from autotune.util.cores import oversubscription, usable_cores
 from autotune.util.redact import redact
 from autotune.util.units import count
@@ -130,7 +129,7 @@ class AutotuneState:
         self.tuner: Tuner | None = None
         #: The Prometheus exporter (``Config.metrics_port``), else None.
         self.exporter: Exporter | None = None
-        #: Takes the hook out of DDP once the tuner keeps the baseline (`autotune.ddp.unhook`).
+        #: Takes the hook out of DDP once the tuner keeps the baseline (`autotune.tuning.unhooked`).
         self.unhooking: Unhooking | None = None
         #: The fault contract where DDP runs without the hook (`autotune.ddp.guard`), wherever it
         #: may.

@@ -26,8 +26,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.model import Prior, store_prior
-from autotune.sweep import SweepResult
+from autotune.model import Prior
+from autotune.sweep import SweepResult, store_prior
 from autotune.testing.cluster import Cluster
 
 _EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "train_ddp.py")

@@ -16,8 +16,8 @@ import argparse
 import sys
 
 from autotune.comm.topology import Topology
-from autotune.model import MODELLED, Fit, Link, fit, samples_from_sweep
-from autotune.sweep import SweepResult
+from autotune.model import MODELLED, Fit, Link, fit
+from autotune.sweep import SweepResult, samples_from_sweep
 
 
 def _gbps(link: Link) -> str:

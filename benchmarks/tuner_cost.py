@@ -72,8 +72,8 @@ def _rank(rank: int, world_size: int, args: argparse.Namespace, storage: str) ->
 
 def _store_prior(storage: str, sweep_path: str, world_size: int) -> str:
     """Store the fit to ``sweep_path`` as the prior of this job's fingerprint; describe it."""
-    from autotune.model import Prior, store_prior
-    from autotune.sweep import SweepResult
+    from autotune.model import Prior
+    from autotune.sweep import SweepResult, store_prior
 
     result = SweepResult.load(sweep_path)
     if result.world_size != world_size or result.backend != "gloo":

@@ -1,7 +1,8 @@
 """The layer contract of autotune's package, checked in `make lint`.
 
-Reads every module under autotune/ with `ast` (imports inside functions count; those under
-`if TYPE_CHECKING:` do not), then fails on an import circle among autotune's modules, on a
+Reads every module under autotune/ with `ast` (imports inside functions count, and so do those
+under `if TYPE_CHECKING:`: a lower layer's signature that names a higher layer's type is a
+dependency too, only deferred), then fails on an import circle among autotune's modules, on a
 layer that imports one above it, and on more loose modules directly in autotune/ than LOOSE_MAX.
 Run: python tools/layers.py [--graph]
 """
@@ -48,17 +49,15 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def imports_of(path: Path, name: str, modules: set[str]) -> set[str]:
-    """The autotune modules `name` imports, at any depth but TYPE_CHECKING blocks."""
-    tree = ast.parse(path.read_text(), str(path))
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    """The autotune modules `name` imports, at any depth, TYPE_CHECKING blocks included."""
+    return imports_in(path.read_text(), name, modules, path.name == "__init__.py")
+
+
+def imports_in(source: str, name: str, modules: set[str], package_init: bool = False) -> set[str]:
+    """The autotune modules the module ``name`` (whose code is ``source``) imports."""
+    tree = ast.parse(source, name)
+    package = name if package_init else name.rpartition(".")[0]
     found: set[str] = set()
 
     def resolve(target: str) -> None:
@@ -70,10 +69,6 @@ def imports_of(path: Path, name: str, modules: set[str]) -> set[str]:
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _type_checking(child):
-                for other in child.orelse:
-                    visit(other)
-                continue
             if isinstance(child, ast.Import):
                 for alias in child.names:
                     if alias.name.startswith(PACKAGE):

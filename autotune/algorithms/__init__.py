@@ -9,6 +9,7 @@ when); more arrive through `register` or the ``autotune.algorithms`` entry-point
 from __future__ import annotations
 
 from autotune.algorithms._base import SUPPORTED_DTYPES, AllReduceAlgorithm, Pending, check_tensor
+from autotune.algorithms._choice import Choice
 from autotune.algorithms._hierarchical_ring import HierarchicalRingAllReduce
 from autotune.algorithms._hierarchical_two_tree import HierarchicalTwoTreeAllReduce
 from autotune.algorithms._native import NativeAllReduce
@@ -66,6 +67,7 @@ __all__ = [
     "PLUGIN_SOURCES",
     "SUPPORTED_DTYPES",
     "AllReduceAlgorithm",
+    "Choice",
     "Comm",
     "HierarchicalRingAllReduce",
     "HierarchicalTwoTreeAllReduce",

@@ -17,7 +17,7 @@ from autotune.algorithms._threads import one_thread
 from autotune.comm.groups import Comm, Traffic, connect, ensure_ready
 
 if TYPE_CHECKING:
-    from autotune.plan import Choice
+    from autotune.algorithms._choice import Choice
 
 __all__ = ["SUPPORTED_DTYPES", "AllReduceAlgorithm", "Pending"]
 

@@ -13,7 +13,7 @@ from autotune.algorithms._base import AllReduceAlgorithm
 from autotune.util.names import unknown
 
 if TYPE_CHECKING:
-    from autotune.plan import Choice
+    from autotune.algorithms._choice import Choice
 
 __all__ = [
     "ALGORITHMS",

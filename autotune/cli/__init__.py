@@ -266,7 +266,8 @@ def _report(args: argparse.Namespace) -> int:
     output = args.output or "busbw.png"
     fits = None
     if args.model:
-        from autotune.model import MODELLED, fit, samples_from_sweep
+        from autotune.model import MODELLED, fit
+        from autotune.sweep import samples_from_sweep
 
         try:
             fits = [fit(samples_from_sweep(r)) for r in results]

@@ -11,9 +11,10 @@ from collections.abc import Callable
 from autotune.algorithms import available
 from autotune.ddp.stats import bus_factor
 from autotune.model._cost import DEFAULT_SEGMENT_BYTES, Link, Shape, predict
-from autotune.model._fit import Fit, fit, samples_from_sweep
+from autotune.model._fit import Fit, fit
 from autotune.model._nccl import NCCL_SOURCE, PROTOCOLS, nccl_native, nccl_params
 from autotune.model._schedule import MODELLED
+from autotune.sweep import samples_from_sweep
 from autotune.util.names import unknown as unknown_names
 from autotune.util.units import byte_count
 

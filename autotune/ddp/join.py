@@ -3,7 +3,7 @@
 Under ``with Join([ddp_model]):`` a rank that runs out of batches joins: it runs no forward, and
 shadows the others' collectives from ``Join.__exit__``, one DDP iteration at a time, the
 backward's through the model's comm hook (autotune's included: its engine takes the zero buckets
-as it takes any). What autotune does from the model's forward pre-hook (`autotune.ddp.unhook`:
+as it takes any). What autotune does from the model's forward pre-hook (`autotune.tuning.unhooked`:
 unhooking, the check against plain DDP, DDP's bucket-size search) a joined rank never reaches:
 its collectives there (a block's step times, MAX-reduced) would meet the joined rank's
 ``Join`` collectives instead, and a reducer rebuilt on the others but not on it would shadow the

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 
     from autotune.config import Config
     from autotune.ddp.engine import Engine
-    from autotune.ddp.unhook import Unhooking
     from autotune.tuning import Tuner
+    from autotune.tuning.unhooked import Unhooking
 
 __all__ = ["Exporter"]
 

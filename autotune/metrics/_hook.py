@@ -29,8 +29,8 @@ from autotune.tuning.wire import PHASES
 
 if TYPE_CHECKING:
     from autotune.ddp.engine import Engine
-    from autotune.ddp.unhook import Unhooking
     from autotune.tuning import Tuner
+    from autotune.tuning.unhooked import Unhooking
 
 __all__ = ["LATENCY_BUCKETS_S", "HookMetrics", "step_ratio_series"]
 

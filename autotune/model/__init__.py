@@ -12,9 +12,9 @@ check (tests/algorithms/test_traffic.py). `nccl_params` prices with NCCL's own l
 from __future__ import annotations
 
 from autotune.model._cost import DEFAULT_SEGMENT_BYTES, Link, Params, Shape, predict
-from autotune.model._fit import Fit, Sample, fit, samples_from_sweep
+from autotune.model._fit import Fit, Sample, fit
 from autotune.model._nccl import NCCL_SOURCE, PROTOCOLS, nccl_native, nccl_params
-from autotune.model._prior import Prior, store_prior
+from autotune.model._prior import Prior
 from autotune.model._schedule import (
     GLOO_MAX_SEGMENT_BYTES,
     MODELLED,
@@ -41,7 +41,5 @@ __all__ = [
     "nccl_native",
     "nccl_params",
     "predict",
-    "samples_from_sweep",
     "schedule",
-    "store_prior",
 ]

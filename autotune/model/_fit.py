@@ -16,17 +16,13 @@ import itertools
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from autotune.model._cost import DEFAULT_SEGMENT_BYTES, Link, Params, Shape, predict
 from autotune.model._schedule import MODELLED
 
-if TYPE_CHECKING:
-    from autotune.sweep import SweepResult
-
-__all__ = ["Fit", "Sample", "fit", "samples_from_sweep"]
+__all__ = ["Fit", "Sample", "fit"]
 
 
 @dataclass(frozen=True)
@@ -136,26 +132,3 @@ def fit(samples: Sequence[Sample]) -> Fit:
         base, a_in, b_in, a_out, b_out, gamma = prices
         params = Params(Link(a_in, b_in), Link(a_out, b_out), gamma, base)
     return Fit(params, tuple(usable), tuple(float(v) for v in x @ best[1]))
-
-
-def samples_from_sweep(result: SweepResult) -> list[Sample]:
-    """The modelled algorithms' rows of a sweep's result, on the nodes it ran across (its
-    ``node_of``, ranks in node order); `native` only where it ran on gloo."""
-    from autotune.comm.topology import Topology
-
-    per_node = None
-    if result.node_of and max(result.node_of) > 0:
-        per_node = max(Topology(tuple(result.node_of)).ranks_per_node)
-    modelled = [a for a in MODELLED if a != "native" or result.backend == "gloo"]
-    return [
-        Sample(
-            r.algorithm,
-            r.bytes,
-            result.world_size,
-            r.time_us * 1e-6,
-            r.segment_bytes or DEFAULT_SEGMENT_BYTES,
-            per_node,
-        )
-        for r in result.rows
-        if r.algorithm in modelled and r.time_us > 0
-    ]

@@ -15,17 +15,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.model._cost import Link, Params, Shape, predict
-from autotune.model._fit import Fit, fit, samples_from_sweep
+from autotune.model._fit import Fit
 from autotune.model._schedule import MODELLED
 from autotune.plan import Choice
 
-if TYPE_CHECKING:
-    from autotune.sweep import SweepResult
-
-__all__ = ["Prior", "store_prior"]
+__all__ = ["Prior"]
 
 
 @dataclass(frozen=True)
@@ -99,14 +96,3 @@ class Prior:
             return cls(params, float(raw["worst_error"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a stored cost-model fit: {raw!r} ({exc})") from None
-
-
-def store_prior(storage: str, results: Sequence[SweepResult], key: str | None = None) -> Fit:
-    """Fit the model to ``results`` and store it as the tuner's prior under ``key`` (None: the
-    first sweep's own fingerprint), as ``autotune sweep --tune`` does. Returns the fit."""
-    from autotune.storage import Store, fingerprint_key
-
-    fitted = fit([s for r in results for s in samples_from_sweep(r)])
-    key = key or fingerprint_key(results[0].fingerprint())
-    Store(storage).save_prior(key, Prior.from_fit(fitted).to_json())
-    return fitted

@@ -4,17 +4,16 @@ autotune's NCCL plugin reads too (``AUTOTUNE_NCCL_TABLE``): `autotune show --ncc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
-if TYPE_CHECKING:
-    from autotune.plan.records import Table
+from autotune.algorithms import Choice
 
 __all__ = ["nccl_csv"]
 
 
-def nccl_csv(table: Table, n_nodes: int = -1, n_ranks: int = -1) -> str:
-    """The table as the NCCL example tuner plugin's CSV (``NCCL_TUNER_CONFIG_FILE``), which
-    autotune's plugin reads too (``AUTOTUNE_NCCL_TABLE``).
+def nccl_csv(choices: Mapping[int, Choice], n_nodes: int = -1, n_ranks: int = -1) -> str:
+    """A table's choices (size class -> choice) as the NCCL example tuner plugin's CSV
+    (``NCCL_TUNER_CONFIG_FILE``), which autotune's plugin reads too (``AUTOTUNE_NCCL_TABLE``).
 
     A tuned NCCL cell, ``nccl.<algorithm>.<protocol>`` (autotune-nccl), is written as it is.
     Otherwise: ring -> NCCL ring; tree and two_tree -> NCCL tree (NCCL's tree is the double
@@ -31,17 +30,17 @@ def nccl_csv(table: Table, n_nodes: int = -1, n_ranks: int = -1) -> str:
         "# protocol where autotune did not tune it (not nccl.*): ll to 64 KiB, simple above",
     ]
     skipped: list[str] = []
-    for size, entry in sorted(table.classes.items()):
+    for size, choice in sorted(choices.items()):
         low = 0 if size == 1 else size // 2 + 1
-        kind, _, cell = entry.choice.algorithm.partition(".")
+        kind, _, cell = choice.algorithm.partition(".")
         algo: str | None
         if kind == "nccl" and cell.count(".") == 1:
             algo, proto = cell.split(".")
         else:
-            algo = nccl_names.get(entry.choice.algorithm)
+            algo = nccl_names.get(choice.algorithm)
             proto = "ll" if size <= 64 << 10 else "simple"
         if algo is None:
-            skipped.append(f"{low}-{size}: {entry.choice.algorithm}")
+            skipped.append(f"{low}-{size}: {choice.algorithm}")
             continue
         lines.append(f"allreduce,{low},{size},{algo},{proto},-1,{n_nodes},{n_ranks},-1,-1")
     if skipped:

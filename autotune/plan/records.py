@@ -331,7 +331,7 @@ class Table:
 
     def nccl_csv(self, n_nodes: int = -1, n_ranks: int = -1) -> str:
         """The table as the NCCL example tuner plugin's CSV (`autotune.plan.nccl_csv`)."""
-        return nccl_csv(self, n_nodes, n_ranks)
+        return nccl_csv({cls: e.choice for cls, e in self.classes.items()}, n_nodes, n_ranks)
 
 
 def _optional_int(value: object) -> int | None:

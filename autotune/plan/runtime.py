@@ -8,6 +8,8 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from autotune.algorithms import Choice
+
 __all__ = [
     "BASELINE_CHOICE",
     "MIN_FUSION_BYTES",
@@ -68,22 +70,6 @@ def size_class(nbytes: int) -> int:
     if nbytes < 0:
         raise ValueError(f"message size must be >= 0, got {nbytes}")
     return 1 << max(nbytes - 1, 0).bit_length()
-
-
-@dataclass(frozen=True)
-class Choice:
-    """What runs a message: an algorithm, and its pipeline segment (None: the algorithm's own)."""
-
-    algorithm: str
-    segment_bytes: int | None = None
-
-    def __str__(self) -> str:
-        """``ring`` or, with a segment, ``ring/256 KiB``: how logs and verdicts name it."""
-        from autotune.util.units import format_bytes
-
-        if self.segment_bytes is None:
-            return self.algorithm
-        return f"{self.algorithm}/{format_bytes(self.segment_bytes)}"
 
 
 #: What every size class runs in the baseline (the job without autotune), and wherever a plan

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from autotune.sweep._measure import P2P, Bench, Measured, Variant, exact_limit, pattern
 from autotune.sweep._options import DTYPES, SweepOptions, dtype_name
+from autotune.sweep._prior import samples_from_sweep, store_prior
 from autotune.sweep._result import FORMAT_VERSION, Row, SweepResult, bus_factor
 from autotune.sweep._run import machine, run_sweep, tune_candidates
 from autotune.sweep._tune import Tuned, tune
@@ -28,6 +29,8 @@ __all__ = [
     "machine",
     "pattern",
     "run_sweep",
+    "samples_from_sweep",
+    "store_prior",
     "tune",
     "tune_candidates",
 ]

@@ -248,7 +248,8 @@ def run_sweep(
 
 def _store_prior(result: SweepResult, storage: str, printer: _Out) -> None:
     """Fit the cost model to the sweep and store it as the live tuner's prior (docs/MODEL.md)."""
-    from autotune.model import Prior, store_prior
+    from autotune.model import Prior
+    from autotune.sweep._prior import store_prior
 
     assert result.plan_key is not None
     try:

@@ -2,7 +2,7 @@
 
 Where the tuner keeps a plan DDP can run itself (the backend's all-reduce for every class) and
 the fusion size is its to choose (``Config.fusion_bytes`` None), autotune unhooks
-(`autotune.ddp.unhook`) and `BucketTuner` compares bucket sizes on DDP's own reducer, without
+(`autotune.tuning.unhooked`) and `BucketTuner` compares bucket sizes on DDP's own reducer, without
 the hook, since DDP fuses gradients into its buckets for free where the hook's fusion costs a
 copy (docs/BENCHMARKS.md, "DDP's bucket size"):
 
@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from autotune.ddp.unhook import (
+from autotune.ddp.reducer import (
     rebuild_reducer,
     restore_bucket_config,
     saved_bucket_config,

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from torch.nn.parallel import DistributedDataParallel
 
-from autotune.ddp.unhook import rebuild_reducer
+from autotune.ddp.reducer import rebuild_reducer
 from autotune.tuning.blocks import BLOCK, BlockTimer
 from autotune.tuning.buckets import bucket_test
 from autotune.tuning.paired_test import Outcome
@@ -31,7 +31,7 @@ _log = logging.getLogger("autotune")
 
 class PlainCheck:
     """Runs the check against plain DDP on ``ddp`` from its forward pre-hook
-    (`autotune.ddp.unhook.Unhooking` calls `pre_forward`), on every rank alike.
+    (`autotune.tuning.unhooked.Unhooking` calls `pre_forward`), on every rank alike.
 
     ``settle()`` waits until the hook's last iteration is handled everywhere in this process
     (the engine idle, the tuner's listeners done); ``rehooked()`` is called after the hook is

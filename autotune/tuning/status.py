@@ -9,27 +9,24 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from autotune.plan import Entry, Gain, Table
+from autotune.plan import Gain
 from autotune.tuning.blocks import BLOCK
 from autotune.tuning.search import Progress
 from autotune.util.units import count, format_bytes
 
 if TYPE_CHECKING:
-    from autotune.ddp.unhook import Unhooking
     from autotune.tuning.tuner import Tuner
+    from autotune.tuning.unhooked import Unhooking
 
 __all__ = [
     "Status",
     "is_locked",
     "is_settled",
     "status",
-    "tuner_progress",
-    "tuner_table",
     "tuner_verdict",
 ]
 
@@ -323,44 +320,3 @@ def tuner_verdict(tuner: Tuner) -> str:
         blocks if plan_search.against_plain else "iterations",
         f"plan: {plan_search.incumbent.describe()}",
     )
-
-
-def tuner_table(tuner: Tuner) -> Table:
-    """The plan as rank 0 knows it, with each class's screening and the measured gain."""
-    plan_search = tuner.plan_search
-    if plan_search is None:  # not rank 0: what every rank hears
-        classes = {
-            cls: Entry(c, state=tuner.states.get(cls, "exploring"))
-            for cls, c in tuner.engine.plan.table().items()
-        }
-        return Table(classes, tuner.arm.fusion_bytes, None, tuner.gain, model=tuner.described)
-    plan = plan_search.incumbent
-    state = "locked" if plan_search.phase == "locked" else "exploring"
-    classes = {}
-    for cls, search in sorted(tuner.classes.items()):
-        choice = plan.choice(cls)
-        classes[cls] = Entry(choice, search.values.get(choice), search.finished, state)
-    fusion = None
-    if plan_search.phase == "locked" or not tuner.tune_fusion:
-        fusion = plan.fusion_bytes
-    fingerprint = getattr(tuner, "fingerprint", None)
-    table = Table(
-        classes, fusion, fingerprint, plan_search.gain, plan_search.lead, model=tuner.described
-    )
-    # A stored bucket size holds while the baseline does: not once a plan (a stored lead's
-    # retry, say) has won the job back for the hook.
-    keeps = table.runs_without_hook
-    return dataclasses.replace(table, buckets=tuner.buckets) if keeps else table
-
-
-def tuner_progress(tuner: Tuner) -> dict[int | str, Progress]:
-    """Per size class (and "fusion"): state, trials, best latency, current choice."""
-    out: dict[int | str, Progress] = {cls: s.progress() for cls, s in tuner.classes.items()}
-    plan_search = tuner.plan_search
-    if plan_search is not None and tuner.tune_fusion:
-        fusion_state = "locked" if plan_search.phase not in ("loading", "fusion") else "exploring"
-        duels = plan_search.duels("fusion")
-        out["fusion"] = Progress(
-            fusion_state, duels, None, plan_search.incumbent.fusion_bytes, duels
-        )
-    return out

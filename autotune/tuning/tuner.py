@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+import autotune.tuning.wire as wire
 from autotune.algorithms import (
     agreed,
     bookkeeping_device,
@@ -37,7 +38,7 @@ from autotune.comm import topology
 from autotune.ddp.events import Event, Failure, IterationDone, IterationEnd
 from autotune.ddp.stats import MessageRecord
 from autotune.model import Prior
-from autotune.plan import Arm, Buckets, Choice, Gain, Table
+from autotune.plan import Arm, Buckets, Choice, Entry, Gain, Table
 from autotune.storage import (
     Store,
     describe_layout,
@@ -47,12 +48,10 @@ from autotune.storage import (
     storage_url,
     workload_name,
 )
-from autotune.tuning import wire
 from autotune.tuning.paired_test import Outcome
 from autotune.tuning.plan_search import PlanSearch, shortlist
 from autotune.tuning.search import NOT_MEASURED, ClassSearch, Progress
 from autotune.tuning.space import search_space, space_tag
-from autotune.tuning.status import tuner_progress, tuner_table
 from autotune.tuning.steps import StepLog
 from autotune.tuning.stored import Stored, read_stored, stored_arm
 from autotune.tuning.worker import Worker
@@ -87,9 +86,9 @@ class Tuner:
         self.rank = dist.get_rank(group)
         self.tune_fusion = config.fusion_bytes is None
         baseline = self.baseline = Arm((), config.fusion_bytes or 0)
-        #: Whether the job unhooks once it keeps the baseline (`autotune.ddp.unhook`): only where
-        #: the baseline is what the job had without autotune, DDP's own buckets. Where it does,
-        #: a plan that needs the hook meets plain DDP before it is locked
+        #: Whether the job unhooks once it keeps the baseline (`autotune.tuning.unhooked`): only
+        #: where the baseline is what the job had without autotune, DDP's own buckets. Where it
+        #: does, a plan that needs the hook meets plain DDP before it is locked
         #: (`autotune.tuning.plain_check`).
         self.unhooks = self.would_unhook(config)
         #: What every rank runs now, as rank 0 ordered it (the baseline until it does).
@@ -301,9 +300,9 @@ class Tuner:
         return carry(classes, dist.get_world_size(self.process_group))
 
     def caught(self, kept: bool, outcome: Outcome | None) -> None:
-        """Every rank, once the check against plain DDP is over (`autotune.ddp.unhook.Unhooking`,
-        settled): ``kept``, the plan runs on through the hook; else the job has unhooked, and rank
-        0 stores the baseline for the next job."""
+        """Every rank, once the check against plain DDP is over
+        (`autotune.tuning.unhooked.Unhooking`, settled): ``kept``, the plan runs on through the
+        hook; else the job has unhooked, and rank 0 stores the baseline for the next job."""
         self.check_from = None
         if not kept:
             self.unhook_from = self.engine.iteration
@@ -694,9 +693,32 @@ class Tuner:
         self.worker.submit(lambda: self.store().save_table(self.key, self.workload, table))
 
     def table(self) -> Table:
-        """The plan as rank 0 knows it, with each class's screening and the measured gain
-        (`autotune.tuning.status.tuner_table`)."""
-        return tuner_table(self)
+        """The plan as rank 0 knows it, with each class's screening and the measured gain; on
+        another rank, what every rank hears."""
+        plan_search = self.plan_search
+        if plan_search is None:
+            classes = {
+                cls: Entry(c, state=self.states.get(cls, "exploring"))
+                for cls, c in self.engine.plan.table().items()
+            }
+            return Table(classes, self.arm.fusion_bytes, None, self.gain, model=self.described)
+        plan = plan_search.incumbent
+        state = "locked" if plan_search.phase == "locked" else "exploring"
+        classes = {}
+        for cls, search in sorted(self.classes.items()):
+            choice = plan.choice(cls)
+            classes[cls] = Entry(choice, search.values.get(choice), search.finished, state)
+        fusion = None
+        if plan_search.phase == "locked" or not self.tune_fusion:
+            fusion = plan.fusion_bytes
+        fingerprint = getattr(self, "fingerprint", None)
+        table = Table(
+            classes, fusion, fingerprint, plan_search.gain, plan_search.lead, model=self.described
+        )
+        # A stored bucket size holds while the baseline does: not once a plan (a stored lead's
+        # retry, say) has won the job back for the hook.
+        keeps = table.runs_without_hook
+        return dataclasses.replace(table, buckets=self.buckets) if keeps else table
 
     def buckets_kept(self, buckets: Buckets) -> None:
         """Every rank, once `autotune.tuning.buckets` has decided (the hook no longer runs): the
@@ -708,9 +730,18 @@ class Tuner:
             self._store_table()
 
     def progress(self) -> dict[int | str, Progress]:
-        """Per size class (and "fusion"): state, trials, best latency, current choice
-        (`autotune.tuning.status.tuner_progress`)."""
-        return tuner_progress(self)
+        """Per size class (and "fusion"): state, trials, best latency, current choice."""
+        out: dict[int | str, Progress] = {cls: s.progress() for cls, s in self.classes.items()}
+        plan_search = self.plan_search
+        if plan_search is not None and self.tune_fusion:
+            fusion_state = (
+                "locked" if plan_search.phase not in ("loading", "fusion") else "exploring"
+            )
+            duels = plan_search.duels("fusion")
+            out["fusion"] = Progress(
+                fusion_state, duels, None, plan_search.incumbent.fusion_bytes, duels
+            )
+        return out
 
 
 def _outcome_word(kind: str, won: bool, ratio: float) -> str:

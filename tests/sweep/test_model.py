@@ -334,8 +334,7 @@ def test_a_fit_across_nodes_recovers_both_links_prices() -> None:
 
 
 def test_a_sweep_across_nodes_gives_samples_on_its_nodes_and_natives_only_on_gloo() -> None:
-    from autotune.model import samples_from_sweep
-    from autotune.sweep import Row, SweepResult
+    from autotune.sweep import Row, SweepResult, samples_from_sweep
 
     def row(algorithm: str) -> Row:
         return Row(1 << 20, 1 << 18, "float", algorithm, None, 1000.0, 1.0, 1.0, 0)

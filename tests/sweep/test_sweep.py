@@ -188,7 +188,8 @@ def test_tune_writes_a_plan_the_hook_starts_from(tmp_path: Path) -> None:
 
     assert fingerprint_key(result.fingerprint()) == result.plan_key
     # The cost model's fit to the sweep is stored too, as the live tuner's prior.
-    from autotune.model import Prior, Shape, fit, predict, samples_from_sweep
+    from autotune.model import Prior, Shape, fit, predict
+    from autotune.sweep import samples_from_sweep
 
     stored = store.load_prior(result.plan_key)
     assert stored is not None
@@ -324,7 +325,8 @@ def test_torchrun_ranks_are_used(tmp_path: Path) -> None:
 
 @pytest.mark.distributed
 def test_report_draws_the_models_fit_and_prints_its_error(tmp_path: Path) -> None:
-    from autotune.model import fit, samples_from_sweep
+    from autotune.model import fit
+    from autotune.sweep import samples_from_sweep
 
     sweep = Path(__file__).resolve().parents[2] / "docs" / "sweeps" / "sweep-4.json"
     out = run_cli("report", str(sweep), "--model", "-o", "fit.png", cwd=tmp_path)
