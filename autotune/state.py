@@ -148,7 +148,7 @@ class AutotuneState:
             world_size=self.world_size,
             plan=Plan(self._initial_plan()),
             algorithm_for=self._algorithm,
-            fusion_bytes=self.config.fusion_bytes or 0,
+            fusion_bytes=_fusion_bytes(self.config, table),
             diagnose=self._diagnose,
             clock=self.clock,
         )
@@ -164,8 +164,6 @@ class AutotuneState:
             if table is not None:
                 for cls, entry in table.classes.items():
                     self.engine.plan.set(cls, entry.choice)
-                if table.fusion_bytes is not None and self.config.fusion_bytes is None:
-                    self.engine.fusion_bytes = table.fusion_bytes
             tuned = self.config.algorithm == "auto" and table is None
             if self.config.unhook and (
                 (table is not None and table.buckets is not None)
@@ -469,6 +467,16 @@ def _hooked(
         return any(ours(*h) for h in getattr(ddp, "_comm_hooks", ()))
 
     return hooked
+
+
+def _fusion_bytes(config: Config, table: Table | None) -> int:
+    """The engine's fusion size from the start: the config's, else a plan file's (0: off). From
+    then on only the tuner changes it (`Tuner`, at the orders of an iteration's end)."""
+    if config.fusion_bytes is not None:
+        return config.fusion_bytes
+    if table is not None and table.fusion_bytes is not None:
+        return table.fusion_bytes
+    return 0
 
 
 def _timeout(config: Config) -> timedelta:
