@@ -1,8 +1,8 @@
 """A CUDA message NCCL runs is timed by NCCL's own clock where its profiler is loaded: the engine
 takes a ticket per message at launch, completes the buckets' futures without synchronizing a
 stream, then emits each message's record with the kernel time of the profiler record matched to
-it. Played on CPU: a played GPU (tests/support/played_gpu.py, counting stream synchronizations) and a
-stand-in profiler."""
+it. Played on CPU: a played GPU (tests/support/played_gpu.py, counting stream synchronizations)
+and a stand-in profiler."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 the all-reduce is launched on the autograd thread with the gradient's stream current, and the
 bucket's future completes from NCCL's own future, complete at launch; nothing of autotune's
 synchronizes a stream, marks or waits for an event, or hops to another thread before backward
-goes on. Played on the CPU (tests/support/played_gpu.py), counting what the engine asks of the GPU."""
+goes on. Played on the CPU (tests/support/played_gpu.py), counting what the engine asks of the
+GPU."""
 
 from __future__ import annotations
 
