@@ -30,9 +30,10 @@
  * A full ring, a full pool, an event whose handle or parent is not one of ours, and events after
  * finalize are each counted (ap_stats): nothing is dropped silently. Every 16th tracked
  * collective of a communicator (AP_COST_EVERY) carries the plugin's own time in NCCL's calls for
- * it, up to its record (cost_ns: what profiling costs NCCL's threads; timing every one doubled
- * the clock reads, and so the plugin's cost, in benchmarks/profiler_cost.py). AUTOTUNE_NCCL_PROFILER_SAMPLE=N records every Nth collective of each
- * communicator (default 1: all); the others are counted (sampled_out) and cost a counter.
+ * it, up to its record (cost_ns: what profiling costs NCCL's threads; timing every one reads the
+ * clock in each call, and cost about half as much again per collective in
+ * benchmarks/profiler_cost.py). AUTOTUNE_NCCL_PROFILER_SAMPLE=N records every Nth collective of
+ * each communicator (default 1: all); the others are counted (sampled_out) and cost a counter.
  *
  * AUTOTUNE_NCCL_PROFILER_CHAIN=<another profiler plugin> loads that one too and forwards every
  * call to it (_profiler_chain.c): its events, contexts and handles are its own, its activation
@@ -461,16 +462,22 @@ static ap_phase *as_phase(void *h, ap_coll **coll) {
     return (ap_phase *)h;
 }
 
-/* The chained profiler's handle for one of ours (a foreign handle is its own already). */
-static void *chained_of(void *h) {
+/* Where one of our handles (a collective, channel or phase) keeps the chained profiler's handle
+ * of the same event; NULL for a handle that is not ours. */
+static void **chained_slot(void *h) {
     ap_coll *c;
-    if (h == NULL || h == AP_SKIP) return NULL;
-    if ((c = as_coll(h)) != NULL) return c->chained;
+    if ((c = as_coll(h)) != NULL) return &c->chained;
     ap_chan *k = as_chan(h, &c);
-    if (k != NULL) return k->chained;
+    if (k != NULL) return &k->chained;
     ap_phase *ph = as_phase(h, &c);
-    if (ph != NULL) return ph->chained;
-    return h;
+    return ph != NULL ? &ph->chained : NULL;
+}
+
+/* The chained profiler's handle for `h` (a handle that is not ours is its own already). */
+static void *chained_of(void *h) {
+    if (h == NULL || h == AP_SKIP) return NULL;
+    void **slot = chained_slot(h);
+    return slot != NULL ? *slot : h;
 }
 
 /* Add the time since `since` to a timed collective's cost (an untimed one reads no clock). */
@@ -767,31 +774,27 @@ static ncclResult_t ap_record_state(void *handle, int state, void *args) {
     ap_coll *c;
     ap_chan *k = NULL;
     ap_phase *ph = NULL;
-    void *chained = handle;
-    if (as_coll(handle) != NULL) {
-        chained = ((ap_coll *)handle)->chained;
-    } else if ((k = as_chan(handle, &c)) != NULL) {
+    if ((k = as_chan(handle, &c)) != NULL) {
         if (atomic_load(&c->refs) == 0) {
             bump(g_orphans);
             return AP_SUCCESS;
         }
-        chained = k->chained;
         if (state == AP_STATE_KERNEL_CH_STOP && args != NULL) {
             uint64_t since = clock_for(c);
             atomic_store(&k->stop, *(const uint64_t *)args); /* kernelCh.pTimer: the union's first */
             charge(c, since);
         }
     } else if ((ph = as_phase(handle, &c)) != NULL) {
-        chained = ph->chained;
         if (state == AP_STATE_KERNEL_PHASE_STOP && args != NULL) {
             uint64_t since = clock_for(c);
             atomic_store(&ph->stop, *(const uint64_t *)args); /* kernelCh.pTimer, shared (v7) */
             charge(c, since);
         }
-    } else if (chain_version() == 0) {
+    } else if (as_coll(handle) == NULL && chain_version() == 0) {
         if (state == AP_STATE_KERNEL_CH_STOP) bump(g_orphans);
         return AP_SUCCESS;
     }
+    void *chained = chained_of(handle);
     if (chained != NULL && chain_knows_state(state)) chain_record(chained, state, args);
     return AP_SUCCESS;
 }
@@ -822,7 +825,8 @@ static ncclResult_t init_comm(void **ctx, int *mask, int version, const chain_co
     slot->nranks = a->nranks;
     slot->nnodes = a->nnodes;
     slot->log = a->log;
-    atomic_store(&slot->colls, 0);
+    atomic_store(&slot->colls, 0); /* a slot a finalised communicator left counts afresh */
+    atomic_store(&slot->recorded, 0);
     slot->chain_ctx = NULL;
     slot->chain_mask = 0;
     if (chain_init(version, &slot->chain_ctx, &slot->chain_mask, a) == 0 && mask != NULL)
@@ -971,15 +975,10 @@ static ncclResult_t start_event(void *ctx, void **handle, uint64_t type, void **
         theirs = chain_start(comm->chain_ctx, descr, parent_slot, chained_of(parent));
     else if (!mine)
         bump(g_ignored);
-    ap_coll *c;
-    ap_chan *k;
-    ap_phase *ph;
     if (ours == NULL || ours == AP_SKIP) {
         *handle = theirs != NULL ? theirs : ours;
     } else {
-        if ((c = as_coll(ours)) != NULL) c->chained = theirs;
-        else if ((k = as_chan(ours, &c)) != NULL) k->chained = theirs;
-        else if ((ph = as_phase(ours, &c)) != NULL) ph->chained = theirs;
+        *chained_slot(ours) = theirs;
         *handle = ours;
     }
     return AP_SUCCESS;

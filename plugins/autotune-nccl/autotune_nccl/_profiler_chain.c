@@ -22,6 +22,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,12 +58,18 @@ static const chain_api *g_api; /* the struct forwarded to */
 static _Atomic int g_version; /* its version (0: no chain) */
 static _Atomic uint64_t g_forwarded, g_failures;
 static _Atomic int g_logged;
+static _Atomic ap_logger_t g_log; /* NCCL's logger, from the first communicator that gave one */
 
-static void complain(ap_logger_t log, const char *fmt, const char *a, const char *b) {
+__attribute__((format(printf, 2, 3))) static void complain(ap_logger_t log, const char *fmt,
+                                                           ...) {
     atomic_fetch_add(&g_failures, 1);
     if (atomic_exchange(&g_logged, 1)) return;
+    if (log == NULL) log = atomic_load(&g_log);
     char msg[512];
-    snprintf(msg, sizeof msg, fmt, a, b);
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(msg, sizeof msg, fmt, args);
+    va_end(args);
     if (log != NULL)
         log(2 /* NCCL_LOG_WARN */, 1 /* NCCL_INIT */, __FILE__, __LINE__,
             "autotune profiler: chained profiler: %s (autotune's profiling goes on)", msg);
@@ -92,13 +99,13 @@ static void open_library(ap_logger_t log) {
             any = 1;
         }
     }
-    if (!any)
-        complain(log, "%s exports no ncclProfiler_v3 to _v7 %s", path, "with every function set");
+    if (!any) complain(log, "%s exports no ncclProfiler_v3 to _v7 with every function set", path);
 }
 
 int chain_bind(int nccl_version, ap_logger_t log) {
     if (nccl_version < 3 || nccl_version > 7) return 0;
     pthread_mutex_lock(&g_lock);
+    if (atomic_load(&g_log) == NULL) atomic_store(&g_log, log);
     if (!g_tried) {
         g_tried = 1;
         open_library(log);
@@ -111,10 +118,8 @@ int chain_bind(int nccl_version, ap_logger_t log) {
                 g_api = g_exported[at];
                 atomic_store(&g_version, at);
             } else {
-                char got[16];
-                snprintf(got, sizeof got, "v%d", nccl_version);
-                complain(log, "it exports no profiler that NCCL's %s calls can be passed to%s",
-                         got, nccl_version >= 5 ? " (v5 or newer, up to NCCL's)" : "");
+                complain(log, "it exports no profiler that NCCL's v%d calls can be passed to%s",
+                         nccl_version, nccl_version >= 5 ? " (v5 or newer, up to NCCL's)" : "");
             }
         }
     } else if (nccl_version != g_for_nccl && g_api != NULL) {
@@ -140,10 +145,7 @@ int chain_init(int nccl_version, void **ctx, int *mask, const chain_comm_args *a
         rc = ((init5_fn)g_api->init)(ctx, a->comm_id, mask, a->name, a->nnodes, a->nranks,
                                      a->rank, a->log);
     if (rc != 0) {
-        char code[16];
-        snprintf(code, sizeof code, "%d", rc);
-        complain(a->log, "its init returned %s%s; this communicator goes on without it", code,
-                 "");
+        complain(a->log, "its init returned %d; this communicator goes on without it", rc);
         *ctx = NULL;
         *mask = 0;
         return -1;
@@ -169,7 +171,7 @@ int chain_knows_state(int state) {
 
 static void counted(int rc, const char *call) {
     atomic_fetch_add_explicit(&g_forwarded, 1, memory_order_relaxed);
-    if (rc != 0) complain(NULL, "its %s returned an error%s", call, "");
+    if (rc != 0) complain(NULL, "its %s returned an error", call);
 }
 
 void *chain_start(void *ctx, void *descr, void **parent_slot, void *parent) {

@@ -105,6 +105,27 @@ def test_every_16th_record_of_a_communicator_carries_what_it_cost_nccls_threads(
     comm.finalize()
 
 
+def test_a_communicator_in_a_finalised_ones_slot_counts_its_timed_collectives_afresh(
+    prof: Profiler,
+) -> None:
+    first = ProfiledComm("v6", comm_id=0x736)
+    for _ in range(5):
+        first.collective("AllReduce", 1024)
+    first.finalize()
+    # The library takes free slots first: open communicators until one gets the finalised slot.
+    opened = []
+    while not opened or opened[-1].ctx.value != first.ctx.value:
+        opened.append(ProfiledComm("v6", comm_id=0x737))
+        assert len(opened) <= 256, "the finalised slot was never reused"
+    prof.drain()
+    again = opened[-1]
+    for _ in range(17):
+        again.collective("AllReduce", 1024)
+    assert [r.seq for r in prof.drain() if r.cost_ns > 0] == [0, 16]
+    for comm in opened:
+        comm.finalize()
+
+
 SAMPLED = """
 import json
 from autotune_nccl import Profiler
