@@ -167,7 +167,7 @@ class NcclMetrics(Collector):
             "plugin, a chained profiler's not included).",
             labels=names,
         )
-        cost.add_metric(values, c.records, c.cost_s)
+        cost.add_metric(values, c.timed, c.cost_s)
         yield from (variants, phases, cost)
 
     def _profiler_families(

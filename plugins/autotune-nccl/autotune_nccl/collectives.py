@@ -31,11 +31,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from autotune_nccl import Prediction
-from autotune_nccl.profiler import Record
+from autotune_nccl.profiler import PHASES, Record
 
 __all__ = [
     "KERNEL_BUCKETS_S",
-    "PHASES",
     "Cell",
     "Collectives",
     "Regret",
@@ -54,8 +53,6 @@ WINDOW = 64
 #: Measurements a cell needs before it counts towards the regret.
 MIN_SAMPLES = 3
 _GATHERED = ("AllGather", "ReduceScatter")
-#: NCCL's kernel phases (profiler v7's phaseId 0, 1, 2).
-PHASES = ("initial_sync", "compute", "final_sync")
 _PROTOCOLS = {"LL": "LL", "LL128": "LL128", "SIMPLE": "Simple"}
 
 
@@ -153,7 +150,7 @@ class Collectives:
         #: (collective, size class, kernel variant, phase) -> [seconds, count]: symmetric kernels
         self.phases: dict[tuple[str, int, str, str], list[float]] = {}
         self.cost_s = 0.0  # the plugin's own time for the records it timed, summed
-        self.records = 0  # records whose cost was timed
+        self.timed = 0  # records whose cost was timed
         self._predictions: dict[tuple[str, int], list[Prediction]] = {}
         self._ranks: set[int] = set()  # the rank counts the predictions are for
 
@@ -167,7 +164,7 @@ class Collectives:
             self.versions.add(r.version)
             self.clocks[r.clock] = self.clocks.get(r.clock, 0) + 1
             if r.cost_ns > 0:  # timed: every 16th of a communicator
-                self.records += 1
+                self.timed += 1
                 self.cost_s += r.cost_ns / 1e9
             self._add_v7(r)
             if r.kernel_ns <= 0:

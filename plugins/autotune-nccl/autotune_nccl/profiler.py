@@ -19,10 +19,12 @@ from dataclasses import dataclass
 
 from autotune_nccl._library import library_path
 
-__all__ = ["CLOCKS", "Profiler", "ProfilerStats", "Record"]
+__all__ = ["CLOCKS", "PHASES", "Profiler", "ProfilerStats", "Record"]
 
 #: How a record's kernel time was taken: none (no channel stopped), NCCL's GPU timer, the host.
 CLOCKS = ("none", "gpu", "host")
+#: NCCL's kernel phases (profiler v7's phaseId 0, 1, 2): the order of `Record.phase_ns`.
+PHASES = ("initial_sync", "compute", "final_sync")
 _BATCH = 256
 _STALE_NS = 10_000_000_000  # AP_STALE_NS
 

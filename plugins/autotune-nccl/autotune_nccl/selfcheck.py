@@ -26,9 +26,6 @@ from collections.abc import Callable
 TUNER_RELEASES = {"v2": "2.21", "v3": "2.22", "v4": "2.24", "v5": "2.28", "v6": "2.30",
                   "v7": "2.31"}  # fmt: skip
 PROFILER_RELEASES = {"v3": "2.26", "v4": "2.27", "v5": "2.28", "v6": "2.29", "v7": "2.31"}
-#: The played v7 all-reduce's phases, per channel: (start, stop) GPU timers in ns.
-PHASES = [[(1_000, 3_000), (3_000, 30_000), (30_000, 41_000)],
-          [(3_000, 4_000), (4_000, 45_000), (45_000, 52_000)]]  # fmt: skip
 
 
 def check_tuner(version: str) -> str:
@@ -74,7 +71,7 @@ def check_tuner(version: str) -> str:
 
 def check_profiler(version: str) -> str:
     from autotune_nccl import Profiler
-    from autotune_nccl.played.profiler import ProfiledComm
+    from autotune_nccl.played.profiler import SYMMETRIC_PHASES, ProfiledComm
 
     profiler = Profiler()
     profiler.drain()
@@ -83,7 +80,7 @@ def check_profiler(version: str) -> str:
     timers = [(1_000, 41_000), (3_000, 52_000)]
     if v7:
         played = comm.collective(
-            "AllReduce", 1 << 18, timers=timers, phases=PHASES, variant="selfcheck",
+            "AllReduce", 1 << 18, timers=timers, phases=SYMMETRIC_PHASES, variant="selfcheck",
             symmetric=True, tag=7,
         )  # fmt: skip
     else:

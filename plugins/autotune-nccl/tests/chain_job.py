@@ -12,11 +12,7 @@ import json
 import sys
 
 from autotune_nccl import Profiler
-from autotune_nccl.played.profiler import ProfiledComm
-
-#: Per channel, each phase's GPU timers (v7 only).
-PHASES = [[(1_000, 3_000), (3_000, 30_000), (30_000, 41_000)],
-          [(3_000, 4_000), (4_000, 45_000), (45_000, 52_000)]]  # fmt: skip
+from autotune_nccl.played.profiler import SYMMETRIC_PHASES, ProfiledComm
 
 
 class Entry(ctypes.Structure):
@@ -37,7 +33,7 @@ def main(version: str, comms: int, second: str | None) -> None:
     for i in range(comms):
         comm = ProfiledComm(version, comm_id=0xC4A1 + i)
         masks.append(comm.mask)
-        phases = PHASES if version == "v7" else None
+        phases = SYMMETRIC_PHASES if version == "v7" else None
         kw = {"variant": "AllReduce_Sum_f32_RING_LL", "symmetric": True} if phases else {}
         comm.collective("AllReduce", 1 << 18, phases=phases, **kw)  # type: ignore[arg-type]
         comm.finalize()

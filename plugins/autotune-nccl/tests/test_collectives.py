@@ -21,7 +21,7 @@ from autotune.comm.nccl_feed import NcclFeed, PluginLibrary, nccl_source
 from autotune.metrics import NcclMetrics
 from autotune_nccl import Profiler, Tuner, library_path
 from autotune_nccl.collectives import Collectives, bus_factor, size_class
-from autotune_nccl.played.profiler import ProfiledComm
+from autotune_nccl.played.profiler import SYMMETRIC_PHASES, ProfiledComm
 from autotune_nccl.played.tuner import LL, RING, SIMPLE, TREE, NcclComm, nccl_table, v6
 
 
@@ -226,10 +226,10 @@ def test_v7s_variant_symmetric_flag_phases_and_the_profilers_cost_are_series(
 ) -> None:
     del plugins  # the fixture: a clean profiler and tuner
     comm = ProfiledComm("v7", comm_id=0x79, nranks=4)
-    phases = [[(1_000, 3_000), (3_000, 30_000), (30_000, 41_000)],
-              [(3_000, 4_000), (4_000, 45_000), (45_000, 52_000)]]  # fmt: skip
     for _ in range(2):
-        comm.collective("AllReduce", 1 << 18, phases=phases, variant="sym_ld", symmetric=True)
+        comm.collective(
+            "AllReduce", 1 << 18, phases=SYMMETRIC_PHASES, variant="sym_ld", symmetric=True
+        )
     comm.collective("AllReduce", 1 << 18, variant="ring_ll", symmetric=False, algo="RING")
     feed = NcclFeed(PluginLibrary())
     metrics = NcclMetrics(feed, {"rank": "0"})

@@ -15,12 +15,18 @@ from typing import Any
 
 import pytest
 
-from autotune_nccl.played.profiler import COLL, KERNEL_CH, KERNEL_PHASE, PROXY_OP
+from autotune_nccl.played.profiler import (
+    COLL,
+    KERNEL_CH,
+    KERNEL_PHASE,
+    PROXY_OP,
+    SYMMETRIC_PHASES,
+)
 
 HERE = Path(__file__).resolve().parent
 START, STOP, RECORD, FINALIZE = 1, 2, 3, 4
 OURS = COLL | KERNEL_CH
-#: The played all-reduce's phases (chain_job.PHASES): each phase's longest channel.
+#: The played all-reduce's phases (SYMMETRIC_PHASES): each phase's longest channel.
 PHASE_NS = [2_000, 41_000, 11_000]
 
 
@@ -87,7 +93,8 @@ def test_every_event_reaches_the_chained_profiler_with_its_own_handles(
     ] * 3
     records = [(e["state"], e["timer"]) for e in log if e["call"] == RECORD]
     assert sorted(records) == sorted(
-        [(22, 41_000), (22, 52_000)] + [(31, stop) for ch in (0, 1) for _, stop in PHASES[ch]]
+        [(22, 41_000), (22, 52_000)]
+        + [(31, stop) for ch in (0, 1) for _, stop in SYMMETRIC_PHASES[ch]]
     )
     handles = {e["handle"] for e in log if e["call"] == START}
     stopped = [e["handle"] for e in log if e["call"] == STOP]
@@ -97,11 +104,6 @@ def test_every_event_reaches_the_chained_profiler_with_its_own_handles(
     assert s["chained"] == len(log) - 1  # every call but its init, counted
     assert (s["chain_version"], s["chain_failures"], s["orphans"], s["ignored"]) == (7, 0, 0, 0)
     assert got["stderr"] == []
-
-
-#: chain_job.PHASES, for the expected stop timers.
-PHASES = [[(1_000, 3_000), (3_000, 30_000), (30_000, 41_000)],
-          [(3_000, 4_000), (4_000, 45_000), (45_000, 52_000)]]  # fmt: skip
 
 
 def test_a_chained_v5_profiler_under_nccl_2_31_gets_what_v5_knows(second: dict[str, str]) -> None:

@@ -17,13 +17,10 @@ import pytest
 from autotune_nccl import Profiler
 from autotune_nccl.played.profiler import (
     KERNEL_PHASE_STOP,
+    SYMMETRIC_PHASES,
     VERSIONS,
     ProfiledComm,
 )
-
-#: Per channel, each phase's GPU timers: initial sync, compute, final sync.
-PHASES = [[(1_000, 3_000), (3_000, 30_000), (30_000, 41_000)],
-          [(3_000, 4_000), (4_000, 45_000), (45_000, 52_000)]]  # fmt: skip
 
 
 @pytest.fixture
@@ -41,7 +38,7 @@ def test_v7_records_the_variant_the_symmetric_flag_the_tag_and_each_phase(prof: 
     comm = ProfiledComm("v7", comm_id=0x731, nranks=8)
     variant = "AllReduce_Sum_bf16_SYM_LD"
     played = comm.collective(
-        "AllReduce", 1 << 20, dtype="ncclBfloat16", phases=PHASES, variant=variant,
+        "AllReduce", 1 << 20, dtype="ncclBfloat16", phases=SYMMETRIC_PHASES, variant=variant,
         symmetric=True, tag=0x5EED,
     )  # fmt: skip
     [r] = prof.drain()

@@ -12,13 +12,16 @@ from dataclasses import dataclass
 
 from autotune_nccl._library import library_path
 from autotune_nccl.played import ok
+from autotune_nccl.profiler import PHASES
 
 GROUP, COLL, PROXY_OP, KERNEL_CH = 1 << 0, 1 << 1, 1 << 3, 1 << 6
 KERNEL_PHASE = 1 << 15  # ncclProfileKernelPhase (v7)
 KERNEL_CH_STOP = 22  # ncclProfilerKernelChStop
 KERNEL_PHASE_STOP = 31  # ncclProfilerKernelPhaseStop (v7)
-#: NCCL's phase names, by phaseId.
-PHASES = ("initial_sync", "compute", "final_sync")
+#: A symmetric all-reduce's phases as the checks play them: per channel of two, each phase's
+#: (start, stop) GPU timers in ns, within the channel's (1_000, 41_000) and (3_000, 52_000).
+SYMMETRIC_PHASES = [[(1_000, 3_000), (3_000, 30_000), (30_000, 41_000)],
+          [(3_000, 4_000), (4_000, 45_000), (45_000, 52_000)]]  # fmt: skip
 VERSIONS = ("v3", "v4", "v5", "v6", "v7")
 #: The NCCL release that loads each symbol first (its newest profiler).
 NCCL_OF = {"v3": "2.26", "v4": "2.27", "v5": "2.28", "v6": "2.30", "v7": "2.31"}
