@@ -110,7 +110,7 @@ def test_a_communicator_in_a_finalised_ones_slot_counts_its_timed_collectives_af
         first.collective("AllReduce", 1024)
     first.finalize()
     # The library takes free slots first: open communicators until one gets the finalised slot.
-    opened = []
+    opened: list[ProfiledComm] = []
     while not opened or opened[-1].ctx.value != first.ctx.value:
         opened.append(ProfiledComm("v6", comm_id=0x737))
         assert len(opened) <= 256, "the finalised slot was never reused"
