@@ -52,7 +52,7 @@ T=tests/algorithms/test_cuda.py
 # with room. setup: the wheels, the plugins' build, NCCL unpacked and checked.
 declare -A CAP=(
     [setup]=40 [nccl-tests]=90 [example-nccl]=60 [gain-nccl]=170 [plugins]=80 [env]=30
-    [tests]=150 [example]=150 [gain-resnet]=170 [gain-gloo]=280 [faults-nccl]=240
+    [tests]=150 [example]=150 [gain-resnet]=170 [gain-gloo]=280 [faults-nccl]=150
 )
 DEFAULT=(nccl-tests example-nccl gain-nccl plugins env)
 ALL=(nccl-tests example-nccl gain-nccl plugins env tests example gain-resnet gain-gloo faults-nccl)
@@ -223,7 +223,7 @@ example_phase() {
 }
 
 faults_phase() {  # NCCL's watchdog against autotune's fault contract, 2 ranks
-    two_nccl_ranks capped 240 "$PY" benchmarks/faults.py --nccl 2>&1 | tee "$WORK/faults-nccl.md"
+    two_nccl_ranks capped 150 "$PY" benchmarks/faults.py --nccl 2>&1 | tee "$WORK/faults-nccl.md"
 }
 
 run_phase() {

@@ -2,8 +2,10 @@
 
 The parent owns the rendezvous store on a free port it picks itself (no port race), and collects
 each rank's return value or traceback; a rank that hangs is killed at the deadline, after it
-prints where each of its threads was (Python's faulthandler, on SIGUSR1, to its stderr). A
-launcher that is interrupted ends its ranks; one killed outright takes them with it (`_end_with`).
+prints where each of its threads was (Python's faulthandler, on SIGUSR1, to its stderr). A rank
+keeps what its function returned or raised before it tears its process group down: on NCCL,
+after a failure, teardown waits for the watchdog that ends the process. A launcher that is
+interrupted ends its ranks; one killed outright takes them with it (`_end_with`).
 """
 
 from __future__ import annotations
@@ -149,20 +151,28 @@ def _child(
             # Stamp the failure before teardown: closing our connections is what makes the
             # other ranks fail, and the report must name this rank as the first.
             result = ("error", traceback.format_exc(), time.time())
+        # Kept before teardown too: after a failed operation, NCCL's watchdog ends the process
+        # while destroy_process_group waits for it (`autotune.testing.played_nccl`).
+        _keep(result, out)
         if dist.is_initialized():  # frameworks destroy it themselves (accelerator.end_training)
             dist.destroy_process_group()
     except BaseException:
         if result is None or result[0] == "ok":  # keep the first error, not teardown's
             result = ("error", traceback.format_exc(), time.time())
     assert result is not None
-    tmp = f"{out}.tmp"
-    with open(tmp, "wb") as f:
-        pickle.dump(result, f)
-    os.replace(tmp, out)
+    _keep(result, out)
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip interpreter teardown: a rank whose peer died can otherwise block in gloo's destructors.
     os._exit(0 if result[0] == "ok" else 1)
+
+
+def _keep(result: tuple[str, Any, float], out: str) -> None:
+    """Write ``result`` where the launcher reads it, whole or not at all."""
+    tmp = f"{out}.tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump(result, f)
+    os.replace(tmp, out)
 
 
 def launch(
@@ -247,7 +257,7 @@ def launch(
         killed = _end(procs, stacks=first_failure is None)
         results = []
         for r, p in enumerate(procs):
-            if r in killed:
+            if r in killed and not os.path.exists(outs[r]):
                 why = "timeout" if first_failure is None else "grace period after a peer failed"
                 results.append(
                     RankResult(r, error=f"killed: still running at the {why}", exitcode=p.exitcode)

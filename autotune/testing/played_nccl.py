@@ -32,6 +32,19 @@ communicators concurrently"):
   a played future completes when the data is there, and ``wait()`` without a timeout blocks
   (``WorkNCCL::wait`` makes the current stream wait instead).
 
+- **A failed operation ends the process.** ProcessGroupNCCL's watchdog thread polls every
+  work (``kWatchdogThreadSleepMillis``, 100 ms); once one has failed or timed out (a timed
+  ``wait`` that ran out counts: it sets the work's exception), it waits four times
+  ``TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC`` (15 000 by default: a minute) for the flight
+  recorder's dump, then throws from its own thread, which ends the process (SIGABRT), unless
+  ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` is 0 (no handling) or 2 (clean up only); the default, 3,
+  tears down. ``destroy_process_group`` waits for the watchdog meanwhile: a rank whose job
+  ended on a failure does not exit on its own. Seen on an H200 (docs/BENCHMARKS.md, "On a
+  GPU"): a survivor that had its error sat in ``destroy_process_group`` until the watchdog
+  ended it 60 s after the failure, and its result was lost (`autotune.comm.launch` now keeps
+  a rank's result before teardown). `PlayedWork` reports each failure to a played watchdog
+  (`ends_at`) that does the same; a failure gloo would never see is not played.
+
 Launches can be jittered (``jitter_s``: a random sleep before each, seeded per rank), so that
 races between a rank's threads resolve differently on different ranks, as timing does on a
 GPU machine: what the order check exists to catch.
@@ -71,6 +84,7 @@ __all__ = [
     "OrderError",
     "PlayedGroup",
     "PlayedWork",
+    "ends_at",
     "final_check",
     "install",
     "launches",
@@ -166,6 +180,7 @@ class _Order:
     def launch(self, comm: str, members: Sequence[int], op: str, nbytes: int = 0,
                sends: tuple[tuple[int, int], ...] = (),
                recvs: tuple[tuple[int, int], ...] = ()) -> None:  # fmt: skip
+        _ABORTS.refuse(comm)
         if self._jitter:
             time.sleep(self._random.uniform(0.0, self._jitter))
         with self.lock:
@@ -232,6 +247,101 @@ class _Order:
 
 _ORDER = _Order()
 
+#: ProcessGroupNCCL's settings the played watchdog reads, as the real one does.
+ERROR_HANDLING_ENV = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+DUMP_WAIT_ENV = "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC"
+#: The watchdog's poll of its works (``kWatchdogThreadSleepMillis``).
+WATCHDOG_POLL_S = 0.1
+
+
+class _Watchdog:
+    """The process's end after a failed operation, as ProcessGroupNCCL's watchdog plays it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ends_at: float | None = None  # time.monotonic() of the process's end, once doomed
+
+    def failed(self, what: str, error: BaseException) -> None:
+        mode = int(os.environ.get(ERROR_HANDLING_ENV, "") or 3)
+        if mode in (0, 2):  # NoHandling, CleanUpOnly: the process lives on
+            return
+        dump_s = int(os.environ.get(DUMP_WAIT_ENV, "") or 15_000) / 1000
+        with self.lock:
+            if self.ends_at is not None:
+                return
+            self.ends_at = time.monotonic() + WATCHDOG_POLL_S + 4 * dump_s
+        threading.Thread(
+            target=self._end, args=(what, error), name="played-nccl-watchdog", daemon=True
+        ).start()
+
+    def _end(self, what: str, error: BaseException) -> None:
+        assert self.ends_at is not None
+        time.sleep(max(0.0, self.ends_at - time.monotonic()))
+        os.write(
+            2,
+            (
+                f"[played NCCL] watchdog: {what} failed ({error!r}); to avoid data "
+                "inconsistency, we are taking the entire process down.\n"
+            ).encode(),
+        )
+        os.abort()
+
+    def hold(self) -> None:
+        """Where the process is doomed, wait for its end (``destroy_process_group``)."""
+        if self.ends_at is not None:
+            time.sleep(max(0.0, self.ends_at - time.monotonic()) + 60.0)
+
+
+_WATCHDOG = _Watchdog()
+
+
+class _Aborts:
+    """Communicators aborted after a timed wait ran out, by any rank (in the store).
+
+    On this rank an aborted communicator refuses every later launch. A peer's operation on it
+    never completes on a GPU (its kernel waits for a rank that left): played as a wait that
+    runs out at its timeout, or at the group's where it has none, whatever gloo carried."""
+
+    def __init__(self) -> None:
+        self.mine: set[str] = set()
+
+    def abort(self, comm: str) -> None:
+        self.mine.add(comm)
+        store = _ORDER.store
+        if store is not None:
+            store.set(f"played_nccl/aborted/{comm}", str(_ORDER.rank))
+
+    def refuse(self, comm: str) -> None:
+        if comm in self.mine:
+            raise dist.DistBackendError(
+                f"[played NCCL] communicator {comm} was aborted on rank {_ORDER.rank} (a timed "
+                "wait ran out): nothing more runs on it"
+            )
+
+    def check(self, comm: str, began: float, timeout: timedelta) -> None:
+        store = _ORDER.store
+        key = f"played_nccl/aborted/{comm}"
+        if store is None or comm in self.mine or not store.check([key]):
+            return
+        wait_s = timeout.total_seconds() if timeout else _GROUP_TIMEOUTS.get(comm, 600.0)
+        time.sleep(max(0.0, began + wait_s - time.monotonic()))
+        raise _TimedOut(
+            f"[played NCCL] an operation on {comm}, whose communicator rank "
+            f"{store.get(key).decode()} aborted: Work ran for {wait_s * 1000:.0f} milliseconds "
+            f"before timing out (wait timeout {timeout})."
+        )
+
+
+_ABORTS = _Aborts()
+#: Each played group's timeout (``init_process_group``'s or ``new_group``'s), by its name.
+_GROUP_TIMEOUTS: dict[str, float] = {}
+
+
+def ends_at() -> float | None:
+    """When the played watchdog ends this process (`time.monotonic`), or None: no failure yet,
+    or ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` says it lives on."""
+    return _WATCHDOG.ends_at
+
 
 def launches() -> list[Launch]:
     """This process's launches on played communicators, in order (for tests)."""
@@ -242,12 +352,14 @@ def launches() -> list[Launch]:
 class PlayedWork(dist.Work):
     """One NCCL Work: an operation, or a whole coalesced batch, carried by gloo's works."""
 
-    def __init__(self, inner: list[dist.Work], what: str) -> None:
+    def __init__(self, inner: list[dist.Work], what: str, comm: str) -> None:
         super().__init__()
         self._inner = inner
         self._what = what
+        self._comm = comm
         self._began = time.monotonic()
         self._waited = 0  # the inner works waited for so far, in order
+        self._error: RuntimeError | None = None  # a timed wait ran out: the work stays failed
 
     def is_completed(self) -> bool:
         return self._waited == len(self._inner) or all(w.is_completed() for w in self._inner)
@@ -258,11 +370,20 @@ class PlayedWork(dist.Work):
         complete only when waited for, so they are waited on, with what is left of the
         timeout, rather than polled.)"""
         _ORDER.check()
+        if self._error is not None:
+            raise self._error
         try:
             self._wait(timeout)
-        except _TimedOut:
+            _ABORTS.check(self._comm, self._began, timeout)
+        except _TimedOut as exc:
+            # WorkNCCL::synchronizeInternal: the communicator is aborted, the work keeps its
+            # exception, and the watchdog will end the process.
+            self._error = exc
+            _ABORTS.abort(self._comm)
+            _WATCHDOG.failed(self._what, exc)
             raise
-        except RuntimeError:
+        except RuntimeError as exc:
+            _WATCHDOG.failed(self._what, exc)
             # A peer that saw the launches diverge has failed and gone, and gloo says only that
             # its connection closed: the divergence is the job's failure, where there is one.
             _ORDER.check(wait_s=2.0)
@@ -293,10 +414,18 @@ class PlayedWork(dist.Work):
     def get_future(self) -> torch.futures.Future[Any]:
         """Complete once the data is there (see the module's last rule), with the operation's
         tensors; for a batch, once every operation is."""
-        if len(self._inner) == 1:
-            return self._inner[0].get_future()
         futures = [w.get_future() for w in self._inner]
+        for future in futures:  # the watchdog sees a work fail whoever waits on it
+            future.add_done_callback(self._watch)
+        if len(futures) == 1:
+            return futures[0]
         return torch.futures.collect_all(futures).then(lambda f: [x.value() for x in f.value()])
+
+    def _watch(self, future: torch.futures.Future[Any]) -> None:
+        try:
+            future.value()
+        except Exception as exc:
+            _WATCHDOG.failed(self._what, exc)
 
 
 def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
@@ -312,6 +441,7 @@ class PlayedGroup(dist.ProcessGroup):
             options.store, options.group_rank, options.group_size, options.timeout
         )
         self.comm = str(options.group_id)
+        _GROUP_TIMEOUTS[self.comm] = options.timeout.total_seconds()
         # Global ranks (torch leaves the list empty for the default group: all of them).
         members = [int(r) for r in options.global_ranks_in_group]
         self.members = members or list(range(options.group_size))
@@ -333,7 +463,7 @@ class PlayedGroup(dist.ProcessGroup):
 
     def _launched(self, op: str, tensors: Sequence[torch.Tensor], work: dist.Work) -> PlayedWork:
         what = f"{op} of {_nbytes(tensors)} bytes on {self.comm}"
-        return PlayedWork([work], what)
+        return PlayedWork([work], what, self.comm)
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:  # type: ignore[override]
         _ORDER.launch(self.comm, self.members, "all_reduce", _nbytes(tensors))
@@ -355,7 +485,7 @@ class PlayedGroup(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> dist.Work:
         _ORDER.launch(self.comm, self.members, "barrier")
         work = self._inner.barrier(opts if opts is not None else BarrierOptions())
-        return PlayedWork([work], f"barrier on {self.comm}")
+        return PlayedWork([work], f"barrier on {self.comm}", self.comm)
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> dist.Work:
         return self._p2p(self._inner.send(tensors, dst, tag), sends=[(dst, _nbytes(tensors))])
@@ -381,7 +511,7 @@ class PlayedGroup(dist.ProcessGroup):
         # A lone send or receive is a launch of its own (ncclSend/ncclRecv outside a group).
         # gloo posts it before the check: its peer's matching operation may wait for it.
         _ORDER.launch(self.comm, self.members, "p2p", 0, tuple(sends), tuple(recvs))
-        return PlayedWork([work], f"point-to-point on {self.comm}")
+        return PlayedWork([work], f"point-to-point on {self.comm}", self.comm)
 
     def batch(self, run: Callable[[], None]) -> PlayedWork:
         """Run ``run`` (which posts sends and receives on this group) as one coalesced launch."""
@@ -393,10 +523,13 @@ class PlayedGroup(dist.ProcessGroup):
         finally:
             self._batch = None
         _ORDER.launch(self.comm, self.members, "p2p", 0, tuple(sends), tuple(recvs))
-        return PlayedWork(works, f"batch of {len(works)} point-to-point operations on {self.comm}")
+        return PlayedWork(
+            works, f"batch of {len(works)} point-to-point operations on {self.comm}", self.comm
+        )
 
 
 _original_batch = dist.batch_isend_irecv
+_original_destroy = dist.destroy_process_group
 
 
 def _batch_isend_irecv(p2p_op_list: list[dist.P2POp]) -> list[dist.Work]:
@@ -415,6 +548,12 @@ def _batch_isend_irecv(p2p_op_list: list[dist.P2POp]) -> list[dist.Work]:
     return [group.batch(post)]
 
 
+def _destroy_process_group(group: Any = None) -> None:
+    """``dist.destroy_process_group``, which waits for a doomed process's watchdog."""
+    _WATCHDOG.hold()
+    _original_destroy(group)
+
+
 def _create(options: Any, backend_options: Any) -> PlayedGroup:
     return PlayedGroup(options, backend_options)
 
@@ -425,8 +564,10 @@ def install() -> None:
     if not hasattr(dist.Backend, BACKEND.upper()):
         dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
     dist.batch_isend_irecv = _batch_isend_irecv
+    dist.destroy_process_group = _destroy_process_group
     rank = int(os.environ.get("RANK", "0"))
     _ORDER.reset(_store(), rank)
+    _ABORTS.mine.clear()
 
 
 def _store() -> dist.Store:

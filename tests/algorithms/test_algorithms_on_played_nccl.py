@@ -4,6 +4,7 @@ launch checked for one order on every rank. What test_cuda.py runs on a GPU, run
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 import pytest
@@ -22,6 +23,8 @@ from autotune.testing.conformance import (
 
 pytestmark = pytest.mark.distributed
 ON: dict[str, Any] = {"backend": played_nccl.BACKEND, "setup": played_nccl.install}
+#: NCCL's watchdog ends a rank 10 s after a failure here (4 x 2.5 s; a minute by default).
+QUICK_WATCHDOG = {played_nccl.DUMP_WAIT_ENV: "2500"}
 #: What runs on NCCL; one of NCCL's own algorithm x protocol cells stands for all (the played
 #: NCCL consults no tuner plugin: autotune-nccl's own tests play that).
 NAMES = runnable_on("nccl/cuda", algorithms_under_test())
@@ -65,11 +68,14 @@ def test_through_the_hook_the_gradients_are_ddps_own() -> None:
 @pytest.mark.parametrize("algorithm", ["ring", "native"])
 def test_a_dead_rank_is_named_to_every_survivor(algorithm: str) -> None:
     results = launch(
-        faulty_training, 3, algorithm, "exit", 2, 60.0, timeout_s=120, grace_s=60, **ON
-    )
+        faulty_training, 3, algorithm, "exit", 2, 60.0, timeout_s=120, grace_s=60,
+        env=QUICK_WATCHDOG, **ON,
+    )  # fmt: skip
     assert results[2].exitcode == 17
     for r in results[:2]:
         assert r.ok, r.error
+        # Each survivor had its PeerError, then NCCL's watchdog ended it, as on a GPU.
+        assert r.exitcode == -signal.SIGABRT, r
         fault = r.value
         assert (fault.step, fault.kind, fault.rank) == (5, "PeerError", 2), fault
         assert "rank 2 failed first (its process exited" in fault.message
@@ -77,9 +83,13 @@ def test_a_dead_rank_is_named_to_every_survivor(algorithm: str) -> None:
 
 def test_a_stalled_rank_fails_the_others_at_their_timeout_with_one_culprit() -> None:
     # NCCL's wait with a timeout blocks the host, then raises: the survivors give up at theirs.
-    results = launch(faulty_training, 3, "ring", "stall", 2, 4.0, timeout_s=120, grace_s=30, **ON)
+    results = launch(
+        faulty_training, 3, "ring", "stall", 2, 4.0, timeout_s=120, grace_s=30,
+        env=QUICK_WATCHDOG, **ON,
+    )  # fmt: skip
     survivors = [r.value for r in results[:2]]
     assert all(r.ok for r in results[:2]), [r.error for r in results[:2]]
+    assert [r.exitcode for r in results[:2]] == [-signal.SIGABRT] * 2
     for f in survivors:
         assert (f.kind, f.step) == ("PeerError", 5) and "0:00:04" in f.message, f
     assert survivors[0].rank == survivors[1].rank is not None

@@ -56,6 +56,20 @@ def test_deadline_kills_hung_ranks() -> None:
     assert all("killed" in (r.error or "") for r in results)
 
 
+def _returns_then_teardown_hangs(rank: int, world_size: int) -> int:
+    # As NCCL's does after a failed operation: destroy_process_group waits for the watchdog,
+    # which ends the process (autotune.testing.played_nccl).
+    dist.destroy_process_group = lambda *a, **k: time.sleep(600)
+    return rank * 10
+
+
+@pytest.mark.distributed
+def test_a_rank_whose_teardown_hangs_keeps_the_value_it_returned() -> None:
+    results = launch(_returns_then_teardown_hangs, 2, timeout_s=5)
+    assert [(r.value, r.error) for r in results] == [(0, None), (10, None)]
+    assert [r.exitcode for r in results] == [-signal.SIGKILL] * 2  # killed at the deadline
+
+
 def _hang_writing_stderr_to(rank: int, world_size: int, folder: str) -> None:
     err = os.open(Path(folder, f"stderr.{rank}"), os.O_WRONLY | os.O_CREAT)
     os.dup2(err, 2)  # where the rank's faulthandler writes (fd 2)

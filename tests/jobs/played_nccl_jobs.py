@@ -30,22 +30,28 @@ def one_work_per_batch(rank: int, world_size: int) -> dict[str, Any]:
     }
 
 
-def timed_wait_times_out(rank: int, world_size: int) -> tuple[str, bool]:
-    """Rank 1 comes to the all-reduce 3 s late; rank 0 waits for it with a 0.5 s timeout:
-    what it raised, and whether the all-reduce was still incomplete then."""
+def timed_wait_times_out(rank: int, world_size: int) -> dict[str, Any]:
+    """Rank 1 comes to the all-reduce 3 s late; rank 0 waits for it with a 0.5 s timeout, then
+    waits again and launches again; rank 1 waits with a 2 s timeout: what each saw."""
     if rank == 1:
         time.sleep(3.0)
     work = dist.all_reduce(torch.ones(4), async_op=True)
     assert work is not None
-    said, pending = "", False
+    seen: dict[str, Any] = {}
     try:
-        work.wait(timedelta(seconds=0.5) if rank == 0 else timedelta(seconds=30))
+        work.wait(timedelta(seconds=0.5) if rank == 0 else timedelta(seconds=2))
     except RuntimeError as exc:
         kind = "DistBackendError" if isinstance(exc, dist.DistBackendError) else "other"
-        said, pending = f"{kind}: {exc}", not work.is_completed()
+        seen["said"], seen["pending"] = f"{kind}: {exc}", not work.is_completed()
     if rank == 0:
-        work.wait()  # the peer came: the all-reduce ends on both ranks
-    return said, pending
+        relaunch = lambda: dist.all_reduce(torch.ones(1))  # noqa: E731
+        for what, again in (("again", work.wait), ("launch", relaunch)):
+            try:
+                again()
+            except RuntimeError as exc:
+                seen[what] = str(exc)
+        seen["ends_at"] = played_nccl.ends_at()
+    return seen
 
 
 def crossed_communicators(rank: int, world_size: int) -> None:

@@ -3,6 +3,7 @@ batch's one Work, the host blocked by a timed wait, and the one order of launche
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 import pytest
@@ -32,12 +33,33 @@ def test_a_coalesced_batch_returns_one_work_that_stands_for_each_operation() -> 
     assert got[0]["launch"] == ("p2p", ((1, 12), (1, 20)), ((1, 12), (1, 20)))
 
 
-def test_a_timed_wait_blocks_the_host_then_raises_as_nccls_does() -> None:
-    (said, pending), (peer_said, _) = run_local(timed_wait_times_out, 2, **ON)
-    assert said.startswith("DistBackendError: [played NCCL] all_reduce of 16 bytes")
-    assert "milliseconds before timing out (wait timeout 0:00:00.500000)" in said
-    assert pending  # it gave up at its timeout, while the peer had not come
-    assert peer_said == ""
+#: The watchdog's wait before it ends a process, 10 s here (4 x 2.5 s; a minute by default).
+QUICK_WATCHDOG = {played_nccl.DUMP_WAIT_ENV: "2500"}
+
+
+def test_a_timed_wait_blocks_the_host_then_aborts_and_the_watchdog_ends_the_process() -> None:
+    rank0, rank1 = launch(timed_wait_times_out, 2, env=QUICK_WATCHDOG, **ON)
+    assert rank0.ok and rank1.ok, (rank0.error, rank1.error)
+    seen = rank0.value
+    assert seen["said"].startswith("DistBackendError: [played NCCL] all_reduce of 16 bytes")
+    assert "milliseconds before timing out (wait timeout 0:00:00.500000)" in seen["said"]
+    assert seen["pending"]  # it gave up at its timeout, while the peer had not come
+    # The work keeps its exception; the communicator was aborted: nothing more runs on it.
+    assert seen["again"] == seen["said"].removeprefix("DistBackendError: ")
+    assert "was aborted on rank 0 (a timed wait ran out)" in seen["launch"]
+    # Its result kept, the rank ended as NCCL's watchdog ends it: SIGABRT, not its own exit.
+    assert seen["ends_at"] is not None and rank0.exitcode == -signal.SIGABRT
+    # The peer came late to a communicator rank 0 had aborted: on a GPU its kernel never ends.
+    assert "whose communicator rank 0 aborted" in rank1.value["said"], rank1.value
+    assert "(wait timeout 0:00:02)" in rank1.value["said"] and rank1.exitcode == -signal.SIGABRT
+
+
+@pytest.mark.parametrize("mode", ["0", "2"])
+def test_no_watchdog_teardown_where_error_handling_says_so(mode: str) -> None:
+    env = {**QUICK_WATCHDOG, played_nccl.ERROR_HANDLING_ENV: mode}
+    rank0, rank1 = launch(timed_wait_times_out, 2, env=env, **ON)
+    assert rank0.ok and rank0.value["said"] and rank0.value["ends_at"] is None
+    assert (rank0.exitcode, rank1.exitcode) == (0, 0)
 
 
 def test_launches_in_different_orders_fail_the_job_with_both_sequences() -> None:
