@@ -10,15 +10,11 @@ Example::
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
 import warnings
 import weakref
 from collections.abc import Callable
-from dataclasses import fields
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import torch
@@ -29,11 +25,8 @@ from torch.nn.parallel import DistributedDataParallel
 from autotune.algorithms import (
     AllReduceAlgorithm,
     PeerError,
-    agreed,
-    current_device,
     forget_p2p_group,
     get_algorithm,
-    get_algorithm_class,
     p2p_group,
 )
 from autotune.comm.faults import FailureBoard, release
@@ -45,13 +38,18 @@ from autotune.ddp.guard import Guard, guarded_group
 from autotune.ddp.kernel_clock import KernelClock
 from autotune.ddp.stats import Recorder, Summary, summarize
 from autotune.plan import BASELINE_CHOICE, Choice, Entry, Plan, Table, load_table
-from autotune.storage import elastic_attempt
+from autotune.setup_checks import (
+    fusion_bytes_at_start,
+    oversubscribed_here,
+    refuse_what_cannot_run,
+    shared_settings,
+    timeout,
+    warn_restart_on_shared_store,
+)
 from autotune.tuning import Tuner
 from autotune.tuning.status import Status, is_locked, is_settled, status
 from autotune.tuning.unhooked import Unhooking, bucket_tuner, catch_hooks, plan_file_buckets
-from autotune.util.cores import oversubscription, usable_cores
 from autotune.util.redact import redact
-from autotune.util.units import count
 
 if TYPE_CHECKING:
     from autotune.metrics import Exporter
@@ -106,7 +104,7 @@ class AutotuneState:
             raise ValueError("this rank is not a member of the process group given to autotune")
         self.process_group = group
         self.world_size = dist.get_world_size(group)
-        _warn_restart_on_shared_store()
+        warn_restart_on_shared_store()
         #: Where the ranks agree on setup and on who failed first.
         self.board = FailureBoard(group, timeout_s=Config.timeout_s)
         # Every rank says it is ready, or why not, before anyone waits on a collective: a rank
@@ -122,7 +120,7 @@ class AutotuneState:
         except BaseException as exc:
             self.board.agree("config", exc, {})
             raise
-        self.board.agree("config", None, _shared(self.config, table))
+        self.board.agree("config", None, shared_settings(self.config, table))
         self.recorder = Recorder()
         self._algorithms: dict[str, AllReduceAlgorithm] = {}
         #: The live tuner ("auto" without a plan file), else None.
@@ -148,7 +146,7 @@ class AutotuneState:
             world_size=self.world_size,
             plan=Plan(self._initial_plan()),
             algorithm_for=self._algorithm,
-            fusion_bytes=_fusion_bytes(self.config, table),
+            fusion_bytes=fusion_bytes_at_start(self.config, table),
             diagnose=self._diagnose,
             clock=self.clock,
         )
@@ -159,8 +157,8 @@ class AutotuneState:
             # Made now, collectively, rather than inside the first backward on the autograd
             # thread; every collective step comes before any step that may fail on one rank.
             # A channel of this state's own: another hooked model's messages never share it.
-            self.engine.channel = p2p_group(group, _timeout(self.config), self.board.sequence)
-            _refuse_what_cannot_run(self.config, table, group)
+            self.engine.channel = p2p_group(group, timeout(self.config), self.board.sequence)
+            refuse_what_cannot_run(self.config, table, group)
             if table is not None:
                 for cls, entry in table.classes.items():
                     self.engine.plan.set(cls, entry.choice)
@@ -225,7 +223,7 @@ class AutotuneState:
         self.board.start_watching()
         #: On the lowest of the group's ranks on this host, where they oversubscribe its cores
         #: (`autotune.util.cores`), what to say at the first bucket if it is on the CPU; else None.
-        self._cores_warning = _oversubscribed_here(self.board)
+        self._cores_warning = oversubscribed_here(self.board)
 
     def _tell_endpoints(self, group: ProcessGroup) -> None:
         """Every rank's metrics endpoint, as the ranks told each other at setup: to each
@@ -385,57 +383,6 @@ class AutotuneState:
         )
 
 
-def _refuse_what_cannot_run(config: Config, table: Table | None, group: ProcessGroup) -> None:
-    """Collectively: a fixed algorithm (``Config.algorithm``, or a plan file's) that some rank
-    cannot run its own schedule for is refused, on every rank alike, with what it needs: it
-    would run something else under its name (an nccl.* cell on gloo runs gloo's all-reduce), and
-    `plan()` and `stats()` would report it. "auto" never offers such a one (the tuner's
-    candidates are agreed the same way)."""
-    asked = [] if config.algorithm == "auto" else [config.algorithm]
-    if table is not None:
-        asked += sorted({e.choice.algorithm for e in table.classes.values()} - set(asked))
-    asked = [a for a in asked if a != BASELINE_CHOICE.algorithm]
-    if not asked:
-        return
-    device = current_device()
-    can = agreed(asked, group, device, timedelta(seconds=config.timeout_s))
-    refused = [a for a in asked if a not in can]
-    if not refused:
-        return
-    where = (
-        f"{backend_name(group)} backend, {device.type} tensors, "
-        f"{count(dist.get_world_size(group), 'rank')}"
-    )
-    reasons = []
-    for name in refused:
-        cls = get_algorithm_class(name)
-        reason = f"{name} runs on {' or '.join(cls.runs_on)}"
-        reasons.append(reason + (f" and needs {cls.needs}" if cls.needs else ""))
-    source = "Config.algorithm" if refused[0] == config.algorithm else "the plan file"
-    raise ValueError(
-        f"{source}: {', '.join(refused)} cannot run its own schedule on this job ({where}); "
-        f"{'; '.join(reasons)}. `autotune algorithms` lists what runs here; 'auto' chooses "
-        "among those"
-    )
-
-
-def _warn_restart_on_shared_store() -> None:
-    """torchrun restarted this worker group on its agent's store, shared across attempts, which
-    still holds the last attempt's keys: a group made now (autotune's too) may read a dead peer's
-    address and fail to connect. docs/FAULTS.md, "Elastic restarts"."""
-    attempt = elastic_attempt()
-    if attempt is None or attempt[1] == 0:
-        return
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        warnings.warn(
-            f"torchrun restarted this worker group (attempt {attempt[1]}) on its agent's shared "
-            "store, which keeps the last attempt's keys: process groups made now can connect to "
-            "dead peers ('Connection refused'). Run torchrun with "
-            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in its environment",
-            stacklevel=3,
-        )
-
-
 def _owner(state: AutotuneState) -> Callable[[object, object], bool]:
     """Whether a comm hook a DDP model holds, (function, state), is ``state``'s: registered with
     it, or with None if it is the default state. (Weak: the state holds what this returns.)"""
@@ -467,43 +414,6 @@ def _hooked(
         return any(ours(*h) for h in getattr(ddp, "_comm_hooks", ()))
 
     return hooked
-
-
-def _fusion_bytes(config: Config, table: Table | None) -> int:
-    """The engine's fusion size from the start: the config's, else a plan file's (0: off). From
-    then on only the tuner changes it (`Tuner`, at the orders of an iteration's end)."""
-    if config.fusion_bytes is not None:
-        return config.fusion_bytes
-    if table is not None and table.fusion_bytes is not None:
-        return table.fusion_bytes
-    return 0
-
-
-def _timeout(config: Config) -> timedelta:
-    return timedelta(seconds=config.timeout_s)
-
-
-#: Config fields a rank may set for itself; every other field must be the same on every rank.
-_PER_RANK = ("storage", "metrics_port", "metrics_host", "job", "plan_file")
-
-
-def _shared(config: Config, table: Table | None) -> dict[str, object]:
-    """What every rank must agree on: the config's shared fields and the plan file's content."""
-    shared: dict[str, object] = {
-        f.name: getattr(config, f.name) for f in fields(config) if f.name not in _PER_RANK
-    }
-    shared["plan"] = None if table is None else table.to_json()
-    read_back: dict[str, object] = json.loads(json.dumps(shared))  # as the others will read it
-    return read_back
-
-
-def _oversubscribed_here(board: FailureBoard) -> str | None:
-    """On the lowest of the board's ranks on this host, `oversubscription`'s word on them (the
-    intra-op threads as the user set them on this, the main thread); elsewhere None."""
-    here = [r for r, peer in board.peers.items() if peer.here] + [board.rank]
-    if board.rank != min(here):
-        return None
-    return oversubscription(len(here), torch.get_num_threads(), usable_cores())
 
 
 _default_lock = threading.Lock()

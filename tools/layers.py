@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("autotune.metrics", "autotune.sweep"),
     (
         "autotune.comm_hook",
+        "autotune.setup_checks",
         "autotune.state",
         "autotune.frameworks",
         "autotune.report",

@@ -77,18 +77,18 @@ def test_a_restarted_worker_group_fails_the_dead_attempts_trials_and_starts_lock
 def test_a_restart_on_the_agents_shared_store_is_warned_about(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from autotune.state import _warn_restart_on_shared_store
+    from autotune.setup_checks import warn_restart_on_shared_store
 
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _warn_restart_on_shared_store()  # a first attempt: nothing stale
+        warn_restart_on_shared_store()  # a first attempt: nothing stale
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     with pytest.warns(UserWarning, match="TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
-        _warn_restart_on_shared_store()
+        warn_restart_on_shared_store()
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _warn_restart_on_shared_store()
+        warn_restart_on_shared_store()
