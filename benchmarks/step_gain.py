@@ -259,7 +259,9 @@ def alone(rank: int, world_size: int, args: argparse.Namespace, storage: str) ->
         out["verdict"] = state.verdict()
         out["duels"] = [
             (kind, arm.describe(), o.challenger_won, o.gain.ratio, o.gain.pairs)
-            for kind, arm, o in (state.tuner.plan_search.history if state.tuner.plan_search else [])
+            for kind, arm, o in (
+                state.tuner.decider.plan_search.history if state.tuner.decider else []
+            )
         ]
     state.close()
     return out

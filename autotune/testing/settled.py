@@ -19,8 +19,8 @@ def all_settled(state: AutotuneState, on_baseline: bool = False) -> bool:
     tuner = state.tuner
     assert tuner is not None, "the state has no tuner (algorithm='auto' without a plan file)"
     done = state.settled
-    if on_baseline and tuner.plan_search is not None:
-        done = done and tuner.plan_search.baseline_kept
+    if on_baseline and tuner.decider is not None:
+        done = done and tuner.decider.plan_search.baseline_kept
     return everywhere(done, state.process_group)
 
 

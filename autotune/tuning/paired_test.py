@@ -126,6 +126,14 @@ class Outcome:
     gain: Gain
     why: str
 
+    def word(self, kind: str) -> str:
+        """How it ended for the challenger, as the log says it: a re-check (``kind``) the locked
+        plan does not prove but stays ahead in on the median is "held" (it stays locked; see
+        `autotune.tuning.plan_search.PlanSearch`)."""
+        if kind == "recheck" and not self.challenger_won:
+            return "held" if self.gain.ratio < 1.0 else "lost"
+        return "won" if self.challenger_won else "lost"
+
 
 class PairedTest:
     """One paired comparison; feed it each iteration's step under either arm, in order.

@@ -197,8 +197,8 @@ def _gain(tuner: Tuner, unhooking: Unhooking | None) -> Gain | None:
     decided, else rank 0's plan search's (the latest), else what rank 0's orders carried."""
     if unhooking is not None and unhooking.buckets is not None and unhooking.buckets.done:
         return tuner.gain
-    if tuner.plan_search is not None:
-        return tuner.plan_search.gain
+    if tuner.decider is not None:
+        return tuner.decider.plan_search.gain
     return tuner.gain
 
 
@@ -279,13 +279,14 @@ def _verdict(tuner: Tuner | None, unhooking: Unhooking | None) -> str:
 
 def tuner_verdict(tuner: Tuner) -> str:
     """One line: the tuner's plan's training step against plain DDP's, as measured (rank 0)."""
-    plan_search = tuner.plan_search
-    if plan_search is None:
+    decider = tuner.decider
+    if decider is None:
         return "autotune vs plain DDP: measured on rank 0"
-    if tuner.storage_error is not None:
+    plan_search = decider.plan_search
+    if decider.storage_error is not None:
         return (
             f"autotune vs plain DDP: not compared further (tuning stopped: the tuning "
-            f"storage failed, {tuner.storage_error}); the plan kept: "
+            f"storage failed, {decider.storage_error}); the plan kept: "
             f"{plan_search.incumbent.describe()}"
         )
     blocks = f"{BLOCK}-iteration blocks"

@@ -1,6 +1,7 @@
 """What a job finds stored for its fingerprint and workload (`read_stored`): the plan an earlier
 run of the same workload locked, the classes a sweep screened (the seed) and the prior a sweep
-fitted; and the part of a stored plan this job can run (`stored_arm`).
+fitted; the part of a stored plan this job can run (`stored_arm`), a sweep's screening of a
+class it can take (`seeded`), and what a job that has not decided yet stores (`provisional`).
 
 The tuner reads them at its first exchange, on rank 0's worker thread. It confirms its own
 workload's plan against the baseline before it locks it; a seed's classes stand in for their
@@ -11,6 +12,7 @@ screening, and their choices meet the baseline in the job's own search (docs/TUN
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -18,7 +20,7 @@ from autotune.model import Prior
 from autotune.plan import Arm, Choice, Table
 from autotune.storage import Store
 
-__all__ = ["Stored", "read_stored", "stored_arm"]
+__all__ = ["Stored", "provisional", "read_stored", "seeded", "stored_arm"]
 
 
 @dataclass(frozen=True)
@@ -68,3 +70,28 @@ def stored_arm(
     if choices or fusion != baseline.fusion_bytes or table.gain is None:
         return Arm.of(choices, fusion)
     return None
+
+
+def seeded(seed: Table, cls: int, space: Sequence[Choice]) -> tuple[Choice, float] | None:
+    """A sweep's screening of ``cls`` in ``seed`` (its best choice and latency), where it
+    locked one this job can run (in ``space``); None otherwise."""
+    entry = seed.classes.get(cls)
+    if entry is None or entry.state != "locked" or entry.best_s is None:
+        return None
+    if entry.choice not in space:
+        return None
+    return entry.choice, entry.best_s
+
+
+def provisional(table: Table, incumbent: Arm) -> Table:
+    """What a job stores before it has decided (`Table.final` False), so that one that ends
+    first leaves the next a place to resume: the plan that has won so far (``incumbent``: its
+    classes locked, the rest exploring), its gain so far, and its fusion size."""
+    won = incumbent.as_dict()
+    classes = {
+        cls: dataclasses.replace(e, state="locked" if cls in won else "exploring")
+        for cls, e in table.classes.items()
+    }
+    return dataclasses.replace(
+        table, classes=classes, fusion_bytes=incumbent.fusion_bytes, final=False
+    )

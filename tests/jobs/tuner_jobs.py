@@ -246,14 +246,14 @@ def tune(
         steps_run=steps_run,
         states=states,
         candidates=state.tuner.candidates,
-        workload=state.tuner.workload,
+        workload=state.tuner.decider.workload if state.tuner.decider else "",
         duels=[
             (kind, arm.describe(), outcome.challenger_won)
             for kind, arm, outcome in (
-                state.tuner.plan_search.history if state.tuner.plan_search else []
+                state.tuner.decider.plan_search.history if state.tuner.decider else []
             )
         ],
-        baseline_kept=bool(state.tuner.plan_search and state.tuner.plan_search.baseline_kept),
+        baseline_kept=bool(state.tuner.decider and state.tuner.decider.plan_search.baseline_kept),
         headlines=headlines,
     )
     state.close()

@@ -8,10 +8,12 @@ import random
 
 import pytest
 
+from autotune.plan import Gain
 from autotune.tuning.paired_test import (
     FUTILE_FROM,
     MIN_PAIRS,
     PROMISING,
+    Outcome,
     PairedTest,
     hodges_lehmann,
     median_interval,
@@ -209,3 +211,12 @@ def test_drift_cancels_in_the_pairs() -> None:
         duel.measure(challenger, (0.9 if challenger else 1.0) * drift)
         k += 1
     assert duel.outcome.challenger_won
+
+
+def test_how_the_log_words_an_outcome() -> None:
+    ahead, behind = Gain(0.97, 0.9, 1.02, 24), Gain(1.02, 0.97, 1.08, 24)
+    assert Outcome(True, ahead, "").word("class") == "won"
+    assert Outcome(False, behind, "").word("class") == "lost"
+    # A re-check the locked plan does not prove but stays ahead in: it holds.
+    assert Outcome(False, ahead, "").word("recheck") == "held"
+    assert Outcome(False, behind, "").word("recheck") == "lost"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from autotune.plan import Arm, Choice, Entry, Gain, Table
 from autotune.storage import SWEEP, Store
-from autotune.tuning.stored import Stored, read_stored, stored_arm
+from autotune.tuning.stored import Stored, provisional, read_stored, seeded, stored_arm
 
 RING, TREE, NATIVE = Choice("ring", 1 << 20), Choice("tree"), Choice("native")
 FUSIONS = (0, 1 << 20, 4 << 20, 16 << 20)
@@ -63,3 +63,32 @@ def test_a_workload_without_a_plan_reads_the_sweeps_classes_as_its_seed(tmp_path
     store.save_table("k", "cnn", mine)
     got = read_stored(store, "k", "cnn")
     assert got.table is not None and got.table.classes == mine.classes and got.seed is None
+
+
+def test_a_sweeps_screening_seeds_only_a_locked_class_this_job_can_run() -> None:
+    seed = Table(
+        {
+            1 << 20: Entry(RING, 1e-3, 5, "locked"),
+            2 << 20: Entry(TREE, 2e-3, 5, "exploring"),  # screened, not locked
+            4 << 20: Entry(TREE, None, 5, "locked"),  # locked without a latency
+            8 << 20: Entry(Choice("shm"), 3e-3, 5, "locked"),  # not in this job's space
+        },
+        None,
+    )
+    space = [NATIVE, RING, TREE]
+    assert seeded(seed, 1 << 20, space) == (RING, 1e-3)
+    assert [seeded(seed, cls, space) for cls in (2 << 20, 4 << 20, 8 << 20, 16 << 20)] == [None] * 4
+
+
+def test_an_undecided_job_stores_its_winner_so_far_as_a_provisional_table() -> None:
+    table = Table(
+        {1 << 20: Entry(RING, 1e-3, 5, "exploring"), 2 << 20: Entry(TREE, 2e-3, 4, "exploring")},
+        None,
+        gain=GAIN,
+    )
+    stored = provisional(table, Arm.of({1 << 20: RING}, 4 << 20))
+    assert not stored.final and stored.fusion_bytes == 4 << 20 and stored.gain == GAIN
+    assert stored.classes == {
+        1 << 20: Entry(RING, 1e-3, 5, "locked"),  # the winner so far
+        2 << 20: Entry(TREE, 2e-3, 4, "exploring"),
+    }

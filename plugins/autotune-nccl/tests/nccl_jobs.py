@@ -219,7 +219,7 @@ def tune_on_fake_nccl(rank: int, world_size: int, storage: str, cap: int) -> Dri
     result = Driven(
         candidates=tuner.candidates,
         plan=state.plan(),
-        baseline_kept=bool(tuner.plan_search and tuner.plan_search.baseline_kept),
+        baseline_kept=bool(tuner.decider and tuner.decider.plan_search.baseline_kept),
         settled=tuner.settled,
         ran=ran,
         armed_after=controls().armed,
