@@ -8,6 +8,7 @@ Every survivor must get the same `PeerError` naming the culprit, from backward()
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from fault_jobs import (
 )
 
 from autotune.comm.launch import launch
+from autotune.testing import played_nccl
 
 pytestmark = pytest.mark.distributed
 
@@ -74,6 +76,24 @@ def test_stepped_aside_a_killed_rank_is_named_on_every_survivor(unhooking: dict[
         s = named(s, 1, within_s=TIMEOUT_S)  # closed connections: no timeout to wait out
         assert s.aside_at == 1 and s.ddp_group.startswith("autotune_ddp"), s
         assert "its process exited" in s.message
+
+
+def test_on_nccl_stepped_aside_a_killed_rank_is_named_then_the_watchdog_ends_the_survivor(
+    unhooking: dict[str, Any],
+) -> None:
+    # As on an H200 (docs/BENCHMARKS.md, "On a GPU"): on NCCL DDP runs on the job's group once
+    # autotune unhooked; its failed all-reduce is named, then NCCL's watchdog ends the process.
+    results = launch(
+        train_until_it_fails, 2, {1: "exit"}, {"timeout_s": TIMEOUT_S, **unhooking}, "8",
+        timeout_s=120, grace_s=60, backend=played_nccl.BACKEND, setup=played_nccl.install,
+        env={played_nccl.DUMP_WAIT_ENV: "2500"},
+    )  # fmt: skip
+    survivor = results[0]
+    assert survivor.ok, survivor.error
+    seen = named(survivor.value, 1, within_s=TIMEOUT_S)
+    assert seen.aside_at == 1 and "its process exited" in seen.message, seen
+    assert not seen.ddp_group.startswith("autotune_ddp"), seen  # the job's own group on NCCL
+    assert survivor.exitcode == -signal.SIGABRT
 
 
 def test_where_ddps_forward_fails_first_the_next_call_names_the_culprit(
