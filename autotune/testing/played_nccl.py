@@ -308,8 +308,8 @@ class _Aborts:
     def abort(self, comm: str) -> None:
         self.mine.add(comm)
         store = _ORDER.store
-        if store is not None:
-            store.set(f"played_nccl/aborted/{comm}", str(_ORDER.rank))
+        if store is not None:  # the first rank to abort it is the one a peer's error names
+            store.compare_set(_aborted_key(comm), "", str(_ORDER.rank))
 
     def refuse(self, comm: str) -> None:
         if comm in self.mine:
@@ -318,12 +318,12 @@ class _Aborts:
                 "wait ran out): nothing more runs on it"
             )
 
-    def check(self, comm: str, began: float, timeout: timedelta) -> None:
+    def check(self, comm: str, began: float, wait_s: float, timeout: timedelta) -> None:
+        """Where a peer aborted ``comm``: wait out ``wait_s`` from ``began``, then raise."""
         store = _ORDER.store
-        key = f"played_nccl/aborted/{comm}"
+        key = _aborted_key(comm)
         if store is None or comm in self.mine or not store.check([key]):
             return
-        wait_s = timeout.total_seconds() if timeout else _GROUP_TIMEOUTS.get(comm, 600.0)
         time.sleep(max(0.0, began + wait_s - time.monotonic()))
         raise _TimedOut(
             f"[played NCCL] an operation on {comm}, whose communicator rank "
@@ -332,9 +332,11 @@ class _Aborts:
         )
 
 
+def _aborted_key(comm: str) -> str:
+    return f"played_nccl/aborted/{comm}"
+
+
 _ABORTS = _Aborts()
-#: Each played group's timeout (``init_process_group``'s or ``new_group``'s), by its name.
-_GROUP_TIMEOUTS: dict[str, float] = {}
 
 
 def ends_at() -> float | None:
@@ -352,11 +354,11 @@ def launches() -> list[Launch]:
 class PlayedWork(dist.Work):
     """One NCCL Work: an operation, or a whole coalesced batch, carried by gloo's works."""
 
-    def __init__(self, inner: list[dist.Work], what: str, comm: str) -> None:
+    def __init__(self, inner: list[dist.Work], what: str, group: PlayedGroup) -> None:
         super().__init__()
         self._inner = inner
         self._what = what
-        self._comm = comm
+        self._group = group
         self._began = time.monotonic()
         self._waited = 0  # the inner works waited for so far, in order
         self._error: RuntimeError | None = None  # a timed wait ran out: the work stays failed
@@ -374,12 +376,14 @@ class PlayedWork(dist.Work):
             raise self._error
         try:
             self._wait(timeout)
-            _ABORTS.check(self._comm, self._began, timeout)
+            # Without a timeout, a wait on an aborted communicator runs out at the group's.
+            wait_s = timeout.total_seconds() if timeout else self._group.timeout_s
+            _ABORTS.check(self._group.comm, self._began, wait_s, timeout)
         except _TimedOut as exc:
             # WorkNCCL::synchronizeInternal: the communicator is aborted, the work keeps its
             # exception, and the watchdog will end the process.
             self._error = exc
-            _ABORTS.abort(self._comm)
+            _ABORTS.abort(self._group.comm)
             _WATCHDOG.failed(self._what, exc)
             raise
         except RuntimeError as exc:
@@ -441,7 +445,8 @@ class PlayedGroup(dist.ProcessGroup):
             options.store, options.group_rank, options.group_size, options.timeout
         )
         self.comm = str(options.group_id)
-        _GROUP_TIMEOUTS[self.comm] = options.timeout.total_seconds()
+        #: Its timeout (``init_process_group``'s or ``new_group``'s), for waits without one.
+        self.timeout_s: float = options.timeout.total_seconds()
         # Global ranks (torch leaves the list empty for the default group: all of them).
         members = [int(r) for r in options.global_ranks_in_group]
         self.members = members or list(range(options.group_size))
@@ -463,7 +468,7 @@ class PlayedGroup(dist.ProcessGroup):
 
     def _launched(self, op: str, tensors: Sequence[torch.Tensor], work: dist.Work) -> PlayedWork:
         what = f"{op} of {_nbytes(tensors)} bytes on {self.comm}"
-        return PlayedWork([work], what, self.comm)
+        return PlayedWork([work], what, self)
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:  # type: ignore[override]
         _ORDER.launch(self.comm, self.members, "all_reduce", _nbytes(tensors))
@@ -485,7 +490,7 @@ class PlayedGroup(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> dist.Work:
         _ORDER.launch(self.comm, self.members, "barrier")
         work = self._inner.barrier(opts if opts is not None else BarrierOptions())
-        return PlayedWork([work], f"barrier on {self.comm}", self.comm)
+        return PlayedWork([work], f"barrier on {self.comm}", self)
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> dist.Work:
         return self._p2p(self._inner.send(tensors, dst, tag), sends=[(dst, _nbytes(tensors))])
@@ -511,7 +516,7 @@ class PlayedGroup(dist.ProcessGroup):
         # A lone send or receive is a launch of its own (ncclSend/ncclRecv outside a group).
         # gloo posts it before the check: its peer's matching operation may wait for it.
         _ORDER.launch(self.comm, self.members, "p2p", 0, tuple(sends), tuple(recvs))
-        return PlayedWork([work], f"point-to-point on {self.comm}", self.comm)
+        return PlayedWork([work], f"point-to-point on {self.comm}", self)
 
     def batch(self, run: Callable[[], None]) -> PlayedWork:
         """Run ``run`` (which posts sends and receives on this group) as one coalesced launch."""
@@ -524,7 +529,7 @@ class PlayedGroup(dist.ProcessGroup):
             self._batch = None
         _ORDER.launch(self.comm, self.members, "p2p", 0, tuple(sends), tuple(recvs))
         return PlayedWork(
-            works, f"batch of {len(works)} point-to-point operations on {self.comm}", self.comm
+            works, f"batch of {len(works)} point-to-point operations on {self.comm}", self
         )
 
 
