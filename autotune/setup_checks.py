@@ -29,7 +29,6 @@ __all__ = [
     "oversubscribed_here",
     "refuse_what_cannot_run",
     "shared_settings",
-    "timeout",
     "warn_restart_on_shared_store",
 ]
 
@@ -93,10 +92,6 @@ def fusion_bytes_at_start(config: Config, table: Table | None) -> int:
     if table is not None and table.fusion_bytes is not None:
         return table.fusion_bytes
     return 0
-
-
-def timeout(config: Config) -> timedelta:
-    return timedelta(seconds=config.timeout_s)
 
 
 #: Config fields a rank may set for itself; every other field must be the same on every rank.

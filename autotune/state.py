@@ -15,6 +15,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import torch
@@ -43,7 +44,6 @@ from autotune.setup_checks import (
     oversubscribed_here,
     refuse_what_cannot_run,
     shared_settings,
-    timeout,
     warn_restart_on_shared_store,
 )
 from autotune.tuning import Tuner
@@ -157,7 +157,9 @@ class AutotuneState:
             # Made now, collectively, rather than inside the first backward on the autograd
             # thread; every collective step comes before any step that may fail on one rank.
             # A channel of this state's own: another hooked model's messages never share it.
-            self.engine.channel = p2p_group(group, timeout(self.config), self.board.sequence)
+            self.engine.channel = p2p_group(
+                group, timedelta(seconds=self.config.timeout_s), self.board.sequence
+            )
             refuse_what_cannot_run(self.config, table, group)
             if table is not None:
                 for cls, entry in table.classes.items():
