@@ -26,7 +26,7 @@ import torch
 
 from autotune.ddp.step_clock import DeviceEvent, device_event
 
-__all__ = ["Gpu"]
+__all__ = ["Gpu", "side"]
 
 
 class Gpu:
@@ -68,3 +68,13 @@ class Gpu:
             stream = self._stream
         with torch.cuda.stream(stream):
             yield stream
+
+
+@contextlib.contextmanager
+def side(gpu: Gpu | None) -> Iterator[Any]:
+    """``gpu``'s side stream made current (yielded, `Gpu.side`); None off CUDA (``gpu`` None)."""
+    if gpu is None:
+        yield None
+        return
+    with gpu.side() as stream:
+        yield stream

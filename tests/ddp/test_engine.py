@@ -18,7 +18,7 @@ import torch
 from autotune.algorithms import AllReduceAlgorithm, Comm, PeerError, Pending
 from autotune.ddp.engine import Engine
 from autotune.ddp.events import Event, IterationDone, IterationEnd
-from autotune.ddp.gpu import Gpu
+from autotune.ddp.gpu import Gpu, side
 from autotune.ddp.stats import Recorder
 from autotune.plan import Choice, Plan, size_class
 
@@ -480,7 +480,7 @@ def test_a_cuda_message_starts_inline_with_the_lock_held(monkeypatch: pytest.Mon
     def pick() -> None:
         with engine._lock:  # as `_dispatch` holds it
             for _ in range(2):
-                with engine._side() as stream:
+                with side(engine.gpu) as stream:
                     got.append(stream)
 
     t = threading.Thread(target=pick, daemon=True)

@@ -1,0 +1,273 @@
+"""How the engine's buckets become messages: fused or cut into pieces, timed, and read back.
+
+Arithmetic and bookkeeping, the same on every rank; the engine's threads (`autotune.ddp.engine`)
+and its lane (`autotune.ddp.lane`) move these records along.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.distributed import ProcessGroup
+
+from autotune.algorithms import AllReduceAlgorithm, Pending, split
+from autotune.ddp.gpu import Gpu
+from autotune.ddp.kernel_clock import KernelClock, Ticket
+from autotune.ddp.stats import MessageRecord
+from autotune.ddp.step_clock import DeviceEvent
+from autotune.plan import Choice, size_class
+
+__all__ = [
+    "Bucket",
+    "Message",
+    "Piece",
+    "at_storage_start",
+    "joins",
+    "leave_within",
+    "mark_end",
+    "piece_bounds",
+    "piece_sizes",
+    "pieces",
+    "stage",
+    "stamp",
+]
+
+
+@dataclass(slots=True)
+class Bucket:
+    """One of DDP's gradient buckets, as the hook handed it over."""
+
+    buffer: torch.Tensor  # flat; averaged in place, or see `result`
+    future: torch.futures.Future[torch.Tensor]
+    is_last: bool
+    iteration: int = 0  # how many iterations had been submitted before it
+    #: Recorded on the producing stream (CUDA), where a message starts on the side stream.
+    ready: DeviceEvent | None = None
+    #: Where the averaged gradient is, if not in ``buffer``: its slice of a fused message, or
+    #: where the algorithm left the sum (`leave_within`). DDP copies a hook's result into the
+    #: gradients whatever tensor it is, so a copy back into ``buffer`` first would be one pass
+    #: over the bucket more.
+    result: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel() * self.buffer.element_size()
+
+
+@dataclass(slots=True)
+class Piece:
+    """One all-reduce of a message (a message cut by the fusion size has several)."""
+
+    nbytes: int
+    choice: Choice
+    pending: Pending
+    started: float
+    finished: float | None  # when it finished: while starting (Python-driven), or at the callback
+    first_wait_s: float | None
+    sent_bytes: int | None
+    early: bool = False  # the backend's callback completes the bucket's future (and sets finished)
+    wait_s: float | None = None  # blocked on peers in all (`Traffic.wait_s`; None: not observable)
+    ticket: Ticket | None = None  # NCCL's kernel time, beside the GPU's (`KernelClock`)
+    #: On CUDA, every message is timed on the GPU: an event where it can start (its gradient
+    #: ready on the stream it starts on) and one where it has ended there, recorded before
+    #: anything waits for it (by the backend's callback, or on the side stream after a
+    #: Python-driven schedule). The second ends the iteration on the step's clock.
+    marks: list[DeviceEvent] = field(default_factory=list)
+    #: Completes once the end event is recorded, where a callback records it.
+    stopped: torch.futures.Future[Any] | None = None
+
+    @classmethod
+    def started_by(
+        cls, nbytes: int, choice: Choice, pending: Pending, begin: float, done: float | None
+    ) -> Piece:
+        """A piece an algorithm's `start` returned ``pending`` for, with what its traffic says."""
+        traffic = pending.traffic
+        if traffic is None:
+            return cls(nbytes, choice, pending, begin, done, None, None)
+        return cls(
+            nbytes,
+            choice,
+            pending,
+            begin,
+            done,
+            traffic.first_wait_s,
+            traffic.bytes_sent,
+            wait_s=traffic.wait_s,
+        )
+
+    def gpu_seconds(self, clock: KernelClock | None) -> tuple[float, float | None]:
+        """The piece's time between its two GPU marks, and NCCL's kernel time where ``clock``
+        has a record of it in time (else None). Call it once its work was waited for."""
+        start, stop = self.marks
+        stop.synchronize()  # the GPU is there, or nearly
+        took = start.elapsed_time(stop) / 1000.0
+        kernel = None
+        if self.ticket is not None and clock is not None:
+            kernel = clock.seconds(self.ticket)
+        return took, kernel
+
+    def record(
+        self,
+        seconds: float,
+        iteration: int,
+        world_size: int,
+        timer: str = "host",
+        kernel_s: float | None = None,
+    ) -> MessageRecord:
+        """What this piece measured, as the engine's listeners get it."""
+        return MessageRecord(
+            iteration=iteration,
+            size_class=size_class(self.nbytes),
+            nbytes=self.nbytes,
+            algorithm=self.choice.algorithm,
+            segment_bytes=self.choice.segment_bytes,
+            seconds=seconds,
+            first_wait_s=self.first_wait_s,
+            wait_s=self.wait_s,
+            world_size=world_size,
+            started=self.started,
+            sent_bytes=self.sent_bytes,
+            timer=timer,
+            kernel_s=kernel_s,
+        )
+
+
+@dataclass(slots=True)
+class Message:
+    """Buckets sent together, started (or failed starting), on their way to the finishing thread."""
+
+    buckets: list[Bucket]
+    flat: torch.Tensor  # the buckets' data, fused or not
+    pieces: list[Piece] = field(default_factory=list)
+    error: BaseException | None = None
+    algorithm: str | None = None  # the one starting or being waited on (for a failure)
+    #: A sparse gradient (`autotune.ddp.lane.Lane.sparse`): its result is the collective's
+    #: output, a new tensor.
+    sparse: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.buckets)
+
+    def hand_back(self) -> None:
+        """Point each bucket at its part of the result, where the sum is not in its own buffer
+        (fused, or left elsewhere by the algorithm)."""
+        if self.flat is self.buckets[0].buffer:
+            return
+        offset = 0
+        for b in self.buckets:
+            n = b.buffer.numel()
+            b.result = at_storage_start(self.flat[offset : offset + n])
+            offset += n
+
+
+def at_storage_start(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (flat, contiguous) as a tensor whose storage starts at its first element, sharing
+    its memory. DDP reads a hook's result with ``as_strided`` at each gradient's offset in the
+    bucket, which counts from the storage's start, not the tensor's: a slice of a larger
+    tensor would be read from the wrong place."""
+    if t.storage_offset() == 0:
+        return t
+    start = t.storage_offset() * t.element_size()
+    storage = t.untyped_storage()[start : start + t.numel() * t.element_size()]
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(storage)
+
+
+def joins(pending: list[Bucket], bucket: Bucket, limit: int) -> bool:
+    """Whether ``bucket`` may be fused with the ``pending`` ones under the fusion size ``limit``
+    (0: off): same dtype and device, and the whole within the limit."""
+    if not pending:
+        return True
+    first = pending[0].buffer
+    return (
+        limit != 0
+        and first.dtype == bucket.buffer.dtype
+        and first.device == bucket.buffer.device
+        and sum(b.nbytes for b in pending) + bucket.nbytes <= limit
+    )
+
+
+def piece_bounds(numel: int, element_size: int, limit: int) -> list[tuple[int, int]]:
+    """Element ranges of a message's pieces: near-equal, each at most ``limit`` bytes (0: one)."""
+    nbytes = numel * element_size
+    if limit == 0 or nbytes <= limit:
+        return [(0, numel)]
+    parts = -(-nbytes // limit)
+    return [(a, b) for a, b in split(0, numel, parts) if b > a]
+
+
+def piece_sizes(nbytes: int, element_size: int, limit: int) -> list[int]:
+    """The byte sizes of a message's pieces (`piece_bounds`)."""
+    bounds = piece_bounds(nbytes // element_size, element_size, limit)
+    return [(b - a) * element_size for a, b in bounds]
+
+
+def pieces(flat: torch.Tensor, limit: int) -> list[torch.Tensor]:
+    """``flat`` cut into its pieces (views, `piece_bounds`)."""
+    return [flat[a:b] for a, b in piece_bounds(flat.numel(), flat.element_size(), limit)]
+
+
+def leave_within(first: Bucket, layout: list[tuple[int, str]]) -> int | None:
+    """How many bytes of messages may follow one that starts at bucket ``first`` before its sum
+    must have been taken, where an algorithm leaves it in memory of its own
+    (`AllReduceAlgorithm.leaves_result`): an iteration's (``layout``'s), since DDP copies every
+    bucket's result into the gradients at the end of backward, before any rank's next
+    iteration sends anything. None in the first iteration, whose buckets are not all known yet:
+    the same on every rank, as the algorithm's choice of where to sum must be."""
+    if first.iteration == 0:
+        return None
+    return sum(nbytes for nbytes, _ in layout)
+
+
+def stage(
+    buckets: list[Bucket],
+    algo: AllReduceAlgorithm,
+    group: ProcessGroup,
+    within: int,
+    world_size: int,
+    limit: int,
+) -> torch.Tensor | None:
+    """Gather a fused message's ``buckets``, scaled, straight into the memory ``algo`` would copy
+    them into (`AllReduceAlgorithm.stage`: `shm`'s slot), where it leaves the sum for the buckets
+    to take within ``within`` bytes: one pass over the buckets where a concatenation and the
+    algorithm's copy of it were two. Only a message sent whole (under the fusion size ``limit``)
+    is staged. The staged message, or None where it is not."""
+    nbytes = sum(b.nbytes for b in buckets)
+    if (
+        not algo.leaves_result
+        or len(piece_sizes(nbytes, buckets[0].buffer.element_size(), limit)) > 1
+    ):
+        return None
+    flat = algo.stage(group, nbytes, buckets[0].buffer.dtype, within)
+    if flat is None:
+        return None
+    offset, scale = 0, 1.0 / world_size
+    for b in buckets:
+        n = b.buffer.numel()
+        torch.mul(b.buffer, scale, out=flat[offset : offset + n])
+        offset += n
+    return flat
+
+
+def stamp(gpu: Gpu | None, marks: list[DeviceEvent], stream: Any = None) -> None:
+    """Append to ``marks`` a timing event recorded now on ``stream`` (None: the current)."""
+    assert gpu is not None
+    event = gpu.event()
+    event.record(stream)
+    marks.append(event)
+
+
+def mark_end(
+    gpu: Gpu | None, pending: Pending, marks: list[DeviceEvent]
+) -> torch.futures.Future[Any] | None:
+    """Record the end event of a message started on the side stream (current here), where its
+    work ends on the GPU and before anything waits for it: in its future's callback, which runs
+    with streams current that wait for the backend's work (NCCL's: at once); else now, the side
+    stream having waited for the schedule's work. The future returned, if any, completes once
+    the event is recorded."""
+    if pending.future is not None and not pending.done:
+        return pending.future.then(lambda _: stamp(gpu, marks))
+    stamp(gpu, marks)
+    return None
