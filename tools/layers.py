@@ -3,7 +3,8 @@
 Reads every module under autotune/ with `ast` (imports inside functions count, and so do those
 under `if TYPE_CHECKING:`: a lower layer's signature that names a higher layer's type is a
 dependency too, only deferred), then fails on an import circle among autotune's modules, on a
-layer that imports one above it, and on more loose modules directly in autotune/ than LOOSE_MAX.
+layer that imports one above it, on more loose modules directly in autotune/ than LOOSE_MAX, and
+on a module longer than LINES_MAX (one idea per room: a longer one holds several).
 Run: python tools/layers.py [--graph]
 """
 
@@ -41,6 +42,7 @@ LAYERS: list[tuple[str, ...]] = [
 # Runtime code never imports test support.
 RUNTIME_NEVER = "autotune.testing"
 LOOSE_MAX = 8
+LINES_MAX = 500
 
 
 def module_name(path: Path) -> str:
@@ -149,6 +151,20 @@ def problems(edges: dict[str, set[str]]) -> list[str]:
     loose = sorted(p.stem for p in (ROOT / PACKAGE).glob("*.py") if p.name not in ("__init__.py",))
     if len(loose) > LOOSE_MAX:
         found.append(f"{len(loose)} loose modules in autotune/ (at most {LOOSE_MAX}): {loose}")
+    found += too_long(ROOT / PACKAGE)
+    return found
+
+
+def too_long(package: Path) -> list[str]:
+    """The modules under ``package`` longer than LINES_MAX, each said with its length."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        lines = len(path.read_text().splitlines())
+        if lines > LINES_MAX:
+            name = path.relative_to(package.parent)
+            found.append(
+                f"{name} has {lines} lines (at most {LINES_MAX}): split it along its seams"
+            )
     return found
 
 

@@ -31,19 +31,8 @@ communicators concurrently"):
   future complete before the data would let DDP's reducer read a bucket not yet reduced. So
   a played future completes when the data is there, and ``wait()`` without a timeout blocks
   (``WorkNCCL::wait`` makes the current stream wait instead).
-
-- **A failed operation ends the process.** ProcessGroupNCCL's watchdog thread polls every
-  work (``kWatchdogThreadSleepMillis``, 100 ms); once one has failed or timed out (a timed
-  ``wait`` that ran out counts: it sets the work's exception), it waits four times
-  ``TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC`` (15 000 by default: a minute) for the flight
-  recorder's dump, then throws from its own thread, which ends the process (SIGABRT), unless
-  ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` is 0 (no handling) or 2 (clean up only); the default, 3,
-  tears down. ``destroy_process_group`` waits for the watchdog meanwhile: a rank whose job
-  ended on a failure does not exit on its own. Seen on an H200 (docs/BENCHMARKS.md, "On a
-  GPU"): a survivor that had its error sat in ``destroy_process_group`` until the watchdog
-  ended it 60 s after the failure, and its result was lost (`autotune.comm.launch` now keeps
-  a rank's result before teardown). `PlayedWork` reports each failure to a played watchdog
-  (`ends_at`) that does the same; a failure gloo would never see is not played.
+- **A failed operation ends the process**, after the watchdog's wait, and a timed-out wait
+  aborts its communicator: played by `autotune.testing.played_nccl_faults`, which says how.
 
 Launches can be jittered (``jitter_s``: a random sleep before each, seeded per rank), so that
 races between a rank's threads resolve differently on different ranks, as timing does on a
@@ -77,8 +66,18 @@ from torch._C._distributed_c10d import (
     BroadcastOptions,
 )
 
+from autotune.testing.played_nccl_faults import (
+    DUMP_WAIT_ENV,
+    ERROR_HANDLING_ENV,
+    Aborts,
+    TimedOut,
+    Watchdog,
+)
+
 __all__ = [
     "BACKEND",
+    "DUMP_WAIT_ENV",
+    "ERROR_HANDLING_ENV",
     "JITTER_ENV",
     "Launch",
     "OrderError",
@@ -101,10 +100,6 @@ _KEYS = "played_nccl/order"
 
 class OrderError(RuntimeError):
     """Two ranks launched NCCL operations in different orders: on a GPU the job would hang."""
-
-
-class _TimedOut(dist.DistBackendError):
-    """A timed wait ran out, as ``WorkNCCL::wait`` reports it."""
 
 
 @dataclass(frozen=True)
@@ -247,96 +242,8 @@ class _Order:
 
 _ORDER = _Order()
 
-#: ProcessGroupNCCL's settings the played watchdog reads, as the real one does.
-ERROR_HANDLING_ENV = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
-DUMP_WAIT_ENV = "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC"
-#: The watchdog's poll of its works (``kWatchdogThreadSleepMillis``).
-WATCHDOG_POLL_S = 0.1
-
-
-class _Watchdog:
-    """The process's end after a failed operation, as ProcessGroupNCCL's watchdog plays it."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.ends_at: float | None = None  # time.monotonic() of the process's end, once doomed
-
-    def failed(self, what: str, error: BaseException) -> None:
-        mode = int(os.environ.get(ERROR_HANDLING_ENV, "") or 3)
-        if mode in (0, 2):  # NoHandling, CleanUpOnly: the process lives on
-            return
-        dump_s = int(os.environ.get(DUMP_WAIT_ENV, "") or 15_000) / 1000
-        with self.lock:
-            if self.ends_at is not None:
-                return
-            self.ends_at = time.monotonic() + WATCHDOG_POLL_S + 4 * dump_s
-        threading.Thread(
-            target=self._end, args=(what, error), name="played-nccl-watchdog", daemon=True
-        ).start()
-
-    def _end(self, what: str, error: BaseException) -> None:
-        assert self.ends_at is not None
-        time.sleep(max(0.0, self.ends_at - time.monotonic()))
-        os.write(
-            2,
-            (
-                f"[played NCCL] watchdog: {what} failed ({error!r}); to avoid data "
-                "inconsistency, we are taking the entire process down.\n"
-            ).encode(),
-        )
-        os.abort()
-
-    def hold(self) -> None:
-        """Where the process is doomed, wait for its end (``destroy_process_group``)."""
-        if self.ends_at is not None:
-            time.sleep(max(0.0, self.ends_at - time.monotonic()) + 60.0)
-
-
-_WATCHDOG = _Watchdog()
-
-
-class _Aborts:
-    """Communicators aborted after a timed wait ran out, by any rank (in the store).
-
-    On this rank an aborted communicator refuses every later launch. A peer's operation on it
-    never completes on a GPU (its kernel waits for a rank that left): played as a wait that
-    runs out at its timeout, or at the group's where it has none, whatever gloo carried."""
-
-    def __init__(self) -> None:
-        self.mine: set[str] = set()
-
-    def abort(self, comm: str) -> None:
-        self.mine.add(comm)
-        store = _ORDER.store
-        if store is not None:  # the first rank to abort it is the one a peer's error names
-            store.compare_set(_aborted_key(comm), "", str(_ORDER.rank))
-
-    def refuse(self, comm: str) -> None:
-        if comm in self.mine:
-            raise dist.DistBackendError(
-                f"[played NCCL] communicator {comm} was aborted on rank {_ORDER.rank} (a timed "
-                "wait ran out): nothing more runs on it"
-            )
-
-    def check(self, comm: str, began: float, wait_s: float, timeout: timedelta) -> None:
-        """Where a peer aborted ``comm``: wait out ``wait_s`` from ``began``, then raise."""
-        store = _ORDER.store
-        key = _aborted_key(comm)
-        if store is None or comm in self.mine or not store.check([key]):
-            return
-        time.sleep(max(0.0, began + wait_s - time.monotonic()))
-        raise _TimedOut(
-            f"[played NCCL] an operation on {comm}, whose communicator rank "
-            f"{store.get(key).decode()} aborted: Work ran for {wait_s * 1000:.0f} milliseconds "
-            f"before timing out (wait timeout {timeout})."
-        )
-
-
-def _aborted_key(comm: str) -> str:
-    return f"played_nccl/aborted/{comm}"
-
-
-_ABORTS = _Aborts()
+_WATCHDOG = Watchdog()
+_ABORTS = Aborts()
 
 
 def ends_at() -> float | None:
@@ -379,7 +286,7 @@ class PlayedWork(dist.Work):
             # Without a timeout, a wait on an aborted communicator runs out at the group's.
             wait_s = timeout.total_seconds() if timeout else self._group.timeout_s
             _ABORTS.check(self._group.comm, self._began, wait_s, timeout)
-        except _TimedOut as exc:
+        except TimedOut as exc:
             # WorkNCCL::synchronizeInternal: the communicator is aborted, the work keeps its
             # exception, and the watchdog will end the process.
             self._error = exc
@@ -409,7 +316,7 @@ class PlayedWork(dist.Work):
                 if time.monotonic() < deadline - 0.05:  # gloo's clock may end it a bit early
                     raise  # a failure, not the timeout
                 ran = (time.monotonic() - self._began) * 1000
-                raise _TimedOut(
+                raise TimedOut(
                     f"[played NCCL] {self._what}: Work ran for {ran:.0f} milliseconds before "
                     f"timing out (wait timeout {timeout})."
                 ) from exc
@@ -572,7 +479,7 @@ def install() -> None:
     dist.destroy_process_group = _destroy_process_group
     rank = int(os.environ.get("RANK", "0"))
     _ORDER.reset(_store(), rank)
-    _ABORTS.mine.clear()
+    _ABORTS.reset(_ORDER.store, rank)
 
 
 def _store() -> dist.Store:

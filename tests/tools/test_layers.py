@@ -43,3 +43,14 @@ def test_a_type_checking_import_that_points_up_or_closes_a_circle_fails() -> Non
 
 def test_the_package_passes() -> None:
     assert layers.problems(layers.graph()) == []
+
+
+def test_a_module_over_the_line_limit_fails(tmp_path: Path) -> None:
+    package = tmp_path / "autotune"
+    (package / "ddp").mkdir(parents=True)
+    (package / "ddp" / "engine.py").write_text("x = 1\n" * (layers.LINES_MAX + 1))
+    (package / "ddp" / "lane.py").write_text("x = 1\n" * layers.LINES_MAX)
+    assert layers.too_long(package) == [
+        f"autotune/ddp/engine.py has {layers.LINES_MAX + 1} lines (at most {layers.LINES_MAX}): "
+        "split it along its seams"
+    ]
