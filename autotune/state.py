@@ -15,44 +15,30 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable
-from datetime import timedelta
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
-from torch.nn.parallel import DistributedDataParallel
 
 from autotune.algorithms import (
     AllReduceAlgorithm,
     PeerError,
     forget_p2p_group,
     get_algorithm,
-    p2p_group,
 )
 from autotune.comm.faults import FailureBoard, release
-from autotune.comm.groups import backend_name
-from autotune.comm.nccl_feed import feed
 from autotune.config import Config
-from autotune.ddp.engine import Engine
-from autotune.ddp.guard import Guard, guarded_group
-from autotune.ddp.kernel_clock import KernelClock
 from autotune.ddp.stats import Recorder, Summary, summarize
-from autotune.plan import BASELINE_CHOICE, Choice, Entry, Plan, Table, load_table
+from autotune.plan import Choice, Entry, Table, load_table
 from autotune.setup_checks import (
-    fusion_bytes_at_start,
     oversubscribed_here,
-    refuse_what_cannot_run,
     shared_settings,
     warn_restart_on_shared_store,
 )
-from autotune.tuning import Tuner
-from autotune.tuning.status import Status, is_locked, is_settled, status
-from autotune.tuning.unhooked import Unhooking, bucket_tuner, catch_hooks, plan_file_buckets
+from autotune.tuning.status import Status, status
+from autotune.tuning.unhooked import Unhooking
 from autotune.util.redact import redact
-
-if TYPE_CHECKING:
-    from autotune.metrics import Exporter
+from autotune.wiring import Lent, build
 
 _log = logging.getLogger("autotune")
 
@@ -76,6 +62,7 @@ class AutotuneState:
         "__weakref__",
         "_algorithms",
         "_cores_warning",
+        "_parts",
         "board",
         "clock",
         "config",
@@ -123,95 +110,36 @@ class AutotuneState:
         self.board.agree("config", None, shared_settings(self.config, table))
         self.recorder = Recorder()
         self._algorithms: dict[str, AllReduceAlgorithm] = {}
-        #: The live tuner ("auto" without a plan file), else None.
-        self.tuner: Tuner | None = None
-        #: The Prometheus exporter (``Config.metrics_port``), else None.
-        self.exporter: Exporter | None = None
-        #: Takes the hook out of DDP once the tuner keeps the baseline (`autotune.tuning.unhooked`).
-        self.unhooking: Unhooking | None = None
-        #: The fault contract where DDP runs without the hook (`autotune.ddp.guard`), wherever it
-        #: may.
-        self.guard: Guard | None = None
+        lent = Lent(
+            algorithm_for=self._algorithm,
+            diagnose=self._diagnose,
+            diagnose_ddp=self._diagnose_ddp,
+            owner=_owner(self),
+            liveness=lambda: self.board.liveness,
+            listeners=(self.recorder.record,),
+        )
         #: The job's failure, once diagnosed: every later error of this state is this one.
         self.failure: PeerError | None = None
-        #: NCCL's kernel time for the messages NCCL runs, beside the GPU's events, where NCCL
-        #: loaded autotune's profiler.
-        # Not at world size 1: NCCL's one-rank path runs no algorithm and calls no profiler.
-        nccl_feed = feed() if backend_name(group) == "nccl" and self.world_size > 1 else None
-        self.clock = KernelClock(nccl_feed, self.world_size) if nccl_feed is not None else None
-        if self.clock is not None and dist.get_rank(group) == 0:
-            _log.info("autotune: NCCL's kernel time recorded beside each message (its profiler)")
-        self.engine = Engine(
-            group=group,
-            world_size=self.world_size,
-            plan=Plan(self._initial_plan()),
-            algorithm_for=self._algorithm,
-            fusion_bytes=fusion_bytes_at_start(self.config, table),
-            diagnose=self._diagnose,
-            clock=self.clock,
-        )
-        # This state builds every part and hands each what it uses; they hear the engine's
-        # events (autotune.ddp.events) rather than reaching into the state.
-        self.engine.subscribe(self.recorder.record)
         try:
-            # Made now, collectively, rather than inside the first backward on the autograd
-            # thread; every collective step comes before any step that may fail on one rank.
-            # A channel of this state's own: another hooked model's messages never share it.
-            self.engine.channel = p2p_group(
-                group, timedelta(seconds=self.config.timeout_s), self.board.sequence
-            )
-            refuse_what_cannot_run(self.config, table, group)
-            if table is not None:
-                for cls, entry in table.classes.items():
-                    self.engine.plan.set(cls, entry.choice)
-            tuned = self.config.algorithm == "auto" and table is None
-            if self.config.unhook and (
-                (table is not None and table.buckets is not None)
-                or (tuned and Tuner.would_unhook(self.config))
-            ):
-                # Where autotune may unhook itself, DDP then runs on this group. Made now,
-                # collectively, before the tuner opens the storage (rank 0 alone may fail that).
-                self.guard = Guard(
-                    guarded_group(group, self.config.timeout_s),
-                    lambda: self.board.liveness,
-                    self._diagnose_ddp,
-                    _hooked(_owner(self)),
-                )
-            if tuned:
-                self.tuner = Tuner(self.engine, group, self.config)
-            if table is not None and table.buckets is not None:
-                self.unhooking = plan_file_buckets(
-                    table, dist.get_world_size(group), self.config, _owner(self), self.guard
-                )
-            live = self.tuner
-            if live is not None and live.unhooks:
-                buckets = bucket_tuner(live, self.config) if live.tune_fusion else None
-                catch = catch_hooks(live, self.engine, self.config)
-                self.unhooking = Unhooking(
-                    lambda: live.unhook_from,
-                    _owner(self),
-                    buckets,
-                    catch=catch,
-                    guard=self.guard,
-                    carry=live.carry_plan,
-                )
-            if self.config.metrics_port is not None:
-                from autotune import metrics  # prometheus_client only where wanted
-
-                try:
-                    self.exporter = metrics.Exporter(
-                        self.config, group, self.engine, self.tuner, unhooking=self.unhooking
-                    )
-                except OSError as exc:  # a port in use: an observer never costs the run
-                    _log.warning(
-                        "autotune: rank %d serves no metrics and trains on: %s",
-                        dist.get_rank(group),
-                        exc.strerror or exc,
-                    )
+            parts = build(group, self.config, table, self.board.sequence, lent)
         except BaseException as exc:
             self.board.agree("ready", exc, {})
-            self.close()
+            self.board.close()
             raise
+        self._parts = parts
+        #: The engine that runs the hook's all-reduces (`autotune.ddp.engine`).
+        self.engine = parts.engine
+        #: NCCL's kernel time for the messages NCCL runs, where NCCL loaded autotune's profiler.
+        self.clock = parts.clock
+        #: The fault contract where DDP runs without the hook (`autotune.ddp.guard`), wherever it
+        #: may.
+        self.guard = parts.guard
+        #: The live tuner ("auto" without a plan file), else None.
+        self.tuner = parts.tuner
+        #: Takes the hook out of DDP once the tuner keeps the baseline (`autotune.tuning.unhooked`).
+        self.unhooking = parts.unhooking
+        #: The Prometheus exporter (``Config.metrics_port``), else None.
+        self.exporter = parts.exporter
         told = {}
         if self.config.metrics_port is not None:
             told["metrics"] = None if self.exporter is None else self.exporter.server.url
@@ -273,34 +201,30 @@ class AutotuneState:
     def status(self) -> Status:
         """Where autotune stands (`autotune.tuning.status.Status`), as of the last iteration
         whose backward() returned: the engine settled first, so every rank reads the same after
-        the same iteration."""
+        the same iteration. The one snapshot: `settled`, `locked` and `verdict` read it."""
         self.engine.settle(self.config.timeout_s)
         return status(self.tuner, self.unhooking)
 
     @property
     def settled(self) -> bool:
-        """Whether autotune has decided what this job runs: the tuner's plan, locked, and where
-        it unhooks, DDP's bucket size (`autotune.tuning.buckets`). As of the last iteration
-        whose backward() returned, the same on every rank (see `locked`)."""
-        self.engine.settle(self.config.timeout_s)
-        return is_settled(self.tuner, self.unhooking)
+        """`Status.settled`: whether autotune has decided what this job runs (the tuner's plan,
+        locked, and where it unhooks, DDP's bucket size). The same on every rank after the same
+        iteration."""
+        return self.status().settled
 
     @property
     def locked(self) -> bool:
-        """Whether the job runs a decided plan from here on: `settled`, or re-checking the
-        locked plan against the baseline (which keeps it unless it lost its gain; then tuning
-        starts over and this is False again). Where autotune unhooks, `settled`. The same
-        on every rank after the same iteration, so a collective that depends on it cannot
-        deadlock: it reads what rank 0 broadcast (not rank 0's own plan search, which knows a step
-        or two earlier), once the engine has taken in that iteration's end, where the orders
-        arrive (a bucket's future may complete before that)."""
-        self.engine.settle(self.config.timeout_s)
-        return is_locked(self.tuner, self.unhooking)
+        """`Status.locked`: whether the job runs a decided plan from here on. The same on every
+        rank after the same iteration, so a collective that depends on it cannot deadlock: it
+        reads what rank 0 broadcast (not rank 0's own plan search, which knows a step or two
+        earlier), once the engine has taken in that iteration's end, where the orders arrive (a
+        bucket's future may complete before that)."""
+        return self.status().locked
 
     def verdict(self) -> str:
-        """One line for a job's summary: its training step against plain DDP's, as the tuner
-        measured it (on rank 0, which decides), and whether the hook unhooked."""
-        return status(self.tuner, self.unhooking).verdict
+        """`Status.verdict`: one line for a job's summary, its training step against plain DDP's
+        as the tuner measured it (on rank 0, which decides), and whether the hook unhooked."""
+        return self.status().verdict
 
     def stats(self) -> dict[tuple[int, str], Summary]:
         """(size class, algorithm) -> count, bytes, median and p99 seconds, busbw.
@@ -312,15 +236,7 @@ class AutotuneState:
 
     def close(self) -> None:
         """Stop the engine's workers (after they run what is queued) and the tuner's."""
-        self.engine.close()
-        if self.clock is not None:
-            self.clock.close()
-        if self.tuner is not None:
-            self.tuner.close()
-        if self.exporter is not None:
-            self.exporter.close()
-        if self.guard is not None:
-            self.guard.close()
+        self._parts.close()
         self.board.close()
 
     def _diagnose(self, error: BaseException, algorithm: str | None) -> PeerError:
@@ -355,11 +271,6 @@ class AutotuneState:
         ours = PeerError(f"DDP's all-reduce without autotune's hook: {error}")
         ours.__cause__ = error
         return self._diagnose(ours, "native")
-
-    def _initial_plan(self) -> Choice:
-        if self.config.algorithm == "auto":
-            return BASELINE_CHOICE  # the backend's own, until a plan beats it on the step
-        return Choice(self.config.algorithm, self.config.segment_bytes)
 
     def _algorithm(self, name: str) -> AllReduceAlgorithm:
         algo = self._algorithms.get(name)
@@ -405,17 +316,6 @@ def _is_hook(fn: object) -> bool:
         getattr(fn, "__module__", None) == "autotune.comm_hook"
         and getattr(fn, "__qualname__", None) == "hook"
     )
-
-
-def _hooked(
-    ours: Callable[[object, object], bool],
-) -> Callable[[DistributedDataParallel], bool]:
-    """Whether autotune's hook (``ours``) is on a DDP model now."""
-
-    def hooked(ddp: DistributedDataParallel) -> bool:
-        return any(ours(*h) for h in getattr(ddp, "_comm_hooks", ()))
-
-    return hooked
 
 
 _default_lock = threading.Lock()

@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     (
         "autotune.comm_hook",
         "autotune.setup_checks",
+        "autotune.wiring",
         "autotune.state",
         "autotune.frameworks",
         "autotune.report",

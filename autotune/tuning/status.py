@@ -24,8 +24,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Status",
-    "is_locked",
-    "is_settled",
     "status",
     "tuner_verdict",
 ]
@@ -114,7 +112,7 @@ class Status:
 def status(tuner: Tuner | None, unhooking: Unhooking | None) -> Status:
     """The snapshot, from what this rank knows now (settle the engine first for a reading that
     is the same on every rank after the same iteration)."""
-    settled = is_settled(tuner, unhooking)
+    settled = _settled(tuner, unhooking)
     unhooked_at = None if unhooking is None else unhooking.at
     if tuner is None:
         return Status(
@@ -135,7 +133,7 @@ def status(tuner: Tuner | None, unhooking: Unhooking | None) -> Status:
         phase=tuner.phase,
         plan_locked=tuner.settled,
         settled=settled,
-        locked=is_locked(tuner, unhooking, settled),
+        locked=_locked(tuner, unhooking, settled),
         gain=_gain(tuner, unhooking),
         unhooked_at=unhooked_at,
         verdict=verdict if final else _provisional(verdict),
@@ -202,9 +200,8 @@ def _gain(tuner: Tuner, unhooking: Unhooking | None) -> Gain | None:
     return tuner.gain
 
 
-def is_settled(tuner: Tuner | None, unhooking: Unhooking | None) -> bool:
-    """`Status.settled` alone, without the rest of the snapshot (the verdict's text, the
-    progress): what a job that asks every step reads."""
+def _settled(tuner: Tuner | None, unhooking: Unhooking | None) -> bool:
+    """`Status.settled`."""
     if tuner is None:
         return unhooking is None or unhooking.at is not None or unhooking.refused is not None
     if not tuner.settled or tuner.check_from is not None:
@@ -216,14 +213,10 @@ def is_settled(tuner: Tuner | None, unhooking: Unhooking | None) -> bool:
     return unhooking.buckets is None or unhooking.buckets.done
 
 
-def is_locked(
-    tuner: Tuner | None, unhooking: Unhooking | None, settled: bool | None = None
-) -> bool:
-    """`Status.locked` alone: `settled`, or re-checking the locked plan against the baseline;
-    where autotune unhooks, `settled`. Reads what rank 0 broadcast, so the same on every rank
-    after the same iteration. ``settled``: `is_settled`'s answer, where the caller has it."""
-    if settled is None:
-        settled = is_settled(tuner, unhooking)
+def _locked(tuner: Tuner | None, unhooking: Unhooking | None, settled: bool) -> bool:
+    """`Status.locked`: ``settled`` (`_settled`'s answer), or re-checking the locked plan
+    against the baseline; where autotune unhooks, ``settled``. Reads what rank 0 broadcast, so
+    the same on every rank after the same iteration."""
     if tuner is None:
         return settled
     if tuner.unhook_from is None:
