@@ -542,3 +542,18 @@ def oversubscription_warnings(rank: int, world_size: int) -> list[str]:
     finally:
         logging.getLogger("autotune").removeHandler(catch)
     return seen
+
+
+def refused_leaves_nothing(rank: int, world_size: int, config: dict[str, Any]) -> list[str]:
+    """Build a state ``config`` makes fail partway through its parts (`autotune.wiring.build`):
+    the threads it left running, by name (none, where the parts built were closed)."""
+    before = set(threading.enumerate())
+    model = DDP(Net())
+    try:
+        state = autotune.register(model, autotune.Config(timeout_s=60, **config))
+    except (ValueError, RuntimeError):
+        pass
+    else:
+        state.close()
+        return ["no error"]
+    return sorted(t.name for t in threading.enumerate() if t not in before and t.is_alive())
