@@ -120,8 +120,8 @@ class Lane:
         if name not in self._connections:
             algo = self.algorithm_for(name)
             # On the job's own group, as DDP and allreduce_hook do: launched on the autograd
-            # thread, in bucket order on every rank. (A dedicated group measured ~5% slower
-            # steps on 2 shared cores.)
+            # thread, in bucket order on every rank. (A dedicated group was tried: the step
+            # was slower.)
             self._connections[name] = (
                 (algo, algo.connect(self.group, device, dedicated=False))
                 if algo.asynchronous

@@ -59,8 +59,8 @@ MAX_PAIRS = 12
 #: A first bucket paired test goes on to twice `MAX_PAIRS` for a challenger ahead on the median at
 #: all, not only at the hooked paired tests' `PROMISING` (0.95): both arms are DDP's own reducer,
 #: so pairs spent on a challenger that is ahead cost the job little more than the rebuilds, while
-#: on 2 shared cores the mlp's real 10% gain at 2 ranks measured 0.955-0.977x over 12 pairs of
-#: blocks in three first jobs of nine, and was lost (docs/BENCHMARKS.md).
+#: on a shared machine a real gain can end `MAX_PAIRS` pairs only a little ahead, unproven, and
+#: be lost.
 EXTEND_BELOW = 1.0
 
 

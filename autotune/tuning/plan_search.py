@@ -36,16 +36,14 @@ __all__ = ["NEAR_MISS_BELOW", "RUNNER_UP_WITHIN", "SHORTLIST_BELOW", "PlanSearch
 SHORTLIST_BELOW = 0.9
 #: The fastest other algorithm is shortlisted too when its latency is within this factor of the
 #: fastest choice's. A screening value is the median of a few windows measured inside a busy
-#: step, and on a shared machine two algorithms 5-10% apart trade places from run to run (on
-#: the emulated 2 x 2 cluster, `ring` screened first twice in three runs, lost its paired test, and
-#: `hierarchical_ring`, 1.10x faster on the step, was never tried). A second paired test costs tens
-#: of steps; locking the wrong one of two close choices costs every step after.
+#: step, and on a shared machine two algorithms 5-10% apart trade places from run to run: the
+#: one faster on the step may screen second and, without this, never be tried. A second paired
+#: test costs tens of steps; locking the wrong one of two close choices costs every step after.
 RUNNER_UP_WITHIN = 1.1
 #: A paired test against the baseline whose challenger lost with a median ratio below this (ahead by
 #: 3% or more, not beyond noise) makes it a lead for the next job, if the round keeps the
-#: baseline. The closest challengers in cells with nothing to gain measured 0.99-1.00, once
-#: 0.966 (docs/BENCHMARKS.md; that lead's retry measured 0.990): a lead that is only noise costs
-#: the next job one paired test.
+#: baseline. Challengers with nothing to gain end just under 1.00, which this bar leaves out;
+#: a lead that is only noise costs the next job one paired test.
 NEAR_MISS_BELOW = 0.97
 #: Pairs in a re-check of a locked plan against the baseline.
 RECHECK_PAIRS = MIN_PAIRS + LOOK_EVERY
