@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import timedelta
 from typing import Any
@@ -79,3 +80,17 @@ def a_pair_and_a_bystander(rank: int, world_size: int) -> list[tuple[str, int]]:
     dist.all_reduce(torch.ones(2))
     played_nccl.final_check()
     return [(launch.op, len(launch.sends)) for launch in played_nccl.launches()]
+
+
+def waits_on_a_dead_peers_future(rank: int, world_size: int) -> float | None:
+    """Rank 1 leaves; rank 0 all-reduces and waits on the work's future: when the watchdog ends
+    it, as rank 0 saw it the moment its wait raised (None: it did not know yet)."""
+    if rank == 1:
+        os._exit(0)
+    work = dist.all_reduce(torch.ones(4), async_op=True)
+    assert work is not None
+    try:
+        work.get_future().wait()
+    except RuntimeError:
+        return played_nccl.ends_at()
+    raise AssertionError("an all-reduce with a rank gone completed")

@@ -12,6 +12,7 @@ from played_nccl_jobs import (
     crossed_communicators,
     one_work_per_batch,
     timed_wait_times_out,
+    waits_on_a_dead_peers_future,
 )
 
 from autotune.comm.launch import launch, run_local
@@ -52,6 +53,15 @@ def test_a_timed_wait_blocks_the_host_then_aborts_and_the_watchdog_ends_the_proc
     # The peer came late to a communicator rank 0 had aborted: on a GPU its kernel never ends.
     assert "whose communicator rank 0 aborted" in rank1.value["said"], rank1.value
     assert "(wait timeout 0:00:02)" in rank1.value["said"] and rank1.exitcode == -signal.SIGABRT
+
+
+def test_the_watchdog_knows_of_a_failure_before_a_waiter_on_its_future() -> None:
+    # DDP's reducer waits on a work's future; a waiter woken beside the done-callback that told
+    # the watchdog reached destroy_process_group first and exited 0 (a fresh clone's run):
+    # NCCL's watchdog watches every work from its launch.
+    rank0, _ = launch(waits_on_a_dead_peers_future, 2, env=QUICK_WATCHDOG, **ON)
+    assert rank0.ok and rank0.value is not None, (rank0.error, rank0.value)
+    assert rank0.exitcode == -signal.SIGABRT
 
 
 @pytest.mark.parametrize("mode", ["0", "2"])
