@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from autotune.algorithms import ALGORITHMS, BUILTINS, available
+from autotune.algorithms import ALGORITHMS, BUILTINS, WIRES, available
 from autotune.comm.topology import NODE_ID_ENV
 from autotune.plan import check_fusion_bytes, check_segment_bytes
 from autotune.storage.fingerprint import check_workload
@@ -66,7 +66,8 @@ class Config:
     algorithm: str = "auto"
     """A registered algorithm name (``autotune algorithms`` lists them), or "auto": chosen per
     message-size class by the live tuner, which starts from the backend's own all-reduce
-    (``native``, the baseline) and keeps it unless a plan makes the training step faster."""
+    (``native``, the baseline) and keeps it unless a plan makes the training step faster. A fixed
+    algorithm on a compressed wire is named with it: ``"native+bf16"`` (see `compression`)."""
 
     algorithms: tuple[str, ...] | None = None
     """The candidates "auto" may choose from; None: every built-in algorithm, and those a plugin
@@ -140,6 +141,13 @@ class Config:
     plan_file: str | None = None
     """A tuned table (``autotune show --json``) to run as a fixed plan, without tuning."""
 
+    compression: tuple[str, ...] = ()
+    """Wire dtypes ("bf16", "fp16") "auto" may send a size class's gradients in, where that makes
+    the training step faster (docs/HOOK.md, "Compression"): the gradients divided by the world
+    size, cast, summed in that dtype and cast back. () (the default): never; no tuned, stored or
+    swept plan then runs a compressed choice. Only fp32 and fp64 gradients are compressed. A plan
+    file may still fix one (``"wire": "bf16"`` in a class's choice)."""
+
     def __repr__(self) -> str:
         # A storage URL's password never reaches a log line or a traceback through the repr.
         body = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
@@ -147,10 +155,16 @@ class Config:
 
     def __post_init__(self) -> None:
         names = available()
-        if self.algorithm != "auto" and self.algorithm not in names:
+        fixed, plus, wire = str(self.algorithm).partition("+")
+        if self.algorithm != "auto" and fixed not in names:
             raise ValueError(
-                f"Config.algorithm: {unknown_names('algorithm', [self.algorithm], names)}; use "
+                f"Config.algorithm: {unknown_names('algorithm', [fixed], names)}; use "
                 f"'auto' or one of {', '.join(names)}"
+            )
+        if plus and wire not in WIRES:
+            raise ValueError(
+                f"Config.algorithm: {unknown_names('wire dtype', [wire], list(WIRES))} after "
+                f"'+'; use {' or '.join(f'{fixed}+{w}' for w in WIRES)}"
             )
         if self.algorithms is not None:
             if isinstance(self.algorithms, str) or not all(
@@ -164,6 +178,7 @@ class Config:
             if unknown or not self.algorithms:
                 what = unknown_names("algorithm", unknown, names) if unknown else "empty"
                 raise ValueError(f"Config.algorithms: {what}; choose from {', '.join(names)}")
+        _check_compression(self)
         for name in ("segment_bytes", "fusion_bytes"):
             # "4M", as AUTOTUNE_FUSION_BYTES takes it (it was a TypeError here alone).
             value = getattr(self, name)
@@ -372,11 +387,31 @@ def _parse(f: dataclasses.Field[Any], raw: str, key: str) -> Any:
             return float(text)
         if f.name == "unhook":
             return _parse_bool(text)
-        if f.name == "algorithms":
+        if f.name in ("algorithms", "compression"):
             return tuple(a.strip() for a in text.split(",") if a.strip())
     except ValueError as exc:
         raise ValueError(f"{key}={raw!r}: {exc}") from None
     return text
+
+
+def _check_compression(config: Config) -> None:
+    """``Config.compression`` as a tuple of known wire dtypes, each once ("bf16,fp16" taken as
+    the environment variable's)."""
+    value = config.compression
+    if isinstance(value, str):
+        value = tuple(w.strip() for w in value.split(",") if w.strip())
+    if not isinstance(value, (tuple, list)) or not all(isinstance(w, str) for w in value):
+        raise TypeError(f"Config.compression: expected wire dtype names, got {value!r}")
+    wires = tuple(value)
+    unknown = [w for w in wires if w not in WIRES]
+    if unknown:
+        raise ValueError(
+            f"Config.compression: {unknown_names('wire dtype', unknown, list(WIRES))}; choose "
+            f"from {', '.join(WIRES)}, or () for none"
+        )
+    if len(set(wires)) != len(wires):
+        raise ValueError(f"Config.compression: {', '.join(wires)} names a wire dtype twice")
+    object.__setattr__(config, "compression", wires)
 
 
 def _parse_bool(text: str) -> bool:

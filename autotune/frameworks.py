@@ -122,7 +122,7 @@ def plan_text(state: AutotuneState) -> str:
     for cls, choice in sorted(state.plan().items()):
         segment = segment_text(choice)
         parts.append(
-            f"{format_bytes(cls)}: {choice.algorithm}"
+            f"{format_bytes(cls)}: {choice.label}"
             + ("" if segment in ("-", "default") else f" ({segment})")
         )
     fusion = state.engine.fusion_bytes

@@ -39,7 +39,8 @@ def refuse_what_cannot_run(config: Config, table: Table | None, group: ProcessGr
     would run something else under its name (an nccl.* cell on gloo runs gloo's all-reduce), and
     `plan()` and `stats()` would report it. "auto" never offers such a one (the tuner's
     candidates are agreed the same way)."""
-    asked = [] if config.algorithm == "auto" else [config.algorithm]
+    fixed = config.algorithm.partition("+")[0]  # ring+bf16 runs ring's schedule
+    asked = [] if config.algorithm == "auto" else [fixed]
     if table is not None:
         asked += sorted({e.choice.algorithm for e in table.classes.values()} - set(asked))
     asked = [a for a in asked if a != BASELINE_CHOICE.algorithm]
@@ -59,7 +60,7 @@ def refuse_what_cannot_run(config: Config, table: Table | None, group: ProcessGr
         cls = get_algorithm_class(name)
         reason = f"{name} runs on {' or '.join(cls.runs_on)}"
         reasons.append(reason + (f" and needs {cls.needs}" if cls.needs else ""))
-    source = "Config.algorithm" if refused[0] == config.algorithm else "the plan file"
+    source = "Config.algorithm" if refused[0] == fixed else "the plan file"
     raise ValueError(
         f"{source}: {', '.join(refused)} cannot run its own schedule on this job ({where}); "
         f"{'; '.join(reasons)}. `autotune algorithms` lists what runs here; 'auto' chooses "

@@ -187,7 +187,7 @@ def _nccl_clock(group: ProcessGroup, world_size: int) -> KernelClock | None:
 def _initial_choice(config: Config) -> Choice:
     if config.algorithm == "auto":
         return BASELINE_CHOICE  # the backend's own, until a plan beats it on the step
-    return Choice(config.algorithm, config.segment_bytes)
+    return Choice.parse(config.algorithm, config.segment_bytes)  # "ring+bf16" compresses
 
 
 def _hooked(

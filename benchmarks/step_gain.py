@@ -222,7 +222,8 @@ def alone(rank: int, world_size: int, args: argparse.Namespace, storage: str) ->
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     model, batch = model_and_batch(args.model, device=rank_device(rank, args.device))
     ddp = DDP(model, **args.ddp)
-    state = autotune.register(ddp, autotune.Config(storage=storage, timeout_s=120))
+    config = autotune.Config(storage=storage, timeout_s=120, compression=args.compression)
+    state = autotune.register(ddp, config)
     assert state.tuner is not None
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(rank)
@@ -287,7 +288,7 @@ def paired(
     if args.hook_only:  # the baseline's lane, fixed: the hook's own cost
         config = autotune.Config(algorithm="native", fusion_bytes=0, timeout_s=120)
     elif plan_file is None:
-        config = autotune.Config(storage=storage, timeout_s=120)
+        config = autotune.Config(storage=storage, timeout_s=120, compression=args.compression)
     else:
         config = autotune.Config(plan_file=plan_file, timeout_s=120)
     state = autotune.register(tuned, config)
@@ -634,6 +635,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--plan-file", default=None, help="run 3 alone, with autotune fixed on this plan (JSON)"
+    )
+    p.add_argument(
+        "--compression",
+        default="",
+        help="wire dtypes the tuner may compress a size class to (bf16, fp16: Config.compression); "
+        "none by default",
     )
     p.add_argument(
         "--breakdown",

@@ -267,7 +267,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=5, help="steps before the clock starts")
     add_model_arguments(p)
     p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--algorithm", default="auto", help="'auto' or a registered algorithm")
+    p.add_argument(
+        "--algorithm",
+        default="auto",
+        help="'auto', a registered algorithm, or one on a compressed wire (native+bf16)",
+    )
     p.add_argument("--segment-bytes", type=parse_bytes, default=None)
     p.add_argument(
         "--fusion-bytes", type=parse_bytes, default=None, help="default: tuned with auto, else 0"

@@ -9,7 +9,7 @@ when); more arrive through `register` or the ``autotune.algorithms`` entry-point
 from __future__ import annotations
 
 from autotune.algorithms._base import SUPPORTED_DTYPES, AllReduceAlgorithm, Pending, check_tensor
-from autotune.algorithms._choice import Choice
+from autotune.algorithms._choice import COMPRESSIBLE, WIRES, Choice, wire_dtype, wire_of
 from autotune.algorithms._hierarchical_ring import HierarchicalRingAllReduce
 from autotune.algorithms._hierarchical_two_tree import HierarchicalTwoTreeAllReduce
 from autotune.algorithms._native import NativeAllReduce
@@ -63,9 +63,11 @@ from autotune.comm.groups import (
 __all__ = [
     "ALGORITHMS",
     "BUILTINS",
+    "COMPRESSIBLE",
     "ENTRY_POINT_GROUP",
     "PLUGIN_SOURCES",
     "SUPPORTED_DTYPES",
+    "WIRES",
     "AllReduceAlgorithm",
     "Choice",
     "Comm",
@@ -108,6 +110,8 @@ __all__ = [
     "segments",
     "sibling_group",
     "split",
+    "wire_dtype",
+    "wire_of",
 ]
 
 #: The algorithms that ship with autotune itself.

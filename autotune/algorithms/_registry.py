@@ -118,13 +118,17 @@ def get_algorithm_class(name: str) -> type[AllReduceAlgorithm]:
     return cls
 
 
-def carried(algorithm: str) -> bool:
-    """Whether the backend runs ``algorithm`` without the hook once autotune hands it the plan
-    (`AllReduceAlgorithm.carrier`): the baseline does anyway, an autotune-nccl cell through
-    NCCL's tuner plugin's table; a Python-driven schedule needs the hook."""
+def carried(choice: Choice | str) -> bool:
+    """Whether the backend runs ``choice`` (or an algorithm by name) without the hook once
+    autotune hands it the plan (`AllReduceAlgorithm.carrier`): the baseline does anyway, an
+    autotune-nccl cell through NCCL's tuner plugin's table; a Python-driven schedule, or any
+    choice on a compressed wire (the hook casts), needs the hook."""
     load_plugins()
-    cls = ALGORITHMS.get(algorithm)
-    return algorithm == "native" or (cls is not None and cls.carrier is not None)
+    if not isinstance(choice, str) and choice.wire is not None:
+        return False
+    name = choice if isinstance(choice, str) else choice.algorithm
+    cls = ALGORITHMS.get(name)
+    return name == "native" or (cls is not None and cls.carrier is not None)
 
 
 def carry(classes: Mapping[int, Choice], ranks: int) -> list[str]:
@@ -135,11 +139,11 @@ def carry(classes: Mapping[int, Choice], ranks: int) -> list[str]:
     by_carrier: dict[str, dict[int, Choice]] = {}
     first: dict[str, type[AllReduceAlgorithm]] = {}
     for cls_bytes, choice in sorted(classes.items()):
-        if choice.algorithm == "native":
+        if choice.algorithm == "native" and choice.wire is None:
             continue
         algo = ALGORITHMS.get(choice.algorithm)
-        if algo is None or algo.carrier is None:
-            raise ValueError(f"{choice.algorithm} runs only through the hook: it has no carrier")
+        if not carried(choice) or algo is None or algo.carrier is None:
+            raise ValueError(f"{choice} runs only through the hook: it has no carrier")
         by_carrier.setdefault(algo.carrier, {})[cls_bytes] = choice
         first.setdefault(algo.carrier, algo)
     return [first[c].carry(taken, ranks) for c, taken in by_carrier.items()]

@@ -72,7 +72,7 @@ def show(args: argparse.Namespace) -> int:
             seg = format_bytes(e.choice.segment_bytes) if e.choice.segment_bytes else "default"
             best = f"{e.best_s * 1e3:.2f}ms" if e.best_s is not None else "-"
             print(
-                f"  {format_bytes(cls):>10}  {e.choice.algorithm:<10} {seg:>9} {best:>10} "
+                f"  {format_bytes(cls):>10}  {e.choice.label:<10} {seg:>9} {best:>10} "
                 f"{e.trials:>6}  {e.state}"
             )
         if table.lead is not None:

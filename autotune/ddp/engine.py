@@ -22,20 +22,21 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch.distributed import ProcessGroup
 
-from autotune.algorithms import AllReduceAlgorithm
+from autotune.algorithms import AllReduceAlgorithm, wire_of
 from autotune.ddp.events import Event, Failure, IterationDone, IterationEnd, Listener
 from autotune.ddp.gpu import Gpu, side
 from autotune.ddp.kernel_clock import AUTOTUNE, KernelClock
 from autotune.ddp.lane import Lane
 from autotune.ddp.messages import (
+    CAST_SAMPLE_EVERY,
     Bucket,
     Message,
     Piece,
+    Prepared,
     joins,
     leave_within,
     mark_end,
@@ -122,6 +123,7 @@ class Engine:
         # anything else), so it wakes once an iteration instead of once a message.
         self._held: list[Message] = []
         self._lane = Lane(group, world_size, algorithm_for, self._completing)
+        self._casts = 0  # pieces sent on a compressed wire (the start thread's count)
         self._closing = False
         # Buckets to start, or a message the lane started, to pass on in order.
         self._to_start: queue.SimpleQueue[list[Bucket] | Message | None] = queue.SimpleQueue()
@@ -340,8 +342,9 @@ class Engine:
             # Where the sum may be left (`leave_within`): decided once, for staging and start.
             within = leave_within(buckets[0], self.layout)
             staged = None
-            if len(buckets) > 1 and within is not None:
-                algo = self.algorithm_for(self.plan.choice(started.nbytes).algorithm)
+            first = self.plan.choice(started.nbytes)
+            if len(buckets) > 1 and within is not None and first.wire is None:
+                algo = self.algorithm_for(first.algorithm)
                 staged = stage(
                     buckets, algo, self.channel, within, self.world_size, self.fusion_bytes
                 )
@@ -349,26 +352,25 @@ class Engine:
                 started.flat = staged
             elif len(buckets) > 1:
                 started.flat = torch.cat([b.buffer for b in buckets])
-            # Average: scale first, as DDP does without a hook, since the sum of N fp16 gradients
-            # can overflow where their mean cannot; and by the reciprocal, as DDP does, so that
-            # with `native` the result is bitwise DDP's own (x * (1/3) and x / 3 round apart).
-            # An algorithm that copies its input anyway scales it in that copy (`folds_scale`:
-            # `shm`), a pass over the bucket fewer; the others' pieces are scaled here.
-            scale = 1.0 / self.world_size
             parts = pieces(started.flat, self.fusion_bytes)
             for piece in parts:
                 nbytes = piece.numel() * piece.element_size()
                 choice = self.plan.choice(nbytes)
                 started.algorithm = choice.algorithm
                 algo = self.algorithm_for(choice.algorithm)
-                # A third party's `start`, written before ``scale``, is called without it.
-                options: dict[str, Any] = {}
-                if algo.folds_scale and staged is None:
-                    options["scale"] = scale
-                elif staged is None:  # a staged message was scaled as it was gathered (`stage`)
-                    piece.mul_(scale)
-                if algo.leaves_result and len(parts) == 1:
-                    options["leave_within"] = within
+                wire = wire_of(choice, piece.dtype)
+                if wire is not None:
+                    self._casts += 1
+                sent = Prepared.of(
+                    piece,
+                    algo,
+                    wire,
+                    1.0 / self.world_size,
+                    scaled=staged is not None,  # as it was gathered (`stage`)
+                    whole=len(parts) == 1,
+                    within=within,
+                    measure=wire is not None and self._casts % CAST_SAMPLE_EVERY == 1,
+                )
                 ticket = None
                 if stream is not None and self.clock is not None and algo.asynchronous:
                     ticket = self.clock.expect(nbytes, AUTOTUNE)
@@ -377,7 +379,7 @@ class Engine:
                     stamp(self.gpu, marks, stream)  # the side stream has waited for the gradient
                 begin = time.perf_counter()
                 pending = algo.start(
-                    piece, self.channel, segment_bytes=choice.segment_bytes, **options
+                    sent.tensor, self.channel, segment_bytes=choice.segment_bytes, **sent.options
                 )
                 stopped = mark_end(self.gpu, pending, marks) if stream is not None else None
                 if pending.traffic is not None and pending.traffic.result is not None:
@@ -387,6 +389,7 @@ class Engine:
                 done = time.perf_counter() if pending.done and stream is None else None
                 piece_of = Piece.started_by(nbytes, choice, pending, begin, done)
                 piece_of.ticket, piece_of.marks, piece_of.stopped = ticket, marks, stopped
+                sent.apply(piece_of, choice)
                 started.pieces.append(piece_of)
 
     def _finish_loop(self) -> None:
@@ -431,6 +434,7 @@ class Engine:
                 if piece.early:
                     buckets[0].future.wait()  # the callback has run: it timed the message
                 finished = piece.finished or time.perf_counter()
+                piece.take_sum()  # from a compressed wire, after its time was taken
                 if started.sparse:
                     continue
                 if len(piece.marks) == 2:  # on the GPU's clock: read once the futures are done

@@ -70,6 +70,8 @@ class Lane:
         if 0 < fusion_bytes < nbytes:
             return None
         choice = plan.choice(nbytes)
+        if choice.wire is not None:
+            return None  # the general path sends a cast copy
         message = Message([bucket], bucket.buffer, algorithm=choice.algorithm)
         try:
             connection = self.connection(choice.algorithm, bucket.buffer.device)
@@ -111,7 +113,7 @@ class Lane:
             return False
         choices = plan.choices()
         return choices is not None and all(
-            self.algorithm_for(c.algorithm).asynchronous for c in choices
+            c.wire is None and self.algorithm_for(c.algorithm).asynchronous for c in choices
         )
 
     def connection(self, name: str, device: torch.device) -> tuple[AllReduceAlgorithm, Comm] | None:

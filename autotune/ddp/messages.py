@@ -20,10 +20,13 @@ from autotune.ddp.step_clock import DeviceEvent
 from autotune.plan import Choice, size_class
 
 __all__ = [
+    "CAST_SAMPLE_EVERY",
     "Bucket",
     "Message",
     "Piece",
+    "Prepared",
     "at_storage_start",
+    "cast",
     "joins",
     "leave_within",
     "mark_end",
@@ -77,6 +80,12 @@ class Piece:
     marks: list[DeviceEvent] = field(default_factory=list)
     #: Completes once the end event is recorded, where a callback records it.
     stopped: torch.futures.Future[Any] | None = None
+    #: On a compressed wire (`Choice.wire`): the wire's name, where the sum is (the cast copy),
+    #: and the piece of the message it goes back into once done; and, on a sample of pieces,
+    #: the cast's relative error (`cast`).
+    wire: str | None = None
+    unpack: tuple[torch.Tensor, torch.Tensor] | None = None
+    cast_error: float | None = None
 
     @classmethod
     def started_by(
@@ -121,7 +130,7 @@ class Piece:
             iteration=iteration,
             size_class=size_class(self.nbytes),
             nbytes=self.nbytes,
-            algorithm=self.choice.algorithm,
+            algorithm=self.choice.label if self.wire is not None else self.choice.algorithm,
             segment_bytes=self.choice.segment_bytes,
             seconds=seconds,
             first_wait_s=self.first_wait_s,
@@ -131,7 +140,15 @@ class Piece:
             sent_bytes=self.sent_bytes,
             timer=timer,
             kernel_s=kernel_s,
+            cast_error=self.cast_error,
         )
+
+    def take_sum(self) -> None:
+        """Once the piece's work is done: on a compressed wire, cast its sum back into the
+        message (the gradient's dtype)."""
+        if self.unpack is not None:
+            into, sent = self.unpack
+            into.copy_(sent)
 
 
 @dataclass(slots=True)
@@ -271,3 +288,75 @@ def mark_end(
         return pending.future.then(lambda _: stamp(gpu, marks))
     stamp(gpu, marks)
     return None
+
+
+def cast(
+    piece: torch.Tensor, wire: torch.dtype, measure: bool
+) -> tuple[torch.Tensor, float | None]:
+    """``piece`` (already divided by the world size, as PyTorch's compression hooks divide
+    before they cast: a sum of fp16 gradients can overflow where their mean cannot) as a copy in
+    ``wire``; and where ``measure``, the cast's relative error ||g - cast(g)|| / ||g|| (0 for a
+    zero piece), on this rank's gradients alone: no communication."""
+    sent = piece.to(wire)
+    if not measure:
+        return sent, None
+    norm = float(torch.linalg.vector_norm(piece))
+    if norm == 0.0:
+        return sent, 0.0
+    return sent, float(torch.linalg.vector_norm(piece - sent.to(piece.dtype))) / norm
+
+
+#: One compressed piece in this many has its cast's error measured (`cast`): two passes over
+#: the piece, so a sample.
+CAST_SAMPLE_EVERY = 8
+
+
+@dataclass(slots=True)
+class Prepared:
+    """What an algorithm is started on for one piece of a message, and with which options."""
+
+    tensor: torch.Tensor
+    options: dict[str, Any]
+    unpack: tuple[torch.Tensor, torch.Tensor] | None = None
+    cast_error: float | None = None
+
+    @classmethod
+    def of(
+        cls,
+        piece: torch.Tensor,
+        algo: AllReduceAlgorithm,
+        wire: torch.dtype | None,
+        scale: float,
+        *,
+        scaled: bool,
+        whole: bool,
+        within: int | None,
+        measure: bool,
+    ) -> Prepared:
+        """``piece`` averaged as the engine sends it: scaled first, as DDP does without a hook,
+        since the sum of N fp16 gradients can overflow where their mean cannot; by the
+        reciprocal, as DDP does, so that with `native` the result is bitwise DDP's own (x * (1/3)
+        and x / 3 round apart). An algorithm that copies its input anyway scales it in that copy
+        (`folds_scale`: `shm`), a pass fewer (a third party's `start`, written before ``scale``,
+        is called without it); ``scaled``: it was, as it was gathered (`stage`). On a compressed
+        ``wire`` the algorithm sums a cast copy (`cast`, its error measured where ``measure``),
+        in place, the sum cast back once done (`Piece.take_sum`). ``whole``: the message is one
+        piece, whose sum ``algo`` may leave in memory of its own (``within``: `leave_within`)."""
+        if wire is not None:
+            if not scaled:
+                piece.mul_(scale)
+            sent, error = cast(piece, wire, measure)
+            return cls(sent, {}, (piece, sent), error)
+        options: dict[str, Any] = {}
+        if algo.folds_scale and not scaled:
+            options["scale"] = scale
+        elif not scaled:
+            piece.mul_(scale)
+        if algo.leaves_result and whole:
+            options["leave_within"] = within
+        return cls(piece, options)
+
+    def apply(self, piece: Piece, choice: Choice) -> None:
+        """Note on the started ``piece`` what its wire needs once done, and what it measured."""
+        if self.unpack is not None:
+            piece.wire, piece.unpack, piece.cast_error = choice.wire, self.unpack, self.cast_error

@@ -57,6 +57,9 @@ class MessageRecord:
     #: Of ``seconds``, how long this rank was blocked on its peers (receives, barriers); the
     #: rest is its own work: copies, sums, Python. None where the backend runs it.
     wait_s: float | None = None
+    #: On a compressed wire (``algorithm`` ends ``+bf16`` or ``+fp16``), on a sample of messages:
+    #: the relative error the cast added to this rank's gradients, ||g - cast(g)|| / ||g||.
+    cast_error: float | None = None
 
     @property
     def busbw_gbps(self) -> float:
@@ -82,6 +85,8 @@ class Summary:
     median_s: float
     p99_s: float
     busbw_gbps: float  # at the median time, for the class's median message size
+    #: On a compressed wire: the median of the sampled casts' relative errors (None: none).
+    cast_error: float | None = None
 
 
 def quartiles(values: Iterable[float]) -> tuple[float, float, float]:
@@ -103,7 +108,9 @@ def summarize(records: Iterable[MessageRecord]) -> dict[tuple[int, str], Summary
         p99 = times[min(len(times) - 1, round(0.99 * (len(times) - 1)))]
         nbytes = statistics.median(r.nbytes for r in group)
         busbw = busbw_gbps(nbytes, median, group[0].world_size)
-        out[key] = Summary(len(group), sum(r.nbytes for r in group), median, p99, busbw)
+        errors = [r.cast_error for r in group if r.cast_error is not None]
+        error = statistics.median(errors) if errors else None
+        out[key] = Summary(len(group), sum(r.nbytes for r in group), median, p99, busbw, error)
     return out
 
 

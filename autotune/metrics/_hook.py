@@ -96,6 +96,8 @@ class HookMetrics(Collector):
         self.unhooking = unhooking
         self.labels = dict(labels)
         self._messages: dict[tuple[int, str], _Messages] = {}
+        #: (size class, wire) -> the latest sampled casts' relative errors.
+        self._cast_errors: dict[tuple[int, str], deque[float]] = {}
         self._first_wait = _Histogram()
         self._peer_wait = _Histogram()
         self._exposed = _Histogram()
@@ -123,6 +125,12 @@ class HookMetrics(Collector):
                 self._first_wait.observe(r.first_wait_s)
             if r.wait_s is not None:
                 self._peer_wait.observe(r.wait_s)
+            if r.cast_error is not None:  # on a compressed wire: "ring+bf16"
+                key = (r.size_class, r.algorithm.rpartition("+")[2])
+                errors = self._cast_errors.get(key)
+                if errors is None:
+                    errors = self._cast_errors[key] = deque(maxlen=BUSBW_WINDOW)
+                errors.append(r.cast_error)
 
     def collect(self) -> Iterator[Metric]:
         names, values = list(self.labels), list(self.labels.values())
@@ -154,10 +162,21 @@ class HookMetrics(Collector):
                 nbytes.add_metric(key, m.bytes)
                 sent.add_metric(key, m.sent_bytes)
                 busbw.add_metric(key, statistics.median(m.busbw))
+            cast = {key: statistics.median(e) for key, e in sorted(self._cast_errors.items())}
             first_wait = (self._first_wait.buckets(), self._first_wait.total)
             peer_wait = (self._peer_wait.buckets(), self._peer_wait.total)
             exposed = (self._exposed.buckets(), self._exposed.total)
         yield from (latency, nbytes, sent, busbw)
+        error = GaugeMetricFamily(
+            "autotune_compression_relative_error",
+            "On a compressed wire (Config.compression), the relative error the cast adds to "
+            f"this rank's gradients, ||g - cast(g)|| / ||g||: median of the last {BUSBW_WINDOW} "
+            "sampled messages, by size class and wire dtype.",
+            labels=[*names, "size_class", "wire"],
+        )
+        for (cls, wire), value in cast.items():
+            error.add_metric([*values, str(cls), wire], value)
+        yield error
         wait = HistogramMetricFamily(
             "autotune_first_peer_wait_seconds",
             "Time a message waited for the first peer's data: long when a peer is late.",
@@ -193,7 +212,7 @@ class HookMetrics(Collector):
         )
         for cls, choice in self.engine.plan.table().items():
             seg = "default" if choice.segment_bytes is None else str(choice.segment_bytes)
-            plan.add_metric([*values, str(cls), choice.algorithm, seg], 1)
+            plan.add_metric([*values, str(cls), choice.label, seg], 1)
         yield plan
         fusion = GaugeMetricFamily(
             "autotune_fusion_bytes",

@@ -7,7 +7,7 @@ Example::
     >>> plan = Plan(Choice("native"))
     >>> plan.set(size_class(3 << 20), Choice("ring", 1 << 20))
     >>> plan.choice(3 << 20)
-    Choice(algorithm='ring', segment_bytes=1048576)
+    Choice(algorithm='ring', segment_bytes=1048576, wire=None)
 """
 
 from autotune.plan.records import STATES, Buckets, Entry, Gain, NearMiss, Table, load_table

@@ -183,7 +183,10 @@ class Buckets:
 
 
 def _choice_json(choice: Choice) -> dict[str, object]:
-    return {"algorithm": choice.algorithm, "segment_bytes": choice.segment_bytes}
+    out: dict[str, object] = {"algorithm": choice.algorithm, "segment_bytes": choice.segment_bytes}
+    if choice.wire is not None:  # a plan stored before compression has no such key
+        out["wire"] = choice.wire
+    return out
 
 
 def _read_class(key: object, where: str) -> int:
@@ -202,7 +205,10 @@ def _read_choice(raw: object, names: list[str], where: str) -> Choice:
     try:
         if not isinstance(raw, dict):
             raise TypeError(f"expected an object, got {raw!r}")
-        choice = Choice(raw["algorithm"], _optional_int(raw.get("segment_bytes")))
+        wire = raw.get("wire")
+        if wire is not None and not isinstance(wire, str):
+            raise TypeError(f"wire: expected a name, got {wire!r}")
+        choice = Choice(raw["algorithm"], _optional_int(raw.get("segment_bytes")), wire)
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{where}: {exc!r}") from None
     if choice.algorithm not in names:
@@ -246,7 +252,7 @@ class Table:
         bucket size (`buckets`) apply."""
         from autotune.algorithms import carried
 
-        return all(carried(e.choice.algorithm) for e in self.classes.values())
+        return all(carried(e.choice) for e in self.classes.values())
 
     def to_json(self) -> dict[str, object]:
         described: dict[str, object] = {} if self.model is None else {"model": self.model}

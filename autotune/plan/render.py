@@ -40,7 +40,7 @@ def plan_rows(table: Table) -> list[tuple[int, tuple[str, str, str, str, str]]]:
             cls,
             (
                 format_bytes(cls),
-                e.choice.algorithm,
+                e.choice.label,
                 segment_text(e.choice),
                 "-" if e.best_s is None else f"{e.best_s * 1e6:.1f}",
                 str(e.trials),

@@ -278,7 +278,9 @@ class Decider:
                 FUSION_OPTIONS if self.tuner.tune_fusion else None,
             )
             for cls, e in table.classes.items():
-                if e.state == "locked":
+                # A choice this job may not run (a wire it does not allow: `Config.compression`)
+                # is tuned again, never locked.
+                if e.state == "locked" and e.choice in self.tuner.space(cls):
                     search = self._class_search(cls)
                     search.lock(e.choice, e.best_s)
                     search.finished = e.trials  # as the job that tuned it left it

@@ -300,7 +300,7 @@ class ClassSearch(Search[Choice]):
         return choice_of(params, self.universe)
 
     def params_of(self, option: Choice) -> dict[str, Any]:
-        return params_of(option)
+        return params_of(option, wired=any(c.wire is not None for c in self.universe))
 
     def suggest(self, trial: optuna.Trial) -> Choice:
         return suggest_choice(trial, self.universe)

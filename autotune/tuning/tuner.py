@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 import autotune.tuning.wire as wire
 from autotune.algorithms import (
+    COMPRESSIBLE,
     agreed,
     bookkeeping_device,
     carried,
@@ -229,7 +230,7 @@ class Tuner:
         """Whether ``arm`` runs only through the hook: a class on a Python-driven schedule. The
         baseline's choices and autotune-nccl's cells run on DDP itself once autotune unhooks
         (`autotune.algorithms.carried`), a fusion size as DDP's bucket size."""
-        return any(not carried(c.algorithm) for _, c in arm.choices)
+        return any(not carried(c) for _, c in arm.choices)
 
     def carry_plan(self) -> list[str]:
         """Every rank, as autotune unhooks: hand the locked plan's classes to the backend (NCCL's
@@ -277,7 +278,13 @@ class Tuner:
         """The choices for size class ``cls``, in the order the wire's codes index them."""
         space = self._spaces.get(cls)
         if space is None:
-            space = self._spaces[cls] = search_space(cls, self.candidates, self.topology)
+            dtype = self.engine.dtype
+            assert dtype is not None, "a size class's space is asked for before its first bucket"
+            # Compressed only where the job allows it and the gradients are wider than the wire
+            # (bf16 or fp16 gradients gain nothing from a cast).
+            wires = self.config.compression if dtype in COMPRESSIBLE else ()
+            space = search_space(cls, self.candidates, self.topology, wires)
+            self._spaces[cls] = space
         return space
 
     def table(self) -> Table:
