@@ -36,6 +36,15 @@ def run(world_size: int, steps: int, extra: list[str]) -> dict[str, Any]:
     return {"losses": rank0.losses, "cast_error": statistics.median(errors) if errors else None}
 
 
+def _smoothed(values: list[float], width: int) -> list[float]:
+    """The trailing mean of ``values`` over ``width`` steps (fewer at the start)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v - (values[i - width] if i >= width else 0.0)
+        out.append(total / min(i + 1, width))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--world-size", type=int, default=4)
@@ -62,16 +71,23 @@ def main(argv: list[str] | None = None) -> int:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(8, 4.5))
+        fig, (ax, diff) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True, height_ratios=[3, 2])
+        base = curves["plain DDP"]["losses"]
         for name, c in curves.items():
-            ax.plot(c["losses"], label=name, linewidth=0.8)
-        ax.set_xlabel("step")
+            (line,) = ax.plot(c["losses"], label=name, linewidth=0.8)
+            if name != "plain DDP":
+                gap = [a - b for a, b in zip(c["losses"], base, strict=True)]
+                diff.plot(_smoothed(gap, TAIL // 2), label=name, color=line.get_color())
         ax.set_ylabel("training loss (rank 0)")
         ax.set_yscale("log")
         ax.set_title(
             f"The example at {args.world_size} ranks, one seed: with and without compression"
         )
         ax.legend()
+        diff.axhline(0.0, color="grey", linewidth=0.6)
+        diff.set_xlabel("step")
+        diff.set_ylabel(f"loss - plain DDP's\n(mean of {TAIL // 2} steps)")
+        diff.legend()
         fig.tight_layout()
         fig.savefig(args.plot, dpi=120)
         print(f"\nwrote {args.plot}")

@@ -115,6 +115,6 @@ def test_the_cast_error_is_the_relative_distance_the_cast_adds() -> None:
     sent, error = cast(g, torch.bfloat16, measure=True)
     assert sent.dtype == torch.bfloat16
     expected = float((g - sent.float()).norm() / g.norm())
-    assert error == pytest.approx(expected) and error > 0
+    assert error is not None and error == pytest.approx(expected) and error > 0
     assert cast(torch.zeros(4), torch.float16, measure=True)[1] == 0.0
     assert cast(g, torch.float16, measure=False)[1] is None
