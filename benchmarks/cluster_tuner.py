@@ -9,10 +9,11 @@ In one `autotune.testing.cluster.Cluster`, ``examples/train_ddp.py --steps N`` r
 fixed mode (``plain`` is DDP without the hook, the others ``--algorithm NAME``), then ``--runs``
 times with the tuner on from a fresh SQLite storage each, and with ``--prior`` as many times
 again from a storage holding only the cost model's fit to those sweeps (the first of the
-cluster's own layout), stored as ``autotune sweep --tune`` stores it. Printed per run: steps/s,
-and for the tuning runs the step from which everything stayed locked, the step time spent until
-then, the verdict line, what screening measured and shortlisted, and every paired test (rank 0's
-log). Needs root.
+cluster's own layout), stored as ``autotune sweep --tune`` stores it; with ``--compression``
+as many times again allowed those wire dtypes (a fixed mode may name one: ``native+bf16``).
+Printed per run: steps/s, and for the tuning runs the step from which everything stayed locked,
+the step time spent until then, the verdict line, what screening measured and shortlisted, and
+every paired test (rank 0's log). Needs root.
 """
 
 from __future__ import annotations
@@ -93,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fixed", default="plain,native,hierarchical_ring,ring")
     p.add_argument("--runs", type=int, default=3, help="tuning runs, each from a fresh storage")
     p.add_argument("--prior", help="sweeps (comma-separated) whose fit also tunes --runs times")
+    p.add_argument(
+        "--compression",
+        default="",
+        help="wire dtypes (bf16,fp16) a further --runs tuning runs may use (Config.compression)",
+    )
     p.add_argument("--timeout-s", type=float, default=900.0, help="per run")
     args = p.parse_args(argv)
     import optuna
@@ -102,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m for m in args.fixed.split(",") if m] + ["auto"] * args.runs
     sweeps = _sweeps(args.prior, int(nodes), int(ranks)) if args.prior else []
     modes += ["auto+prior"] * (args.runs if sweeps else 0)
+    modes += [f"auto+{args.compression}"] * (args.runs if args.compression else 0)
     runs = []
     with (
         tempfile.TemporaryDirectory(prefix="autotune-cluster-") as tmp,
@@ -112,13 +119,15 @@ def main(argv: list[str] | None = None) -> int:
             if mode == "plain":
                 script.append("--no-hook")
             else:
-                script += ["--algorithm", mode.removesuffix("+prior")]
+                script += ["--algorithm", "auto" if mode.startswith("auto") else mode]
             storage = f"sqlite:///{tmp}/plans-{k}.db"
             if mode == "auto+prior":
                 fitted = store_prior(storage, sweeps)
                 bound = Prior.from_fit(fitted).worst_error
                 print(f"prior: worst error {bound:.0%} on its sweeps (without native)")
             env = {"AUTOTUNE_STORAGE": storage}
+            if mode == f"auto+{args.compression}":
+                env["AUTOTUNE_COMPRESSION"] = args.compression
             done = cluster.torchrun(script, timeout_s=args.timeout_s, env=env)
             run = parse(mode, done[0].output)
             runs.append(run)
