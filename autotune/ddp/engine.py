@@ -342,8 +342,10 @@ class Engine:
             # Where the sum may be left (`leave_within`): decided once, for staging and start.
             within = leave_within(buckets[0], self.layout)
             staged = None
-            first = self.plan.choice(started.nbytes)
-            if len(buckets) > 1 and within is not None and first.wire is None:
+            # Only a fused message's choice is looked up whole (the plan notes each class it
+            # is asked for), and a cast copy is not staged.
+            first = self.plan.choice(started.nbytes) if len(buckets) > 1 else None
+            if first is not None and within is not None and first.wire is None:
                 algo = self.algorithm_for(first.algorithm)
                 staged = stage(
                     buckets, algo, self.channel, within, self.world_size, self.fusion_bytes
