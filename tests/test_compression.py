@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from compression_jobs import compressed_means, tuned_labels
+from compression_jobs import compressed_means, resumed_labels, tuned_labels
+from fault_jobs import storage_with_a_ring_plan
 
 from autotune.algorithms import COMPRESSIBLE, WIRES, wire_of
 from autotune.comm.launch import run_local
@@ -53,6 +54,16 @@ def test_the_tuner_screens_a_wire_only_where_the_job_names_it(tmp_path: Path) ->
     assert {"ring", "native"} <= set(allowed[0])
     plain = run_local(tuned_labels, 2, (), f"sqlite:///{tmp_path / 'b.db'}")
     assert all("+" not in label for labels in plain for label in labels), plain
+
+
+@pytest.mark.distributed
+def test_a_stored_compressed_plan_runs_only_where_the_job_allows_its_wire(tmp_path: Path) -> None:
+    allowed = storage_with_a_ring_plan(tmp_path / "a.db", 2, wire="bf16")
+    resumed = run_local(resumed_labels, 2, ("bf16",), allowed)
+    assert all("ring+bf16" in labels for labels in resumed), resumed  # resumed, as stored
+    refused = storage_with_a_ring_plan(tmp_path / "b.db", 2, wire="bf16")
+    tuned_again = run_local(resumed_labels, 2, (), refused)
+    assert all("+" not in label for labels in tuned_again for label in labels), tuned_again
 
 
 def test_without_opt_in_nothing_is_compressed() -> None:

@@ -97,3 +97,31 @@ def tuned_labels(
     labels = sorted({algorithm for _, algorithm in state.stats()})
     state.close()
     return labels
+
+
+def resumed_labels(
+    rank: int, world_size: int, compression: tuple[str, ...], storage: str
+) -> list[str]:
+    """`Net` for 40 steps as the workload `storage_with_a_ring_plan` stored (``ring+bf16``),
+    ``compression`` allowed: what its messages ran as."""
+    from ddp_jobs import Net, train_steps
+    from fault_jobs import RING_WORKLOAD
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import autotune
+
+    model = DDP(Net())
+    config = autotune.Config(
+        algorithms=("ring", "native"),
+        compression=compression,
+        workload=RING_WORKLOAD,
+        tune_warmup=0,
+        tune_samples=1,
+        storage=storage,
+        timeout_s=60,
+    )
+    state = autotune.register(model, config)
+    train_steps(model, 40)
+    labels = sorted({algorithm for _, algorithm in state.stats()})
+    state.close()
+    return labels

@@ -169,14 +169,14 @@ def train_until_it_fails(
 RING_WORKLOAD = "faults-net"
 
 
-def storage_with_a_ring_plan(path: Path, world_size: int) -> str:
+def storage_with_a_ring_plan(path: Path, world_size: int, wire: str | None = None) -> str:
     """A storage holding, for `Net`'s all-reduces at ``world_size`` CPU ranks on this host, a
     plan with `ring` for its bucket's size class, as workload `RING_WORKLOAD`: a job of it goes
     straight to the check against plain DDP (`autotune.tuning.plain_check`), whose blocks
-    alternate the hook and plain DDP."""
+    alternate the hook and plain DDP. ``wire``: `ring` on that compressed wire."""
     url = f"sqlite:///{path}"
     net_bytes = sum(p.numel() * p.element_size() for p in Net().parameters())
-    classes = {size_class(net_bytes): Entry(Choice("ring"), state="locked")}
+    classes = {size_class(net_bytes): Entry(Choice("ring", None, wire), state="locked")}
     table = Table(classes, 0, None, Gain(0.9, 0.85, 0.95, 12))
     Store(url, run_id="ring-job").save_table(gloo_cpu_key(world_size), RING_WORKLOAD, table)
     return url
