@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from autotune.algorithms import ALGORITHMS, BUILTINS, WIRES, available
+from autotune.algorithms import ALGORITHMS, BUILTINS, WIRES, available, split_label
 from autotune.comm.topology import NODE_ID_ENV
 from autotune.plan import check_fusion_bytes, check_segment_bytes
 from autotune.storage.fingerprint import check_workload
@@ -155,13 +155,13 @@ class Config:
 
     def __post_init__(self) -> None:
         names = available()
-        fixed, plus, wire = str(self.algorithm).partition("+")
+        fixed, wire = split_label(str(self.algorithm))
         if self.algorithm != "auto" and fixed not in names:
             raise ValueError(
                 f"Config.algorithm: {unknown_names('algorithm', [fixed], names)}; use "
                 f"'auto' or one of {', '.join(names)}"
             )
-        if plus and wire not in WIRES:
+        if wire is not None and wire not in WIRES:
             raise ValueError(
                 f"Config.algorithm: {unknown_names('wire dtype', [wire], list(WIRES))} after "
                 f"'+'; use {' or '.join(f'{fixed}+{w}' for w in WIRES)}"

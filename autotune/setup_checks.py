@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from autotune.algorithms import agreed, current_device, get_algorithm_class
+from autotune.algorithms import agreed, current_device, get_algorithm_class, split_label
 from autotune.comm.faults import FailureBoard
 from autotune.comm.groups import backend_name
 from autotune.config import Config
@@ -39,7 +39,7 @@ def refuse_what_cannot_run(config: Config, table: Table | None, group: ProcessGr
     would run something else under its name (an nccl.* cell on gloo runs gloo's all-reduce), and
     `plan()` and `stats()` would report it. "auto" never offers such a one (the tuner's
     candidates are agreed the same way)."""
-    fixed = config.algorithm.partition("+")[0]  # ring+bf16 runs ring's schedule
+    fixed = split_label(config.algorithm)[0]  # ring+bf16 runs ring's schedule
     asked = [] if config.algorithm == "auto" else [fixed]
     if table is not None:
         asked += sorted({e.choice.algorithm for e in table.classes.values()} - set(asked))

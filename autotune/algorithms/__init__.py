@@ -9,7 +9,14 @@ when); more arrive through `register` or the ``autotune.algorithms`` entry-point
 from __future__ import annotations
 
 from autotune.algorithms._base import SUPPORTED_DTYPES, AllReduceAlgorithm, Pending, check_tensor
-from autotune.algorithms._choice import COMPRESSIBLE, WIRES, Choice, wire_dtype, wire_of
+from autotune.algorithms._choice import (
+    COMPRESSIBLE,
+    WIRES,
+    Choice,
+    split_label,
+    wire_dtype,
+    wire_of,
+)
 from autotune.algorithms._hierarchical_ring import HierarchicalRingAllReduce
 from autotune.algorithms._hierarchical_two_tree import HierarchicalTwoTreeAllReduce
 from autotune.algorithms._native import NativeAllReduce
@@ -110,6 +117,7 @@ __all__ = [
     "segments",
     "sibling_group",
     "split",
+    "split_label",
     "wire_dtype",
     "wire_of",
 ]

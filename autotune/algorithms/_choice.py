@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["COMPRESSIBLE", "WIRES", "Choice", "wire_dtype", "wire_of"]
+__all__ = ["COMPRESSIBLE", "WIRES", "Choice", "split_label", "wire_dtype", "wire_of"]
 
 #: The wire dtypes a message may be compressed to (`Choice.wire`), by name.
 WIRES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -40,8 +40,8 @@ class Choice:
     @classmethod
     def parse(cls, label: str, segment_bytes: int | None = None) -> Choice:
         """The choice a `label` names (``ring``, ``ring+bf16``), with ``segment_bytes``."""
-        algorithm, plus, wire = label.partition("+")
-        return cls(algorithm, segment_bytes, wire if plus else None)
+        algorithm, wire = split_label(label)
+        return cls(algorithm, segment_bytes, wire)
 
     @property
     def label(self) -> str:
@@ -58,6 +58,12 @@ class Choice:
         if self.segment_bytes is not None:
             text += f"/{format_bytes(self.segment_bytes)}"
         return text if self.wire is None else f"{text}+{self.wire}"
+
+
+def split_label(label: str) -> tuple[str, str | None]:
+    """A `Choice.label` taken apart: the algorithm, and the wire after a "+" (None: none)."""
+    algorithm, plus, wire = label.partition("+")
+    return algorithm, wire if plus else None
 
 
 def wire_of(choice: Choice, dtype: torch.dtype) -> torch.dtype | None:

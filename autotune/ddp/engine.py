@@ -391,7 +391,7 @@ class Engine:
                 done = time.perf_counter() if pending.done and stream is None else None
                 piece_of = Piece.started_by(nbytes, choice, pending, begin, done)
                 piece_of.ticket, piece_of.marks, piece_of.stopped = ticket, marks, stopped
-                sent.apply(piece_of, choice)
+                sent.apply(piece_of)
                 started.pieces.append(piece_of)
 
     def _finish_loop(self) -> None:

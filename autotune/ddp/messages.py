@@ -80,10 +80,9 @@ class Piece:
     marks: list[DeviceEvent] = field(default_factory=list)
     #: Completes once the end event is recorded, where a callback records it.
     stopped: torch.futures.Future[Any] | None = None
-    #: On a compressed wire (`Choice.wire`): the wire's name, where the sum is (the cast copy),
-    #: and the piece of the message it goes back into once done; and, on a sample of pieces,
-    #: the cast's relative error (`cast`).
-    wire: str | None = None
+    #: On a compressed wire (`Choice.wire`): the piece of the message the sum goes back into
+    #: once done, and where the sum is (the cast copy); and, on a sample of pieces, the cast's
+    #: relative error (`cast`).
     unpack: tuple[torch.Tensor, torch.Tensor] | None = None
     cast_error: float | None = None
 
@@ -130,7 +129,8 @@ class Piece:
             iteration=iteration,
             size_class=size_class(self.nbytes),
             nbytes=self.nbytes,
-            algorithm=self.choice.label if self.wire is not None else self.choice.algorithm,
+            # What ran: the choice's wire only where the gradients were cast to it.
+            algorithm=self.choice.label if self.unpack is not None else self.choice.algorithm,
             segment_bytes=self.choice.segment_bytes,
             seconds=seconds,
             first_wait_s=self.first_wait_s,
@@ -356,7 +356,6 @@ class Prepared:
             options["leave_within"] = within
         return cls(piece, options)
 
-    def apply(self, piece: Piece, choice: Choice) -> None:
+    def apply(self, piece: Piece) -> None:
         """Note on the started ``piece`` what its wire needs once done, and what it measured."""
-        if self.unpack is not None:
-            piece.wire, piece.unpack, piece.cast_error = choice.wire, self.unpack, self.cast_error
+        piece.unpack, piece.cast_error = self.unpack, self.cast_error

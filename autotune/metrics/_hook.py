@@ -23,6 +23,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from autotune.algorithms import split_label
 from autotune.ddp.stats import IterationRecord, MessageRecord
 from autotune.tuning.status import Status, status
 from autotune.tuning.wire import PHASES
@@ -126,7 +127,9 @@ class HookMetrics(Collector):
             if r.wait_s is not None:
                 self._peer_wait.observe(r.wait_s)
             if r.cast_error is not None:  # on a compressed wire: "ring+bf16"
-                key = (r.size_class, r.algorithm.rpartition("+")[2])
+                wire = split_label(r.algorithm)[1]
+                assert wire is not None
+                key = (r.size_class, wire)
                 errors = self._cast_errors.get(key)
                 if errors is None:
                     errors = self._cast_errors[key] = deque(maxlen=BUSBW_WINDOW)
