@@ -5,7 +5,7 @@ latency of its messages. What it finds only shortlists a challenger (`autotune.t
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -19,13 +19,24 @@ if TYPE_CHECKING:
 
     from autotune.config import Config
 
-__all__ = ["NOT_MEASURED", "SLOW_FACTOR", "ClassSearch", "Host", "Progress", "Search"]
+__all__ = [
+    "NOT_MEASURED",
+    "SLOW_FACTOR",
+    "WIRE_SHORTLIST",
+    "ClassSearch",
+    "Host",
+    "Progress",
+    "Search",
+]
 
 #: Starts the failure of a trial that measured nothing (its job ended, or it was not needed):
 #: another job sharing the study does not take its option as tried.
 NOT_MEASURED = "not measured: "
 #: A trial measured this many times slower than the best so far fails at once.
 SLOW_FACTOR = 10.0
+#: Where a job allows compression (`Config.compression`), each wire dtype is screened on this
+#: many of the fastest uncompressed choices of a class, after them (`ClassSearch`).
+WIRE_SHORTLIST = 3
 
 T = TypeVar("T", bound=Hashable)
 
@@ -141,9 +152,7 @@ class Search(Generic[T]):
             return 0
         s = self.tuner.config
         per_trial = s.tune_warmup + s.tune_samples
-        trials = min(s.tune_trials, len(self.space)) - max(
-            self.finished, len(self.tried.intersection(self.space))
-        )
+        trials = self._budget() - max(self.finished, len(self.tried.intersection(self.space)))
         n = max(0, trials) * per_trial
         if self.trial is not None:
             n -= min(per_trial, s.tune_warmup - self.trial.warmup_left + len(self.trial.values))
@@ -221,12 +230,27 @@ class Search(Generic[T]):
         return done, running
 
     def _next(self, done: list[tuple[int, T, float | None]], running: set[T]) -> T:
-        """The first option nobody measured, the job's current choice first; what another job is
-        measuring now comes after those (both may measure it: nothing waits on another job)."""
+        """The first option still to try (`_to_try`); what another job is measuring now comes
+        after those (both may measure it: nothing waits on another job)."""
         measured = set(self.tried) | {option for _, option, _ in done}
-        order = [self.default, *(o for o in self.space if o != self.default)]
-        fresh = [o for o in order if o not in measured]
-        return next((o for o in fresh if o not in running), fresh[0] if fresh else order[0])
+        values = {o: v for _, o, v in done if v is not None} | self.values
+        fresh = self._to_try(measured, values)
+        return next((o for o in fresh if o not in running), fresh[0] if fresh else self.default)
+
+    def _order(self) -> list[T]:
+        """The space in the order it is tried: the job's current choice first."""
+        return [self.default, *(o for o in self.space if o != self.default)]
+
+    def _to_try(self, measured: set[T], values: Mapping[T, float]) -> list[T]:
+        """The options still to try, in order, given those ``measured`` (``values``: their
+        medians); none once the budget (`Config.tune_trials`) is spent."""
+        if self.finished >= self.tuner.config.tune_trials:
+            return []
+        return [o for o in self._order() if o not in measured]
+
+    def _budget(self) -> int:
+        """The trials this search takes at most."""
+        return min(self.tuner.config.tune_trials, len(self.space))
 
     def params_of(self, option: T) -> dict[str, Any]:
         """The trial parameters that stand for ``option`` (the inverse of `option_of`)."""
@@ -267,8 +291,7 @@ class Search(Generic[T]):
 
     def _spent(self) -> bool:
         # Another job may have measured choices this one leaves out: they do not count here.
-        tried = len(self.tried.intersection(self.space))
-        return self.finished >= self.tuner.config.tune_trials or tried >= len(self.space)
+        return not self._to_try(self.tried, self.values)
 
     def _lock_best(self) -> None:
         best = self.best
@@ -283,6 +306,11 @@ class ClassSearch(Search[Choice]):
     so a study's parameters keep the same choices whichever job asks (Optuna refuses a
     parameter whose choices change). ``space`` is what this job tries, in order: a prior
     (`autotune.model.Prior`) may order it and leave some out.
+
+    Where the space has compressed choices (`Choice.wire`), the uncompressed ones are screened
+    first, up to `Config.tune_trials` of them; then each wire dtype on the `WIRE_SHORTLIST`
+    fastest of those. A wire halves the bytes of every choice alike, so it is tried where the
+    schedule already pays, and it adds a few trials a wire rather than doubling the space.
     """
 
     def __init__(
@@ -304,3 +332,26 @@ class ClassSearch(Search[Choice]):
 
     def suggest(self, trial: optuna.Trial) -> Choice:
         return suggest_choice(trial, self.universe)
+
+    def _to_try(self, measured: set[Choice], values: Mapping[Choice, float]) -> list[Choice]:
+        wires = list(dict.fromkeys(c.wire for c in self.space if c.wire is not None))
+        if not wires:
+            return super()._to_try(measured, values)
+        if self.finished >= self._budget():
+            return []
+        order = self._order()
+        first = [o for o in order[:1] if o not in measured]  # the job's choice, compressed or not
+        plain = [o for o in order if o.wire is None]
+        fresh = [o for o in plain if o not in measured]
+        if fresh and len(plain) - len(fresh) < self.tuner.config.tune_trials:
+            return list(dict.fromkeys(first + fresh))
+        fastest = sorted((o for o in plain if o in values), key=values.__getitem__)
+        twins = [
+            Choice(c.algorithm, c.segment_bytes, w) for w in wires for c in fastest[:WIRE_SHORTLIST]
+        ]
+        return list(dict.fromkeys(first + [t for t in twins if t in order and t not in measured]))
+
+    def _budget(self) -> int:
+        wires = {c.wire for c in self.space if c.wire is not None}
+        plain = min(self.tuner.config.tune_trials, sum(c.wire is None for c in self.space))
+        return plain + min(WIRE_SHORTLIST, plain) * len(wires)

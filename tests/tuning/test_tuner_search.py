@@ -21,7 +21,7 @@ from autotune import Config
 from autotune.plan import Choice
 from autotune.storage import Store
 from autotune.tuning.sampler import GivenSampler
-from autotune.tuning.search import SLOW_FACTOR, Search
+from autotune.tuning.search import SLOW_FACTOR, WIRE_SHORTLIST, ClassSearch, Search
 from autotune.tuning.space import choice_of, search_space, suggest_choice
 from autotune.tuning.worker import Worker
 
@@ -184,6 +184,68 @@ def test_a_dead_jobs_trial_fails_and_a_live_jobs_is_left_alone(
     assert states[measuring] == TrialState.RUNNING
     # "b" was never measured, so it is tried; "a" is being measured by the live job: it waits.
     assert search.trial is not None and search.trial.option == "b"
+
+
+def _screen(
+    tuner: StandIn, space: list[Choice], latency: Callable[[Choice], float]
+) -> list[Choice]:
+    """Screen ``space`` to the end; the choices in the order they were measured."""
+    search = ClassSearch(tuner, "class", space, space[0])
+    measured: list[Choice] = []
+    for _ in range(1000):
+        tuner.pump()
+        if search.state == "locked":
+            break
+        search.start()
+        if search.trial is not None and search.trial.option not in measured:
+            measured.append(search.trial.option)
+        search.measure(search.desired, latency(search.desired))
+    assert search.state == "locked"
+    assert search.windows_left() == 0
+    return measured
+
+
+def _on_the_wire(plain: dict[Choice, float]) -> Callable[[Choice], float]:
+    """Latencies: ``plain``'s, and a compressed choice at 0.6 of its uncompressed twin's."""
+
+    def latency(c: Choice) -> float:
+        return plain[Choice(c.algorithm, c.segment_bytes)] * (1.0 if c.wire is None else 0.6)
+
+    return latency
+
+
+def test_wires_are_screened_on_the_fastest_uncompressed_choices(tmp_path: Path) -> None:
+    tuner = StandIn(f"sqlite:///{tmp_path / 't.db'}", tune_warmup=0, tune_samples=1)
+    space = search_space(1 << 20, ("native", "ring", "tree", "star"), wires=("bf16", "fp16"))
+    plain = [c for c in space if c.wire is None]
+    assert len(plain) == 6 and len(space) == 18
+    times = {c: 1.0 + i for i, c in enumerate(reversed(plain))}  # the last is the fastest
+    measured = _screen(tuner, space, _on_the_wire(times))
+    fastest = sorted(plain, key=times.__getitem__)[:WIRE_SHORTLIST]
+    wired = [Choice(c.algorithm, c.segment_bytes, w) for w in ("bf16", "fp16") for c in fastest]
+    # Every uncompressed choice first, then each wire on the three fastest of them, in order.
+    assert measured == plain + wired
+    assert len(trials(tuner, "class/r0")) == 6 + 2 * WIRE_SHORTLIST
+
+
+def test_the_budget_bounds_the_uncompressed_choices_then_wires_follow(tmp_path: Path) -> None:
+    tuner = StandIn(f"sqlite:///{tmp_path / 't.db'}", tune_warmup=1, tune_samples=2, tune_trials=4)
+    space = search_space(4 << 20, ("native", "ring", "tree"), wires=("bf16",))
+    plain = [c for c in space if c.wire is None]
+    assert len(plain) > 4
+    times = {c: 1.0 + i for i, c in enumerate(plain)}  # in the space's order: native fastest
+    search = ClassSearch(tuner, "class", space, space[0])
+    # Four uncompressed trials, then the three fastest of them on bf16: 7 trials of 3 windows.
+    assert search.windows_left() == (4 + WIRE_SHORTLIST) * 3
+    measured = _screen(tuner, space, _on_the_wire(times))
+    assert measured == plain[:4] + [Choice(c.algorithm, c.segment_bytes, "bf16") for c in plain[:3]]
+
+
+def test_without_wires_the_space_is_screened_as_it_comes(tmp_path: Path) -> None:
+    tuner = StandIn(f"sqlite:///{tmp_path / 't.db'}", tune_warmup=0, tune_samples=1)
+    space = search_space(1 << 20, ("native", "ring", "tree"))
+    times = {c: 1.0 + i for i, c in enumerate(space)}
+    assert _screen(tuner, space, times.__getitem__) == space
 
 
 def test_search_space() -> None:
