@@ -110,7 +110,23 @@ def communication(s: Sdk) -> Any:
                 )
                 for b, ref in (("estimate", "A"), ("low", "B"), ("high", "C"))
             ],
-            width=12,
+            width=10,
+        )
+    )
+    d = d.with_panel(
+        s.timeseries_panel(
+            "Compression error by size class",
+            "Where the job allows compression (Config.compression): the relative error the "
+            "cast to the wire dtype adds to a rank's gradients, ||g - cast(g)|| / ||g||, "
+            "sampled; judge it beside the step time. No series without compression.",
+            "percentunit",
+            [
+                s.query(
+                    f"max by (size_class, wire) (autotune_compression_relative_error{{{_SEL}}})",
+                    "{{size_class}} B {{wire}}",
+                )
+            ],
+            width=8,
         )
     )
     d = d.with_panel(
@@ -120,6 +136,8 @@ def communication(s: Sdk) -> Any:
             "is kept.",
             "none",
             [s.query(f"max(autotune_step_ratio_pairs{{{_SEL}}})", "pairs")],
+            width=3,
+            height=8,
         )
     )
     d = d.with_panel(
@@ -132,6 +150,8 @@ def communication(s: Sdk) -> Any:
                 s.query(f"min(autotune_step_ratio_final{{{_SEL}}})", "final", ref="A"),
                 s.query(f"max(autotune_tuner_iterations_left{{{_SEL}}})", "left", ref="B"),
             ],
+            width=3,
+            height=8,
         )
     )
     d = d.with_panel(

@@ -63,6 +63,8 @@ def test_dashboards_have_the_variables_and_panels_asked_for() -> None:
         "Plan per size class",
         "Tuner state by size class",
         "Tuner trials by size class",
+        "Step time against plain DDP",
+        "Compression error by size class",
         "Exposed communication per iteration",
         "Straggler wait by rank",
         "NCCL kernel time p50 by collective and size class",
@@ -135,9 +137,9 @@ GPUS = [H100, H100_B]
 
 @pytest.fixture(scope="module")
 def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusClient]:
-    """A real Prometheus that has scraped a real 2-rank training run (with the tuner on, and a
-    played NCCL that loaded autotune's plugins beside it) and an autotune daemon serving two
-    stand-in GPUs, for at least 20 seconds."""
+    """A real Prometheus that has scraped a real 2-rank training run (with the tuner on, bf16
+    on the wire allowed, and a played NCCL that loaded autotune's plugins beside it) and an
+    autotune daemon serving two stand-in GPUs, for at least 20 seconds."""
     require("prometheus")  # skip (or fail under CI) before anything is started
     tmp = tmp_path_factory.mktemp("scraped")
     base, daemon_port = free_port(consecutive=2), free_port()
@@ -160,7 +162,17 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusClie
     env = {"AUTOTUNE_NCCL_SHM_DIR": str(nccl_dir)}
     job = threading.Thread(
         target=lambda: results.extend(
-            launch(serve_while_training, 2, base, storage, str(stop), True, timeout_s=300, env=env)
+            launch(
+                serve_while_training,
+                2,
+                base,
+                storage,
+                str(stop),
+                True,
+                ("bf16",),
+                timeout_s=300,
+                env=env,
+            )
         )
     )
     prometheus: Prometheus | None = None

@@ -68,10 +68,17 @@ def play_nccl(stop: threading.Event) -> None:
 
 
 def serve_while_training(
-    rank: int, world_size: int, base_port: int, storage: str, stop_file: str, nccl: bool = False
+    rank: int,
+    world_size: int,
+    base_port: int,
+    storage: str,
+    stop_file: str,
+    nccl: bool = False,
+    compression: tuple[str, ...] = (),
 ) -> int:
     """Train with the exporter on ``base_port`` + rank until ``stop_file`` appears; with
-    ``nccl``, a played NCCL that loaded both plugins runs beside it (`play_nccl`)."""
+    ``nccl``, a played NCCL that loaded both plugins runs beside it (`play_nccl`); the tuner
+    may try ``compression``'s wire dtypes (`Config.compression`)."""
     stop = threading.Event()
     player = threading.Thread(target=play_nccl, args=(stop,), daemon=True)
     if nccl:
@@ -92,6 +99,7 @@ def serve_while_training(
         # A plan won over 6 pairs is often a lucky one: its re-check would drop it and search
         # again, and the speedup series is absent while a search runs (docs/METRICS.md).
         recheck_every=0,
+        compression=compression,
     )
     state = autotune.register(ddp, config)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
