@@ -67,9 +67,12 @@ def _context() -> BaseContext:
 
     # forkserver: children fork from a server that has imported torch once, so starting 8 ranks on
     # 2 cores takes well under a second, and none inherits the parent's threads or CUDA state.
+    # torch._dynamo too: DDP's constructor imports it (and sympy) on first use, 1.5 s a rank.
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "autotune.algorithms"])
+        ctx.set_forkserver_preload(
+            ["torch", "torch.distributed", "torch._dynamo", "autotune.algorithms"]
+        )
         return ctx
     return mp.get_context("spawn")
 
