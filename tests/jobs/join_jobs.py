@@ -42,13 +42,19 @@ class Joined:
 
 class BigNet(torch.nn.Module):
     """2.2 MB of gradients: more than DDP's 1 MiB first bucket, so DDP's bucket-size search has a
-    size to try (1 MiB buckets); `Net`'s 23 KB make one bucket at every size."""
+    size to try (1 MiB buckets); `Net`'s 23 KB make one bucket at every size.
+
+    Smooth (tanh, not ReLU): DDP's bucket-size search sums in another bucket layout than the
+    plain DDP copy, so the two differ by rounding (1e-7), and a ReLU whose input sits that close
+    to 0 flips and turns it into a jump. Measured with plain DDP alone (25 MiB against 1 MiB
+    buckets, 3 ranks, 130 steps): with ReLU 1 seed in 40 ended 9e-5 apart, at one step; with
+    tanh 80 of 80 within 1e-6. A lost or doubled contribution is still far beyond 1e-5."""
 
     def __init__(self) -> None:
         super().__init__()
         self.layers = torch.nn.Sequential(
-            torch.nn.Linear(16, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 512),
-            torch.nn.ReLU(), torch.nn.Linear(512, 4),
+            torch.nn.Linear(16, 1024), torch.nn.Tanh(), torch.nn.Linear(1024, 512),
+            torch.nn.Tanh(), torch.nn.Linear(512, 4),
         )  # fmt: skip
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
