@@ -129,6 +129,21 @@ def test_screening_nominates_the_fastest_and_a_close_runner_up_of_another_algori
     assert [c for c, _ in got] == [RING, HRING]
 
 
+def test_the_same_algorithm_on_another_wire_meets_the_winner_on_the_step_too() -> None:
+    # shm+bf16 screens fastest; shm itself, within RUNNER_UP_WITHIN, meets it on the step (on
+    # the example's MLP at 4 ranks shm ran 0.62x plain DDP's step, shm+bf16 0.71x).
+    shm, shm_bf16 = Choice("shm"), Choice("shm", None, "bf16")
+    shm_seg = Choice("shm", 1 << 20, "bf16")
+    got = shortlist({NATIVE: 10.0, shm_bf16: 5.0, shm_seg: 5.01, shm: 5.3, RING: 5.2}, NATIVE)
+    assert [c for c, _ in got] == [shm_bf16, RING, shm]
+    # The compressed twin of an uncompressed winner, likewise; not when it is far slower.
+    assert [c for c, _ in shortlist({NATIVE: 10.0, shm: 5.0, shm_bf16: 5.4}, NATIVE)] == [
+        shm,
+        shm_bf16,
+    ]
+    assert [c for c, _ in shortlist({NATIVE: 10.0, shm: 5.0, shm_bf16: 6.0}, NATIVE)] == [shm]
+
+
 def test_a_runner_up_must_beat_what_the_class_runs_by_the_same_bar() -> None:
     # The runner-up is close to the winner but not NOMINATE_BELOW of the current latency.
     now_s = 10.0
