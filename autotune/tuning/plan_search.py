@@ -58,8 +58,9 @@ def shortlist(values: Mapping[Choice, float], now: Choice) -> list[tuple[Choice,
     within `RUNNER_UP_WITHIN` of the fastest. A segment size of the same algorithm is not a
     runner-up: the paired test would mostly re-test the algorithm. Where the job allows
     compression, the fastest of the same algorithm on another wire (`Choice.wire`) is one too,
-    by the same bars: the casts cost the step memory traffic the message's latency does not
-    show, and only the step tells whether the halved bytes pay.
+    however far behind it screened (if it passes the first bar): the casts cost the step memory
+    traffic the message's latency does not show, so the two latencies do not compare, and only
+    the step tells whether the halved bytes pay.
     """
     if not values:
         return []
@@ -75,15 +76,14 @@ def shortlist(values: Mapping[Choice, float], now: Choice) -> list[tuple[Choice,
         return []
     out = [(best, reference - best_s)]
     rest = ranked[1:]
-    runners = (
-        next(((c, t) for c, t in rest if c.algorithm != best.algorithm), None),
-        next(
-            ((c, t) for c, t in rest if c.algorithm == best.algorithm and c.wire != best.wire), None
-        ),
+    runner = next(((c, t) for c, t in rest if c.algorithm != best.algorithm), None)
+    if runner is not None and runner[1] <= RUNNER_UP_WITHIN * best_s and promising(*runner):
+        out.append((runner[0], reference - runner[1]))
+    twin = next(
+        ((c, t) for c, t in rest if c.algorithm == best.algorithm and c.wire != best.wire), None
     )
-    for runner in runners:
-        if runner is not None and runner[1] <= RUNNER_UP_WITHIN * best_s and promising(*runner):
-            out.append((runner[0], reference - runner[1]))
+    if twin is not None and promising(*twin):
+        out.append((twin[0], reference - twin[1]))
     return out
 
 

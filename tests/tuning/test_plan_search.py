@@ -136,12 +136,16 @@ def test_the_same_algorithm_on_another_wire_meets_the_winner_on_the_step_too() -
     shm_seg = Choice("shm", 1 << 20, "bf16")
     got = shortlist({NATIVE: 10.0, shm_bf16: 5.0, shm_seg: 5.01, shm: 5.3, RING: 5.2}, NATIVE)
     assert [c for c, _ in got] == [shm_bf16, RING, shm]
-    # The compressed twin of an uncompressed winner, likewise; not when it is far slower.
-    assert [c for c, _ in shortlist({NATIVE: 10.0, shm: 5.0, shm_bf16: 5.4}, NATIVE)] == [
+    # However far behind it screened (the 16 MiB class of the transformer: shm+bf16 won on
+    # latency, and on the step shm beats it); the other way round too; but not unless it
+    # passes the first bar against what the class runs.
+    got = shortlist({NATIVE: 10.0, shm_bf16: 4.0, shm: 6.0}, NATIVE)
+    assert [c for c, _ in got] == [shm_bf16, shm]
+    assert [c for c, _ in shortlist({NATIVE: 10.0, shm: 5.0, shm_bf16: 6.0}, NATIVE)] == [
         shm,
         shm_bf16,
     ]
-    assert [c for c, _ in shortlist({NATIVE: 10.0, shm: 5.0, shm_bf16: 6.0}, NATIVE)] == [shm]
+    assert [c for c, _ in shortlist({NATIVE: 10.0, shm: 5.0, shm_bf16: 9.5}, NATIVE)] == [shm]
 
 
 def test_a_runner_up_must_beat_what_the_class_runs_by_the_same_bar() -> None:
