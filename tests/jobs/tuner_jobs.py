@@ -179,14 +179,17 @@ def tune(
     until_settled: bool = False,
     width: int = 1024,
     until_won: bool = False,
+    then: int = 0,
 ) -> Tuned:
     """Train with the tuner on (and, if ``compare``, beside DDP without a hook). With
     ``slow_native`` the baseline is `SlowNative`; at step ``flip_at`` it turns fast and
     `QuickRing` slow. With ``until_settled``, ``steps`` is a cap: training stops once every
     rank knows the plan is locked (with ``flip_at``: after the flip, locked on the baseline).
     How many iterations tuning takes depends on how soon the tuner's Optuna worker answers,
-    which a loaded machine slows; a fixed count would not. With ``until_won``, training stops
-    (undecided) once every rank has heard that a plan beat the baseline."""
+    which a loaded machine slows; a fixed count would not; ``then`` more steps run after that
+    (the plan settled on: the orders that settle it arrive while an iteration of the plan before
+    may still be running). With ``until_won``, training stops (undecided) once every rank has
+    heard that a plan beat the baseline."""
     register_injected()
     register("native", SlowNative if slow_native else NativeAllReduce, replace=True)
     if slow_native:
@@ -206,10 +209,20 @@ def tune(
     steps_run = 0
     states: list[tuple[bool, bool]] = []
     headlines: list[tuple[str, str]] = []
+    since_settled: int | None = None  # steps trained once every rank had settled
     for step in range(steps):
         after_flip = flip_at is None or step > flip_at
-        if until_settled and after_flip and all_settled(state, flip_at is not None):
-            break
+        if (
+            until_settled
+            and after_flip
+            and since_settled is None
+            and all_settled(state, flip_at is not None)
+        ):
+            since_settled = 0
+        if since_settled is not None:
+            if since_settled == then:
+                break
+            since_settled += 1
         if until_won:
             state.status()  # the engine settled: every rank has heard the same orders
             won = state.tuner is not None and state.tuner.gain is not None

@@ -112,7 +112,9 @@ def test_a_locked_plan_that_loses_its_advantage_falls_back_to_the_baseline(
         "recheck_every": 30,
         "storage": storage(tmp_path),
     }
-    result = run_local(tune, 2, 120 + SETTLE_CAP, config, False, True, 120, True, timeout_s=600)[0]
+    # One step more once settled: the last runs the plan it settled on.
+    args = (120 + SETTLE_CAP, config, False, True, 120, True, 1024, False, 1)
+    result = run_local(tune, 2, *args, timeout_s=600)[0]
     assert ("class", True) in {(kind, won) for kind, _, won in result.duels}, result.duels
     rechecks = [won for kind, _, won in result.duels if kind == "recheck"]
     assert False in rechecks, result.duels  # the re-check after the flip found the gain gone
