@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from autotune.plan import Choice
 from autotune.storage import Store, tell
-from autotune.tuning.space import choice_of, params_of, suggest_choice
+from autotune.tuning.space import choice_of, params_of, suggest_choice, wires_of
 from autotune.tuning.worker import Worker
 
 if TYPE_CHECKING:
@@ -334,7 +334,7 @@ class ClassSearch(Search[Choice]):
         return suggest_choice(trial, self.universe)
 
     def _to_try(self, measured: set[Choice], values: Mapping[Choice, float]) -> list[Choice]:
-        wires = list(dict.fromkeys(c.wire for c in self.space if c.wire is not None))
+        wires = wires_of(self.space)
         if not wires:
             return super()._to_try(measured, values)
         if self.finished >= self._budget():
@@ -352,6 +352,6 @@ class ClassSearch(Search[Choice]):
         return list(dict.fromkeys(first + [t for t in twins if t in order and t not in measured]))
 
     def _budget(self) -> int:
-        wires = {c.wire for c in self.space if c.wire is not None}
+        wires = wires_of(self.space)
         plain = min(self.tuner.config.tune_trials, sum(c.wire is None for c in self.space))
         return plain + min(WIRE_SHORTLIST, plain) * len(wires)

@@ -27,6 +27,7 @@ __all__ = [
     "search_space",
     "space_tag",
     "suggest_choice",
+    "wires_of",
 ]
 
 #: Segment sizes searched for a segmented algorithm, those below the message's size class.
@@ -76,14 +77,14 @@ def suggest_choice(trial: optuna.Trial, space: Sequence[Choice]) -> Choice:
     if len(segments) > 1:
         # 0 stands for None (the algorithm's default): Optuna's choices are plain values.
         segment = trial.suggest_categorical("segment_bytes", [s or 0 for s in segments]) or None
-    wires = _wires(space)
+    wires = wires_of(space)
     if not wires:
         return Choice(algorithm, segment)
     wire = trial.suggest_categorical("wire", [NO_WIRE, *wires])
     return Choice(algorithm, segment, None if wire == NO_WIRE else wire)
 
 
-def _wires(space: Sequence[Choice]) -> list[str]:
+def wires_of(space: Sequence[Choice]) -> list[str]:
     """The wire dtypes ``space`` offers, in its order."""
     return list(dict.fromkeys(c.wire for c in space if c.wire is not None))
 
@@ -96,7 +97,7 @@ def space_tag(space: Sequence[Choice]) -> str:
     whose candidates differ (``Config.algorithms``, a plugin installed or not) each screen in a
     study of their own, and jobs with the same candidates share one."""
     names = ",".join(sorted({c.algorithm for c in space}))
-    wires = _wires(space)
+    wires = wires_of(space)
     if wires:  # a space without compression keeps the name it always had
         names += "|wire=" + ",".join(wires)
     return hashlib.sha1(names.encode(), usedforsecurity=False).hexdigest()[:8]
