@@ -85,6 +85,9 @@ def a_pair_and_a_bystander(rank: int, world_size: int) -> list[tuple[str, int]]:
 def waits_on_a_dead_peers_future(rank: int, world_size: int) -> float | None:
     """Rank 1 leaves; rank 0 all-reduces and waits on the work's future: when the watchdog ends
     it, as rank 0 saw it the moment its wait raised (None: it did not know yet)."""
+    # First one all-reduce both take part in: a rank 1 that left the moment its own side of the
+    # group was up could close gloo's connections while rank 0 was still making them.
+    dist.all_reduce(torch.zeros(1))
     if rank == 1:
         os._exit(0)
     work = dist.all_reduce(torch.ones(4), async_op=True)
