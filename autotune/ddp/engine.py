@@ -83,9 +83,8 @@ class Engine:
         self.clock = clock
         self.gpu = gpu
         self.group = group
-        #: Where autotune's algorithms talk for this engine (`autotune.comm.groups.p2p_group`):
-        #: ``group``, for the dedicated group an algorithm called on it takes, unless the owner
-        #: gives the engine a channel of its own (`AutotuneState` does, before the first bucket).
+        #: Where autotune's algorithms talk (`autotune.comm.groups.p2p_group`): ``group``, unless
+        #: the owner gives the engine a channel of its own (`AutotuneState` does, before use).
         self.channel = group
         self.world_size = world_size
         self.plan = plan
@@ -96,10 +95,12 @@ class Engine:
         #: The gradients' device and dtype, known from the first bucket on.
         self.device: torch.device | None = None
         self.dtype: torch.dtype | None = None
-        #: The buckets of the first iteration, as DDP first builds them: (bytes, dtype) each,
-        #: complete once that iteration's last bucket is submitted (what names the job's plan,
-        #: `autotune.storage.workload_name`).
+        #: The buckets of the first iteration, as DDP first builds them: (bytes, dtype) each, set
+        #: at its last bucket (what names the job's plan, `autotune.storage.workload_name`);
+        #: ``buckets``: the latest iteration's, once DDP has rebuilt them (`message_sizes`).
         self.layout: list[tuple[int, str]] = []
+        self.buckets: list[tuple[int, str]] = []
+        self._seen: list[tuple[int, str]] = []
         self.iteration = 0
         self._pending: list[Bucket] = []
         self._starting = 0  # messages queued for, or being started by, the start thread
@@ -118,9 +119,8 @@ class Engine:
         self._switches: set[int] = set()  # iterations at whose end the plan may change
         self._progress = threading.Condition(threading.Lock())
         self._completing = threading.Lock()  # one of set_result / set_exception per future
-        # Messages whose futures the backend completes, started but not yet handed to the
-        # completing thread: it gets them together (at the iteration's last bucket, or before
-        # anything else), so it wakes once an iteration instead of once a message.
+        # Started messages whose futures the backend completes, handed to the completing thread
+        # together (at the last bucket, or before anything else): it wakes once an iteration.
         self._held: list[Message] = []
         self._lane = Lane(group, world_size, algorithm_for, self._completing)
         self._casts = 0  # pieces sent on a compressed wire (the start thread's count)
@@ -154,10 +154,12 @@ class Engine:
             self.device, self.dtype = buffer.device, buffer.dtype
             if self.gpu is None:
                 self.gpu = Gpu.of(buffer.device)
-        if self._submitted == 0:
-            dtype = str(buffer.dtype).removeprefix("torch.")
-            sparse = "" if buffer.layout == torch.strided else f" {buffer.layout}"
-            self.layout.append((buffer.numel() * buffer.element_size(), dtype + sparse))
+        dtype = str(buffer.dtype).removeprefix("torch.")
+        sparse = "" if buffer.layout == torch.strided else f" {buffer.layout}"
+        self._seen.append((buffer.numel() * buffer.element_size(), dtype + sparse))
+        if is_last:
+            self.buckets, self._seen = self._seen, []
+            self.layout = self.layout or self.buckets
         future: torch.futures.Future[torch.Tensor] = (
             torch.futures.Future() if self.gpu is None else self.gpu.future()
         )
@@ -264,9 +266,8 @@ class Engine:
         thread would cost a thread wake-up per message. Anything Python-driven goes to the start
         thread, so the autograd thread never runs it.
         """
-        # Whether a message takes the lane depends on the plan and the bucket only, the same
-        # on every rank: the lane and the rest talk on different groups. (What is flushed at
-        # close is not from backward.)
+        # Whether a message takes the lane depends on the plan and the bucket only, the same on
+        # every rank: the lane and the rest talk on different groups. (Not at close: no backward.)
         if len(buckets) == 1 and not self._closing:
             direct = self._lane.launch(
                 buckets[0], self.plan, self.fusion_bytes, self.gpu, self.clock
@@ -404,8 +405,7 @@ class Engine:
                     started.error = exc
             first = self._error is None
             if first and self._diagnose is not None:
-                # Outside the lock: agreeing on the culprit waits on the store, and submit
-                # (on the autograd thread) must not wait meanwhile.
+                # Outside the lock: agreeing on the culprit waits on the store; submit must not.
                 assert started.error is not None
                 started.error = self._diagnose(started.error, started.algorithm)
             with self._lock:

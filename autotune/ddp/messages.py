@@ -30,6 +30,7 @@ __all__ = [
     "joins",
     "leave_within",
     "mark_end",
+    "message_sizes",
     "piece_bounds",
     "piece_sizes",
     "pieces",
@@ -219,6 +220,36 @@ def piece_sizes(nbytes: int, element_size: int, limit: int) -> list[int]:
     """The byte sizes of a message's pieces (`piece_bounds`)."""
     bounds = piece_bounds(nbytes // element_size, element_size, limit)
     return [(b - a) * element_size for a, b in bounds]
+
+
+def message_sizes(buckets: list[tuple[int, str]], limit: int) -> list[int]:
+    """The byte sizes of the messages an iteration of ``buckets`` ((bytes, dtype) each, as
+    `autotune.ddp.engine.Engine.buckets` holds them) makes at the fusion size ``limit`` (0: off):
+    what the engine fuses (`joins`) and cuts (`piece_sizes`), in order. Two fusion sizes that
+    give the same list run the same messages."""
+    out: list[int] = []
+    pending: list[tuple[int, str]] = []
+
+    def flush() -> None:
+        if pending:
+            out.append(sum(n for n, _ in pending))
+            pending.clear()
+
+    for nbytes, dtype in buckets:
+        if " " in dtype:  # sparse: on its own, after what came before
+            flush()
+            out.append(nbytes)
+            continue
+        if pending and (
+            limit == 0 or pending[0][1] != dtype or sum(n for n, _ in pending) + nbytes > limit
+        ):
+            flush()
+        if limit == 0 or nbytes >= limit:
+            out.extend(piece_sizes(nbytes, getattr(torch, dtype).itemsize, limit))
+        else:
+            pending.append((nbytes, dtype))
+    flush()
+    return out
 
 
 def pieces(flat: torch.Tensor, limit: int) -> list[torch.Tensor]:

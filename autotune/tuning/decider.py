@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch.distributed as dist
 
 import autotune.tuning.wire as wire
+from autotune.ddp.messages import message_sizes
 from autotune.model import Prior
 from autotune.plan import Arm, Choice, Entry, Table
 from autotune.storage import (
@@ -98,18 +99,17 @@ class Decider:
             recheck_every=self.config.recheck_every,
             catch=tuner.unhooks,
             needs_hook=tuner.needs_hook,
+            messages=lambda fusion: message_sizes(tuner.engine.buckets, fusion),
         )
         #: The job's fingerprint and its key in the storage (from the first exchange on).
         self.fingerprint: dict[str, str | int] | None = None
         self.key = ""
-        #: The workload this job's plan is stored under (from the first exchange on):
-        #: `Config.workload`, or one its gradient layout names.
-        self.workload = ""
+        #: What this job's plan is stored under (from the first exchange on): `Config.workload`.
+        self.workload = ""  # or one its gradient layout names
         #: The classes a sweep screened on this fingerprint (once loaded, where the workload had
         #: no plan stored): they stand in for those classes' screening.
         self._seed: Table | None = None
-        #: The cost model's prior for this fingerprint (once loaded), if a sweep stored it.
-        self.prior: Prior | None = None
+        self.prior: Prior | None = None  # the cost model's, if a sweep stored one (once loaded)
         self.loaded = False
         self.exchanges = 0
         self.classes: dict[int, ClassSearch] = {}

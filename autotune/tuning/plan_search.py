@@ -23,11 +23,14 @@ The phases, as a diagram, and why each exists: docs/TUNER.md.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from autotune.plan import BASELINE_CHOICE, Arm, Choice, Gain, NearMiss
 from autotune.tuning.paired_test import FUTILE_FROM, LOOK_EVERY, MIN_PAIRS, Outcome, PairedTest
+
+_log = logging.getLogger("autotune")
 
 __all__ = ["NEAR_MISS_BELOW", "RUNNER_UP_WITHIN", "SHORTLIST_BELOW", "PlanSearch", "shortlist"]
 
@@ -110,6 +113,7 @@ class PlanSearch:
         recheck_every: int,
         catch: bool = False,
         needs_hook: Callable[[Arm], bool] | None = None,
+        messages: Callable[[int], list[int]] | None = None,
     ) -> None:
         self.baseline = baseline
         #: Whether a plan that needs the hook meets plain DDP before it is locked (the job
@@ -119,6 +123,10 @@ class PlanSearch:
         #: one that does not (autotune-nccl's cells, which NCCL runs from a table once autotune
         #: unhooks: `autotune.algorithms.carried`) is locked without the check.
         self.needs_hook = needs_hook or (lambda arm: bool(arm.choices))
+        #: The message sizes a fusion size makes of the job's buckets now (empty: not known yet;
+        #: `autotune.ddp.messages.message_sizes`): a fusion size that makes the incumbent's
+        #: messages is the incumbent, and is not tested.
+        self.messages = messages or (lambda fusion: [])
         #: Whether ``gain`` is the check's: against plain DDP itself, in pairs of blocks.
         self.against_plain = False
         self.incumbent = baseline
@@ -146,6 +154,8 @@ class PlanSearch:
         self.stored: Arm | None = None
         #: This round's closest challenger against the baseline (see the module doc).
         self._lead: NearMiss | None = None
+        #: The fusion sizes that met the incumbent this round (`_same`).
+        self._met: list[int] = []
 
     # -- what rank 0 asks ----------------------------------------------------------------
 
@@ -297,6 +307,7 @@ class PlanSearch:
         self.incumbent, self.gain, self.against_plain = self.baseline, None, False
         self._near, self._lead = {}, None
         self.phase = "fusion"
+        self._met = []
         self._queue = [("fusion", f, None) for f in self.fusion_options] if fusion else []
         self._next()
 
@@ -309,7 +320,9 @@ class PlanSearch:
                 if choice is None
                 else self.incumbent.with_class(value, choice)
             )
-            if challenger != self.incumbent:
+            if challenger != self.incumbent and not self._same(challenger):
+                if choice is None:
+                    self._met.append(value)
                 self._trying = None if choice is None else (value, choice)
                 self._begin(self.incumbent, challenger, kind)
                 return
@@ -318,11 +331,32 @@ class PlanSearch:
         if self.phase == "fusion":
             self.phase = "screening"  # the tuner's class searches take over; see `screened`
         elif self.phase == "classes":
-            if self.incumbent != self.baseline and self.gain is None:
+            # A plan that meets plain DDP next is not confirmed against the baseline first: the
+            # check is that test against a stronger baseline (the hook's cost taken out).
+            checked = self.catch and self.needs_hook(self.incumbent)
+            if self.incumbent != self.baseline and self.gain is None and not checked:
                 self.phase = "confirm"
                 self._begin(self.baseline, self.incumbent, "confirm")
             else:
                 self._lock()
+
+    def _same(self, challenger: Arm) -> bool:
+        """Whether a fusion challenger runs the messages of the incumbent, or of a fusion size
+        that met it this round: then it is skipped (it would test the same plan again)."""
+        fusion = challenger.fusion_bytes
+        if fusion == self.incumbent.fusion_bytes:
+            return False
+        made = self.messages(fusion)
+        for other in (self.incumbent.fusion_bytes, *self._met):
+            if made and self.messages(other) == made:
+                _log.info(
+                    "autotune skips %s: it makes the same %d messages as %s",
+                    challenger.describe(),
+                    len(made),
+                    self.incumbent.with_fusion(other).describe(),
+                )
+                return True
+        return False
 
     def _combine(self) -> bool:
         """Start the combined paired test of the classes' near misses, if two or more are left."""

@@ -19,6 +19,7 @@ from autotune.algorithms import AllReduceAlgorithm, Comm, PeerError, Pending
 from autotune.ddp.engine import Engine
 from autotune.ddp.events import Event, IterationDone, IterationEnd
 from autotune.ddp.gpu import Gpu, side
+from autotune.ddp.messages import message_sizes
 from autotune.ddp.stats import Recorder
 from autotune.plan import Choice, Plan, size_class
 
@@ -95,6 +96,8 @@ def test_fusion_and_splitting(fusion_bytes: int, sizes: list[int], messages: lis
     results = submit_iteration(engine, sizes)
     engine.close()
     assert algo.messages == messages
+    # What the tuner predicts of a fusion size from the buckets alone is what the engine ran.
+    assert message_sizes(engine.buckets, fusion_bytes) == messages
     # Averaged: scaled by 1/4, then "summed" (x4 here): the input comes back, to rounding.
     for original, value in results:
         assert value.shape == original.shape
@@ -128,6 +131,7 @@ def test_the_layout_is_the_first_iterations_buckets_before_fusion() -> None:
     engine.close()
     assert algo.messages == [800, 480, 640, 640]
     assert engine.layout == [(400, "float32"), (400, "float32"), (400, "float32"), (80, "float32")]
+    assert engine.buckets == [(1280, "float32")]  # the latest iteration's
 
 
 def test_iteration_end_runs_before_the_last_futures_complete_and_after_after() -> None:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
+from autotune.ddp.messages import message_sizes
 from autotune.plan import Arm, Choice, Gain, NearMiss
 from autotune.tuning.paired_test import (
     Outcome,
@@ -488,3 +489,77 @@ def test_a_search_resumed_after_its_fusion_phase_screens_first() -> None:
     assert c.phase == "screening" and c.match is None and not c.duels("fusion")
     c.screened([(1 << 20, TREE, 0.001)])
     assert c.phase == "classes" and c.match is not None
+
+
+def test_a_plan_that_meets_plain_ddp_next_is_not_confirmed_against_the_hooked_baseline() -> None:
+    """A fusion size won, then a class on top of it: its gain over the baseline is not known.
+    Where the check against plain DDP follows, that is the test (against a stronger baseline);
+    without it, the plan is confirmed against the baseline through the hook."""
+    fused = Arm((), 1 << 20)
+    both = fused.with_class(1 << 20, TREE)
+
+    def step(arm: Arm, i: int) -> float:
+        return {fused: 0.9, both: 0.7}.get(arm, 1.0)
+
+    kinds = {}
+    for catch in (True, False):
+        c = plan_search(catch=catch)
+        c.start(None)
+        drive(c, step, 40)
+        assert c.incumbent == fused
+        c.screened([(1 << 20, TREE, 0.001)])
+        drive(c, step, 40)
+        kinds[catch] = [k for k, _, _ in c.history]
+    assert kinds[True] == ["fusion", "class"]
+    assert kinds[False] == ["fusion", "class", "confirm"]
+
+
+def test_a_fusion_size_that_makes_the_same_messages_as_one_met_already_is_skipped() -> None:
+    """Fusion sizes are compared by the messages they make of the job's buckets now: one that
+    makes the incumbent's, or those of a size tested this round, is not tested again."""
+    buckets = [(1 << 20, "float32")] * 3  # 3 MiB of gradients: 4 and 16 MiB make one message
+    options = (0, 1 << 20, 4 << 20, 16 << 20)
+
+    def search(known: bool) -> PlanSearch:
+        return PlanSearch(
+            Arm(),
+            fusion_options=options,
+            max_pairs=8,
+            warmup=0,
+            recheck_every=0,
+            messages=lambda f: message_sizes(buckets if known else [], f),
+        )
+
+    for step in (lambda arm, i: 0.8 if arm.fusion_bytes == 4 << 20 else 1.0, lambda a, i: 1.0):
+        c = search(known=True)
+        c.start(None)
+        drive(c, step, 80)
+        # 1 MiB makes DDP's own 3 messages; 16 MiB makes 4 MiB's one, whether it won or lost.
+        assert [a.fusion_bytes for _, a, _ in c.history] == [4 << 20]
+        assert c.phase == "screening"
+    c = search(known=False)  # before the buckets are known, every size is tested
+    c.start(None)
+    drive(c, lambda arm, i: 1.0, 120)
+    assert [a.fusion_bytes for _, a, _ in c.history] == [1 << 20, 4 << 20, 16 << 20]
+
+
+def test_message_sizes_follow_the_engines_fusion_and_pieces() -> None:
+    mib = 1 << 20
+    half, big = mib // 2, 7 * mib // 2
+    buckets = [(half, "float32"), (half, "float32"), (big, "float32")]
+    assert message_sizes(buckets, 0) == buckets_bytes(buckets)
+    assert message_sizes(buckets, mib) == [mib, *[big // 4] * 4]  # fused, then cut in 4
+    assert message_sizes(buckets, 4 * mib) == [mib, big]  # 4.5 MiB would not fit
+    assert message_sizes(buckets, 16 * mib) == [2 * half + big]
+    # Another dtype, and a sparse bucket, end a fusion.
+    mixed = [(mib // 2, "float32"), (mib // 4, "float16"), (8, "float32 torch.sparse_coo")]
+    assert message_sizes([*mixed, (mib // 2, "float32")], 4 * mib) == [
+        mib // 2,
+        mib // 4,
+        8,
+        mib // 2,
+    ]
+
+
+def buckets_bytes(buckets: list[tuple[int, str]]) -> list[int]:
+    return [n for n, _ in buckets]
