@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NOT_MEASURED",
+    "RACE_AFTER",
+    "RACE_FACTOR",
     "SLOW_FACTOR",
     "WIRE_SHORTLIST",
     "ClassSearch",
@@ -34,6 +36,12 @@ __all__ = [
 NOT_MEASURED = "not measured: "
 #: A trial measured this many times slower than the best so far fails at once.
 SLOW_FACTOR = 10.0
+#: A trial whose fastest window, after `RACE_AFTER` of them, is beyond this many times the best
+#: median so far ends there, with the median of what it measured: it cannot be shortlisted (the
+#: runner-up bar is `autotune.tuning.plan_search.RUNNER_UP_WITHIN`, 1.1x), and most of a class's
+#: choices are that far behind (a screening's windows are the step's iterations).
+RACE_FACTOR = 1.3
+RACE_AFTER = 2
 #: Where a job allows compression (`Config.compression`), each wire dtype is screened on this
 #: many of the fastest uncompressed choices of a class, after them (`ClassSearch`).
 WIRE_SHORTLIST = 3
@@ -102,6 +110,9 @@ class Search(Generic[T]):
         self.round = 0  # the plan search's: a study per round
         self.trial: _Trial[T] | None = None
         self.asking = False
+        #: The next trial, asked while this one measures (`_ask_ahead`): (trial, option, done).
+        self._ahead: tuple[optuna.Trial, T, list[tuple[int, T, float | None]]] | None = None
+        self._asking_ahead = False
         self.finished = 0  # trials told, this round
         self.trials_total = 0  # trials told by this job, every round (for a counter)
         self.tried: set[T] = set()
@@ -117,13 +128,24 @@ class Search(Generic[T]):
         self.desired = option
         self.best = None if best_s is None else (option, best_s)
         self.trial = None
+        if self._ahead is not None:
+            self._tell(self._ahead[0], None, NOT_MEASURED + "the search was over when it began")
+            self._ahead = None
 
     def start(self) -> None:
         """Ask for the first (or next) trial."""
         if self.asking or self.trial is not None or self.state == "locked" or self.tuner.frozen:
             return
+        if self._ahead is not None:
+            trial, option, done = self._ahead
+            self._ahead = None
+            if option in self._to_try(self.tried, self.values):
+                self._begin(trial, option, done)
+                return
+            self._tell(trial, None, NOT_MEASURED + "asked ahead, then not the next to try")
         self.asking = True
-        self.worker.submit(self._ask)
+        if not self._asking_ahead:  # else it begins as it arrives (`_arrived`)
+            self.worker.submit(self._ask)
 
     def measure(self, in_effect: T, value: float) -> None:
         """A window's latency (the least over ranks, `autotune.tuning.wire`), run with
@@ -141,7 +163,12 @@ class Search(Generic[T]):
             self._finish(trial, None, f"slower than {SLOW_FACTOR:g}x the best so far")
             return
         trial.values.append(value)
-        if len(trial.values) >= s.tune_samples:
+        outrun = (
+            len(trial.values) >= RACE_AFTER
+            and self.best is not None
+            and min(trial.values) > RACE_FACTOR * self.best[1]
+        )
+        if len(trial.values) >= s.tune_samples or outrun:
             self._finish(trial, statistics.median(trial.values), None)
 
     def windows_left(self) -> int:
@@ -190,8 +217,9 @@ class Search(Generic[T]):
 
         self.worker.submit(told)
 
-    def _ask(self) -> None:
-        """On the worker: open the study if needed, choose the next option, ask a trial for it.
+    def _ask(self, ahead: bool = False) -> None:
+        """On the worker: open the study if needed, choose the next option, ask a trial for it
+        (``ahead``: the one after the trial under way, `_ask_ahead`).
 
         The study may be shared with other jobs tuning the same fingerprint right now: what they
         measured counts here too, and what they are measuring is tried last.
@@ -206,13 +234,41 @@ class Search(Generic[T]):
         option = self._next(done, running)
         trial = ask(self.study, option, self.params_of(option), self.suggest)
         store.started(trial)
-        self.tuner.post(lambda: self._begin(trial, option, done))
+        begin = self._arrived if ahead else self._begin
+        self.tuner.post(lambda: begin(trial, option, done))
+
+    def _ask_ahead(self) -> None:
+        """As a trial begins: ask the next one on the worker, so that it begins as soon as this
+        one ends instead of a storage round trip later (several iterations of a quick step)."""
+        current = self.trial
+        if current is None or self._asking_ahead or self._ahead is not None:
+            return
+        if self.finished + 1 >= self._budget():
+            return
+        if not [o for o in self._to_try(self.tried, self.values) if o != current.option]:
+            return
+        self._asking_ahead = True
+        self.worker.submit(lambda: self._ask(ahead=True))
+
+    def _arrived(
+        self, trial: optuna.Trial, option: T, done: list[tuple[int, T, float | None]]
+    ) -> None:
+        """A trial asked ahead is here: it waits for the one under way, or begins now if that
+        ended meanwhile."""
+        self._asking_ahead = False
+        if self.state == "locked":
+            self._tell(trial, None, NOT_MEASURED + "the search was over when it was asked")
+            return
+        self._ahead = (trial, option, done)
+        if self.asking:
+            self.asking = False
+            self.start()
 
     def _study_trials(
         self, study: optuna.Study
     ) -> tuple[list[tuple[int, T, float | None]], set[T]]:
         """The study's finished trials, (number, option, value: None if failed), and the options
-        of its running trials (other jobs': this one asks one at a time)."""
+        of its running trials (other jobs', and the one this job measures while it asks ahead)."""
         from optuna.trial import TrialState
 
         done: list[tuple[int, T, float | None]] = []
@@ -288,6 +344,7 @@ class Search(Generic[T]):
             return
         self.trial = _Trial(trial, option, self.tuner.config.tune_warmup)
         self.desired = option
+        self._ask_ahead()
 
     def _spent(self) -> bool:
         # Another job may have measured choices this one leaves out: they do not count here.

@@ -21,7 +21,15 @@ from autotune import Config
 from autotune.plan import Choice
 from autotune.storage import Store
 from autotune.tuning.sampler import GivenSampler
-from autotune.tuning.search import SLOW_FACTOR, WIRE_SHORTLIST, ClassSearch, Search
+from autotune.tuning.search import (
+    NOT_MEASURED,
+    RACE_AFTER,
+    RACE_FACTOR,
+    SLOW_FACTOR,
+    WIRE_SHORTLIST,
+    ClassSearch,
+    Search,
+)
 from autotune.tuning.space import choice_of, search_space, suggest_choice
 from autotune.tuning.worker import Worker
 
@@ -135,6 +143,64 @@ def test_far_slower_trial_fails_instead_of_counting_as_fast(tuner: StandIn) -> N
     failed = [t for t in trials(tuner) if t.state == TrialState.FAIL]
     assert len(failed) == 1 and "slower than" in failed[0].user_attrs["failure"]
     assert search.best == ("a", 1.0)
+
+
+def test_a_trial_far_behind_the_best_ends_early_and_one_near_it_measures_in_full(
+    tuner: StandIn,
+) -> None:
+    """Racing: past `RACE_AFTER` windows, a trial whose fastest is beyond `RACE_FACTOR` times
+    the best median stops with the median of what it has; a close one takes every sample."""
+    search = Search(tuner, "x", ["a", "near", "far"], "a")
+    tuner.pump()
+    search.start()
+    tuner.pump()
+    latency = {"a": 1.0, "near": 0.95 * RACE_FACTOR, "far": 1.05 * RACE_FACTOR}
+    seen: dict[str, int] = {}
+    for _ in range(40):
+        if search.state == "locked":
+            break
+        tuner.pump()
+        search.start()
+        if search.trial is None:
+            continue
+        option = search.trial.option
+        seen[option] = seen.get(option, 0) + 1
+        search.measure(option, latency[option] * (1.0 + 0.001 * seen[option]))
+    assert search.state == "locked" and search.desired == "a"
+    tuner.pump()
+    told = {t.params["option"]: t for t in trials(tuner)}
+    assert {t.state for t in told.values()} == {TrialState.COMPLETE}
+    assert seen == {"a": 1 + 3, "near": 1 + 3, "far": 1 + RACE_AFTER}  # warm-up + samples
+    far = told[search.space.index("far")]
+    assert far.value == pytest.approx(1.05 * RACE_FACTOR * (1.0 + 0.001 * 2.5))  # median of 2
+    near = told[search.space.index("near")]
+    assert near.value == pytest.approx(0.95 * RACE_FACTOR * 1.003)  # median of 3
+
+
+def test_the_next_trial_is_asked_while_one_measures_and_begins_as_it_ends(
+    tuner: StandIn,
+) -> None:
+    """Asking ahead: no storage round trip between trials; one asked ahead and not needed is
+    told as not measured (another job sharing the study then tries it)."""
+    search = Search(tuner, "x", ["a", "b", "c"], "a")
+    tuner.pump()
+    search.start()
+    tuner.pump()  # the first trial begins, and asks the next one
+    tuner.pump()  # which arrives and waits
+    running = [t for t in trials(tuner) if t.state == TrialState.RUNNING]
+    assert len(running) == 2
+    assert search.trial is not None and search.trial.option == "a"
+    for value in (9.0, 1.0, 1.0, 1.0):
+        search.measure("a", value)
+    assert search.trial is not None and search.trial.option == "b"  # no pump: begun at once
+    tuner.pump()  # "c" is asked ahead as "b" begins
+    assert [t.state for t in trials(tuner)] == [TrialState.COMPLETE, *[TrialState.RUNNING] * 2]
+    search.lock("a", 1.0)  # say the storage failed (`Decider.decide`): "c" will not be measured
+    tuner.pump()
+    ahead = trials(tuner)[2]
+    assert ahead.params["option"] == search.space.index("c")
+    assert ahead.state == TrialState.FAIL
+    assert ahead.user_attrs["failure"].startswith(NOT_MEASURED)
 
 
 def test_a_locked_search_keeps_its_best_whatever_it_measures_after(tuner: StandIn) -> None:
