@@ -1,14 +1,15 @@
 """Steps timed in blocks of iterations from a DDP model's forward pre-hook.
 
 Where autotune compares DDP reducers (`autotune.tuning.buckets`: bucket sizes;
-`autotune.tuning.plain_check`: the hook against none), each arm runs a block of `BLOCK` iterations
+`autotune.tuning.plain_check`: the hook against none), each arm runs blocks of iterations
 on a reducer of its own. A step is the time from one forward to the next; a block's figure is the
-median of its steps after the first `BLOCK_WARMUP` (a rebuilt reducer runs its first iteration in
-one bucket and rebuilds its buckets at the second), on the GPU's clock on CUDA, each the slowest
-rank's: the steps are
-MAX-reduced over DDP's group at the block's end, in the forward pre-hook, where every rank is at
-the same iteration. Every rank then holds the same figures and decides alike, so the ranks switch
-reducers before the same forward without any orders.
+median of its `BLOCK_STEPS` timed steps, on the GPU's clock on CUDA, each the slowest rank's: the
+steps are MAX-reduced over DDP's group at the block's end, in the forward pre-hook, where every
+rank is at the same iteration, and the next block's clock starts after that. A block on a new
+reducer first runs `BLOCK_WARMUP` iterations untimed (a rebuilt reducer runs its first iteration
+in one bucket and rebuilds its buckets at the second); one on the reducer of the block before
+(the second of A B B A) needs none. Every rank then holds the same figures and decides alike, so
+the ranks switch reducers before the same forward without any orders.
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ from torch.nn.parallel import DistributedDataParallel
 from autotune.algorithms import bookkeeping_device
 from autotune.ddp.step_clock import DeviceEvent, device_event
 
-__all__ = ["BLOCK", "BLOCK_WARMUP", "BlockTimer"]
+__all__ = ["BLOCK", "BLOCKS", "BLOCK_STEPS", "BLOCK_WARMUP", "BlockTimer"]
 
-#: Iterations per block; the first `BLOCK_WARMUP` of each are not timed.
-BLOCK = 8
+#: Timed steps per block; iterations untimed first, on a new reducer; the most a block takes.
+BLOCK_STEPS = 4
 BLOCK_WARMUP = 2
+BLOCK = BLOCK_WARMUP + BLOCK_STEPS
+#: How verdicts and logs name them.
+BLOCKS = f"blocks of {BLOCK_STEPS} timed steps"
 
 
 class BlockTimer:
@@ -39,7 +43,8 @@ class BlockTimer:
     On CUDA a step is the GPU's (`autotune.ddp.step_clock`): a CUDA event (``event``: made by
     it, for stand-ins in tests) recorded on the current stream before each forward, the time
     between consecutive ones read at the block's end, where the MAX over ranks waits for the GPU
-    anyway. Elsewhere it is the host's."""
+    anyway. Elsewhere it is the host's. Its owner says when it put a new reducer in place
+    (`renewed`): the block under way then begins with `BLOCK_WARMUP` untimed iterations."""
 
     def __init__(
         self, ddp: DistributedDataParallel, event: Callable[[], DeviceEvent] | None = None
@@ -47,6 +52,7 @@ class BlockTimer:
         self._ddp = ddp
         self._event = event if event is not None else device_event(_device(ddp))
         self._marks: list[Any] = []  # host seconds, or recorded events
+        self._warmup = BLOCK_WARMUP  # the block under way's untimed iterations
         #: Iterations (forwards that all-reduce) seen so far: the comparison's cost.
         self.iterations = 0
 
@@ -59,22 +65,34 @@ class BlockTimer:
         """Drop the block under way: the next `tick` begins it again (its steps would span a
         pause: `autotune.ddp.join`). Call it on every rank alike."""
         self._marks.clear()
+        self._warmup = BLOCK_WARMUP
 
     def tick(self) -> float | None:
         """Before a forward that `counts`: the step that just ended is timed. At a block's end,
         the block's median step (the slowest rank's; a collective on DDP's group), else None."""
-        if self._event is None:
-            self._marks.append(time.perf_counter())
-        else:
-            mark = self._event()
-            mark.record()  # on the current stream, before this forward's kernels
-            self._marks.append(mark)
+        self._marks.append(self._mark())
         self.iterations += 1
-        if len(self._marks) <= BLOCK:
+        if len(self._marks) <= self._warmup + BLOCK_STEPS:
             return None
-        marks, self._marks = self._marks, self._marks[-1:]
-        steps = self._steps(marks)[BLOCK_WARMUP:]
-        return statistics.median(self.most(steps))
+        marks = self._marks
+        steps = self._steps(marks)[self._warmup :]
+        block = statistics.median(self.most(steps))
+        # The next block's clock starts here: after the MAX on the host's; on the GPU's, at the
+        # last mark (the stream has not moved since).
+        self._marks, self._warmup = [self._mark() if self._event is None else marks[-1]], 0
+        return block
+
+    def renewed(self) -> None:
+        """A new reducer is in place, before the block under way's first forward: that block
+        begins with `BLOCK_WARMUP` untimed iterations."""
+        self._warmup = BLOCK_WARMUP
+
+    def _mark(self) -> Any:
+        if self._event is None:
+            return time.perf_counter()
+        mark = self._event()
+        mark.record()  # on the current stream, before the next forward's kernels
+        return mark
 
     def _steps(self, marks: list[Any]) -> list[float]:
         if self._event is None:

@@ -9,9 +9,9 @@ copy (docs/BENCHMARKS.md, "DDP's bucket size"):
 - the reference is the reducer as the job built it (its ``bucket_cap_mb``): plain DDP itself;
 - the challengers (`challengers`): the fusion size the tuner kept, then the reference's
   neighbours in `LADDER`, each only if it changes the bucket layout (`layout`);
-- each meets the reference in blocks of `BLOCK` iterations, A B B A (`bucket_test`: Wilcoxon's
-  signed-rank interval, up to `MAX_PAIRS` pairs, twice that while ahead); a switch rebuilds the
-  reducer;
+- each meets the reference in blocks (`autotune.tuning.blocks`), A B B A (`bucket_test`:
+  Wilcoxon's signed-rank interval, up to `MAX_PAIRS` pairs, twice that while ahead); a switch
+  rebuilds the reducer;
 - the fastest that won beyond noise is kept, else the reference; a near miss is stored as the
   lead. The next job re-checks a stored size (`PairedTest(hold=True)`) instead of searching.
 
@@ -35,7 +35,7 @@ from autotune.ddp.reducer import (
     set_bucket_cap,
 )
 from autotune.plan import Buckets
-from autotune.tuning.blocks import BLOCK, BlockTimer
+from autotune.tuning.blocks import BLOCK, BLOCKS, BlockTimer
 from autotune.tuning.paired_test import FUTILE_FROM, MIN_PAIRS, Outcome, PairedTest
 from autotune.tuning.plan_search import NEAR_MISS_BELOW
 from autotune.util.units import format_bytes
@@ -351,6 +351,7 @@ class BucketTuner:
         else:
             set_bucket_cap(ddp, cap)
         rebuild_reducer(ddp)
+        self._timer.renewed()
         self.running = cap
 
     def _finish(self) -> bool:
@@ -363,22 +364,22 @@ class BucketTuner:
             g = result.gain
             _log.info(
                 "autotune kept DDP's buckets at %s: %.3fx the step with the job's own %s "
-                "(%d pairs of %d-iteration blocks, 95%% interval %.3f-%.3f)",
+                "(%d pairs of %s, 95%% interval %.3f-%.3f)",
                 format_bytes(result.bucket_bytes),
                 g.ratio,
                 format_bytes(self.reference_cap),
                 g.pairs,
-                BLOCK,
+                BLOCKS,
                 g.low,
                 g.high,
             )
         elif search.history:
             _log.info(
                 "autotune kept DDP's buckets as the job built them (%s): no bucket size beat "
-                "them over %d pairs of %d-iteration blocks%s",
+                "them over %d pairs of %s%s",
                 format_bytes(self.reference_cap),
                 search.pairs,
-                BLOCK,
+                BLOCKS,
                 ""
                 if result.lead is None
                 else f"; the next job gives {result.lead.describe()} one more paired test",

@@ -4,7 +4,7 @@ The plan search's paired tests run the baseline through the hook, so a plan that
 still be slower than plain DDP, which the job runs once it unhooks (the hook costs a Python call
 and a 1/N pass per bucket). So where a job may unhook, a plan that needs the hook is locked only
 once `PlainCheck` has it beat plain DDP: the job's reducer without the hook (A) against a reducer
-with the hook running the plan (B), in blocks of `BLOCK` iterations, A B B A
+with the hook running the plan (B), in blocks of iterations (`BLOCK` at most), A B B A
 (`autotune.tuning.blocks`; each switch rebuilds the reducer and registers the hook again for B),
 judged as a first bucket test (`autotune.tuning.buckets.bucket_test`): B is kept only if it is
 faster beyond noise. Kept, the plan runs through the hook and its gain is this test's; lost, the
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from torch.nn.parallel import DistributedDataParallel
 
 from autotune.ddp.reducer import rebuild_reducer
-from autotune.tuning.blocks import BLOCK, BlockTimer
+from autotune.tuning.blocks import BLOCK, BLOCKS, BlockTimer
 from autotune.tuning.buckets import bucket_test
 from autotune.tuning.paired_test import Outcome
 
@@ -116,6 +116,7 @@ class PlainCheck:
             self.stopped = f"rebuilding DDP's reducer failed: {exc!r}"
             _log.warning("autotune stops comparing its plan with plain DDP: %s", self.stopped)
             return False
+        self._timer.renewed()
         if hooked:
             self._ddp.register_comm_hook(self._state, self._hook)
             self._rehooked()
@@ -126,12 +127,12 @@ class PlainCheck:
         g = outcome.gain
         _log.info(
             "autotune check against plain DDP: %s through the hook %s, %.3fx plain DDP's step "
-            "(%d pairs of %d-iteration blocks, 95%% interval %.3f-%.3f): %s",
+            "(%d pairs of %s, 95%% interval %.3f-%.3f): %s",
             self._plan,
             "kept" if outcome.challenger_won else "lost",
             g.ratio,
             g.pairs,
-            BLOCK,
+            BLOCKS,
             g.low,
             g.high,
             outcome.why,

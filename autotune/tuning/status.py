@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from autotune.plan import Gain
-from autotune.tuning.blocks import BLOCK
+from autotune.tuning.blocks import BLOCKS
 from autotune.tuning.search import Progress
 from autotune.util.units import count, format_bytes
 
@@ -267,7 +267,7 @@ def _verdict(tuner: Tuner | None, unhooking: Unhooking | None) -> str:
             f"buckets: {why}); {after}"
         )
     buckets = f"DDP's own all-reduce in {format_bytes(kept.bucket_bytes)} buckets"
-    return f"{kept.gain.verdict(f'{BLOCK}-iteration blocks', buckets)}; {after}"
+    return f"{kept.gain.verdict(BLOCKS, buckets)}; {after}"
 
 
 def tuner_verdict(tuner: Tuner) -> str:
@@ -282,7 +282,7 @@ def tuner_verdict(tuner: Tuner) -> str:
             f"storage failed, {decider.storage_error}); the plan kept: "
             f"{plan_search.incumbent.describe()}"
         )
-    blocks = f"{BLOCK}-iteration blocks"
+    blocks = BLOCKS
     if plan_search.baseline_kept and plan_search.history and plan_search.history[-1][0] == "catch":
         _, plan, outcome = plan_search.history[-1]
         return (

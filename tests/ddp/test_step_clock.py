@@ -14,7 +14,7 @@ import torch
 
 from autotune.ddp.step_clock import LAG, StepClock, device_event
 from autotune.plan import Arm, Choice
-from autotune.tuning.blocks import BLOCK, BLOCK_WARMUP, BlockTimer
+from autotune.tuning.blocks import BLOCK, BLOCK_STEPS, BLOCK_WARMUP, BlockTimer
 from autotune.tuning.steps import StepLog, window_step
 
 
@@ -126,7 +126,7 @@ def test_a_window_counts_only_the_steps_of_the_plan_its_latest_step_ran() -> Non
 
 def test_blocks_on_cuda_time_the_gpus_steps() -> None:
     # The host ticks at once (1 us apart); the GPU's steps alternate 10 and 30 ms.
-    ends = [10.0 * i + (20.0 * (i // 2)) for i in range(2 * BLOCK + 1)]
+    ends = [10.0 * i + (20.0 * (i // 2)) for i in range(3 * BLOCK + 1)]
     gpu = Gpu(ends)
     ddp = SimpleNamespace(
         require_backward_grad_sync=True,
@@ -141,9 +141,15 @@ def test_blocks_on_cuda_time_the_gpus_steps() -> None:
     assert block is not None and block == pytest.approx(statistics.median(steps[BLOCK_WARMUP:]))
     assert block > 0.005  # the GPU's milliseconds, not the host's microseconds
     assert gpu.synchronized == 1  # once a block, where the MAX over ranks waits anyway
-    # The next block starts from the last mark: BLOCK more forwards.
+    # The next block starts from the last mark: on the same reducer, BLOCK_STEPS forwards, all
+    # timed; on a new one (`renewed`), BLOCK_WARMUP untimed first.
+    assert [timer.tick() for _ in range(BLOCK_STEPS - 1)] == [None] * (BLOCK_STEPS - 1)
+    second = timer.tick()
+    steps = [(b - a) / 1000 for a, b in itertools.pairwise(ends[BLOCK : BLOCK + BLOCK_STEPS + 1])]
+    assert second is not None and second == pytest.approx(statistics.median(steps))
+    timer.renewed()
     assert [timer.tick() for _ in range(BLOCK - 1)] == [None] * (BLOCK - 1)
-    assert timer.tick() is not None and timer.iterations == 2 * BLOCK + 1
+    assert timer.tick() is not None and timer.iterations == 2 * BLOCK + BLOCK_STEPS + 1
 
 
 def test_a_paired_schedule_on_the_gpus_clock_pairs_each_step_with_the_plan_that_ran_it() -> None:

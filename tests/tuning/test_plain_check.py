@@ -20,7 +20,7 @@ from unhook_jobs import KEEPS_BASELINE, Aside, beside_plain
 from autotune.comm.launch import run_local
 from autotune.plan import Choice, Entry, Gain, Table
 from autotune.storage import Store
-from autotune.tuning.blocks import BLOCK
+from autotune.tuning.blocks import BLOCKS
 
 pytestmark = pytest.mark.distributed
 
@@ -67,7 +67,7 @@ def test_a_plan_faster_than_plain_ddp_keeps_the_hook_with_the_gain_against_plain
         assert r.plain_rel < 1e-5, r.plain_rel
     assert len({r.hooked for r in runs}) == 1, "ranks' parameters diverged"
     verdict = runs[0].verdict
-    assert f"pairs of {BLOCK}-iteration blocks" in verdict and "plan: " in verdict, verdict
+    assert f"pairs of {BLOCKS}" in verdict and "plan: " in verdict, verdict
     # The confirmed plan's gain is provisional until the check against plain DDP kept it.
     for r in runs:
         assert_never_claims_early(r.headlines)
