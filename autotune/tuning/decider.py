@@ -230,7 +230,7 @@ class Decider:
         arm = plan_search.incumbent
         for cls, search in self.classes.items():
             if search.state != "locked":
-                arm = arm.with_class(cls, search.desired)
+                arm = arm.with_class(cls, search.order())
         return arm
 
     def _start(self) -> None:

@@ -5,6 +5,7 @@ latency of its messages. What it finds only shortlists a challenger (`autotune.t
 from __future__ import annotations
 
 import statistics
+from collections import deque
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from autotune.config import Config
 
 __all__ = [
+    "IN_FLIGHT",
     "NOT_MEASURED",
     "RACE_AFTER",
     "RACE_FACTOR",
@@ -42,6 +44,10 @@ SLOW_FACTOR = 10.0
 #: choices are that far behind (a screening's windows are the step's iterations).
 RACE_FACTOR = 1.3
 RACE_AFTER = 2
+#: Windows already ordered when the decider gives an order (`Search.order`): the iteration the
+#: exchange in flight measures and the one its orders were given for
+#: (`autotune.tuning.tuner`: orders take effect two iterations on).
+IN_FLIGHT = 2
 #: Where a job allows compression (`Config.compression`), each wire dtype is screened on this
 #: many of the fastest uncompressed choices of a class, after them (`ClassSearch`).
 WIRE_SHORTLIST = 3
@@ -113,6 +119,10 @@ class Search(Generic[T]):
         #: The next trial, asked while this one measures (`_ask_ahead`): (trial, option, done).
         self._ahead: tuple[optuna.Trial, T, list[tuple[int, T, float | None]]] | None = None
         self._asking_ahead = False
+        #: A trial begun ahead (`order`): its option is ordered while the one before measures.
+        self._then: _Trial[T] | None = None
+        self._flight: deque[T] = deque(maxlen=IN_FLIGHT)  # what the windows in flight run
+        self._again: set[T] = set()  # options whose trial was handed on short once (`measure`)
         self.finished = 0  # trials told, this round
         self.trials_total = 0  # trials told by this job, every round (for a counter)
         self.tried: set[T] = set()
@@ -128,9 +138,10 @@ class Search(Generic[T]):
         self.desired = option
         self.best = None if best_s is None else (option, best_s)
         self.trial = None
-        if self._ahead is not None:
-            self._tell(self._ahead[0], None, NOT_MEASURED + "the search was over when it began")
-            self._ahead = None
+        for handle in (self._ahead and self._ahead[0], self._then and self._then.handle):
+            if handle is not None:
+                self._tell(handle, None, NOT_MEASURED + "the search was over when it began")
+        self._ahead = self._then = None
 
     def start(self) -> None:
         """Ask for the first (or next) trial."""
@@ -147,13 +158,40 @@ class Search(Generic[T]):
         if not self._asking_ahead:  # else it begins as it arrives (`_arrived`)
             self.worker.submit(self._ask)
 
+    def order(self) -> T:
+        """What the class runs at the iteration the orders given now reach; the decider asks
+        once an exchange, while the class screens. Where the trial under way will have every
+        window it needs from those already ordered for it (`IN_FLIGHT`), the trial asked ahead
+        begins here, so its first window follows the last of them."""
+        trial, ahead = self.trial, self._ahead
+        if (
+            trial is not None
+            and ahead is not None
+            and self._then is None
+            and self._left(trial) <= sum(o == trial.option for o in self._flight)
+        ):
+            self._ahead = None
+            handle, option, done = ahead
+            if option != trial.option and option in self._to_try(
+                self.tried | {trial.option}, self.values
+            ):
+                self._take_in(done)
+                self._then = _Trial(handle, option, self.tuner.config.tune_warmup)
+                self.desired = option
+            else:
+                self._tell(handle, None, NOT_MEASURED + "asked ahead, then not the next to try")
+        self._flight.append(self.desired)
+        return self.desired
+
     def measure(self, in_effect: T, value: float) -> None:
         """A window's latency (the least over ranks, `autotune.tuning.wire`), run with
         ``in_effect``."""
-        s = self.tuner.config
         if self.state == "locked":
             return
         trial = self.trial
+        if trial is not None and self._then is not None and in_effect == self._then.option:
+            self._short(trial)  # the windows ordered for it are in, and it is not done
+            trial = self.trial
         if trial is None or in_effect != trial.option:
             return
         if trial.warmup_left > 0:
@@ -163,13 +201,34 @@ class Search(Generic[T]):
             self._finish(trial, None, f"slower than {SLOW_FACTOR:g}x the best so far")
             return
         trial.values.append(value)
-        outrun = (
-            len(trial.values) >= RACE_AFTER
-            and self.best is not None
-            and min(trial.values) > RACE_FACTOR * self.best[1]
-        )
-        if len(trial.values) >= s.tune_samples or outrun:
+        if self._left(trial) == 0:
             self._finish(trial, statistics.median(trial.values), None)
+
+    def _behind(self, trial: _Trial[T]) -> bool:
+        """Whether ``trial``'s fastest window so far is beyond `RACE_FACTOR` times the best."""
+        best = self.best
+        return bool(trial.values) and best is not None and min(trial.values) > RACE_FACTOR * best[1]
+
+    def _left(self, trial: _Trial[T]) -> int:
+        """The windows ``trial`` still needs: its warm-up, then its samples, or `RACE_AFTER` of
+        them while it is behind (`_behind`)."""
+        samples = RACE_AFTER if self._behind(trial) else self.tuner.config.tune_samples
+        return trial.warmup_left + max(0, samples - len(trial.values))
+
+    def _short(self, trial: _Trial[T]) -> None:
+        """``trial`` handed the class on (`order`) and got fewer windows than it needs: a window
+        without this class's messages, or a trial foreseen to be outrun that its next window
+        put back in the race. It is asked again (once, at once: it is not counted as tried); a
+        second time it ends with what it has."""
+        if trial.option not in self._again:
+            self._again.add(trial.option)
+            self.trial, self._then = self._then, None
+            self._tell(trial.handle, None, NOT_MEASURED + "handed on short; tried again later")
+            self._ask_ahead()
+        elif trial.values:
+            self._finish(trial, statistics.median(trial.values), None)
+        else:
+            self._finish(trial, None, NOT_MEASURED + "its windows had no such messages")
 
     def windows_left(self) -> int:
         """Windows (iterations, while screening) this search still takes at most: its trials
@@ -201,7 +260,10 @@ class Search(Generic[T]):
             if self.best is None or value < self.best[1]:
                 self.best = (trial.option, value)
         self._tell(trial.handle, value, failure)
-        if self._spent():
+        if self._then is not None:  # begun ahead, its windows ordered: it measures now
+            self.trial, self._then = self._then, None
+            self._ask_ahead()
+        elif self._spent():
             self._lock_best()
         else:
             self.start()
@@ -326,16 +388,7 @@ class Search(Generic[T]):
         self, trial: optuna.Trial, option: T, done: list[tuple[int, T, float | None]]
     ) -> None:
         self.asking = False
-        for number, measured, value in done:  # by earlier jobs, or by jobs running beside us
-            if number in self.counted:
-                continue
-            self.counted.add(number)
-            self.finished += 1
-            self.tried.add(measured)
-            if value is not None:
-                self.values.setdefault(measured, value)
-                if self.best is None or value < self.best[1]:
-                    self.best = (measured, value)
+        self._take_in(done)
         if self.state == "locked" or self._spent():
             # Locked meanwhile, or nothing left to try: the trial just asked for is not needed.
             self._tell(trial, None, NOT_MEASURED + "the search was over when it was asked")
@@ -345,6 +398,19 @@ class Search(Generic[T]):
         self.trial = _Trial(trial, option, self.tuner.config.tune_warmup)
         self.desired = option
         self._ask_ahead()
+
+    def _take_in(self, done: list[tuple[int, T, float | None]]) -> None:
+        """Trials of the study finished by earlier jobs, or by jobs running beside this one."""
+        for number, measured, value in done:
+            if number in self.counted:
+                continue
+            self.counted.add(number)
+            self.finished += 1
+            self.tried.add(measured)
+            if value is not None:
+                self.values.setdefault(measured, value)
+                if self.best is None or value < self.best[1]:
+                    self.best = (measured, value)
 
     def _spent(self) -> bool:
         # Another job may have measured choices this one leaves out: they do not count here.

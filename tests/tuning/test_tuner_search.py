@@ -22,6 +22,7 @@ from autotune.plan import Choice
 from autotune.storage import Store
 from autotune.tuning.sampler import GivenSampler
 from autotune.tuning.search import (
+    IN_FLIGHT,
     NOT_MEASURED,
     RACE_AFTER,
     RACE_FACTOR,
@@ -201,6 +202,88 @@ def test_the_next_trial_is_asked_while_one_measures_and_begins_as_it_ends(
     assert ahead.params["option"] == search.space.index("c")
     assert ahead.state == TrialState.FAIL
     assert ahead.user_attrs["failure"].startswith(NOT_MEASURED)
+
+
+def pipelined(
+    search: Search[str], tuner: StandIn, latency: dict[str, float], skip: set[int] = frozenset()
+) -> str:
+    """Windows as the tuner runs them: each exchange measures the oldest window in flight, then
+    orders the one `IN_FLIGHT` on (`Search.order`); windows in ``skip`` carry no message of the
+    class. The options the windows ran, until the search locks."""
+    ordered = deque([search.desired] * (IN_FLIGHT + 1))
+    ran = ""
+    for k in range(60):
+        tuner.pump()
+        search.start()
+        window = ordered.popleft()
+        ran += window
+        if k not in skip:
+            search.measure(window, latency[window])
+        if search.state == "locked":
+            return ran
+        ordered.append(search.order())
+    raise AssertionError(f"not locked after {ran}")
+
+
+def test_the_next_trial_is_ordered_so_that_it_runs_as_soon_as_the_one_before_has_its_windows(
+    tuner: StandIn,
+) -> None:
+    """With the orders two windows ahead of the measurements, a trial that has every window it
+    needs already ordered hands the class to the next: each trial after the first runs exactly
+    its warm-up and samples (1 + 3 here), none wasted between trials."""
+    search = Search(tuner, "x", ["a", "b", "c", "d"], "a")
+    ran = pipelined(search, tuner, {"a": 1.0, "b": 1.1, "c": 1.2, "d": 1.05})
+    assert ran.endswith("bbbbccccdddd") and ran.count("b") == 4, ran
+    tuner.pump()
+    values = {t.params["option"]: t.value for t in trials(tuner)}
+    assert values == {0: 1.0, 1: 1.1, 2: 1.2, 3: 1.05}  # each its three samples' median
+
+
+def test_a_trial_behind_after_its_first_sample_hands_on_after_its_race_windows(
+    tuner: StandIn,
+) -> None:
+    """Foreseen outrun from its first sample, a trial orders only the windows its race takes
+    (warm-up and `RACE_AFTER` samples), and the next runs right after them."""
+    search = Search(tuner, "x", ["a", "b", "c"], "a")
+    ran = pipelined(search, tuner, {"a": 1.0, "b": 1.5 * RACE_FACTOR, "c": 1.05})
+    assert ran.endswith("b" * (1 + RACE_AFTER) + "cccc"), ran
+    assert search.values["b"] == pytest.approx(1.5 * RACE_FACTOR)
+
+
+def test_a_trial_handed_on_short_is_measured_again_once_then_ends_with_what_it_has(
+    tmp_path: Path,
+) -> None:
+    """A window without the class's messages (an iteration that sent none): the trial that
+    handed the class on has fewer samples than foreseen. It is told as not measured and asked
+    again at once; short a second time, it ends with the median of what it measured."""
+    latency = {"a": 1.0, "b": 1.1, "c": 1.2, "d": 1.15}
+
+    def job(name: str, skip: set[int]) -> tuple[str, list[optuna.trial.FrozenTrial]]:
+        tuner = StandIn(f"sqlite:///{tmp_path / name}", tune_warmup=1, tune_samples=3)
+        ran = pipelined(Search(tuner, "x", ["a", "b", "c", "d"], "a"), tuner, latency, skip)
+        tuner.pump()
+        return ran, trials(tuner)
+
+    whole, _ = job("whole.db", set())
+    assert whole.endswith("bbbbccccdddd")
+    b_sample = whole.index("b") + 2  # its warm-up, then its second sample
+    ran, told = job("once.db", {b_sample})
+    assert ran == whole.replace("cccc", "ccccbbbb")  # "b" again, in full, then "d"
+    states = [(t.params["option"], t.state) for t in told]
+    assert states == [
+        (0, TrialState.COMPLETE),
+        (1, TrialState.FAIL),
+        (2, TrialState.COMPLETE),
+        (1, TrialState.COMPLETE),
+        (3, TrialState.COMPLETE),
+    ]
+    assert told[1].user_attrs["failure"].startswith(NOT_MEASURED)  # another job may try it
+    assert told[3].value == pytest.approx(1.1)
+
+    again = ran.index("bbbb", b_sample + 4) + 2
+    ran, told = job("twice.db", {b_sample, again})
+    assert ran == whole.replace("cccc", "ccccbbbb")  # short again: nothing more for "b"
+    assert [(t.params["option"], t.state) for t in told] == states
 
 
 def test_a_locked_search_keeps_its_best_whatever_it_measures_after(tuner: StandIn) -> None:
