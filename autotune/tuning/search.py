@@ -25,6 +25,7 @@ __all__ = [
     "NOT_MEASURED",
     "RACE_AFTER",
     "RACE_FACTOR",
+    "RACE_FORESEEN",
     "SLOW_FACTOR",
     "WIRE_SHORTLIST",
     "ClassSearch",
@@ -44,6 +45,10 @@ SLOW_FACTOR = 10.0
 #: choices are that far behind (a screening's windows are the step's iterations).
 RACE_FACTOR = 1.3
 RACE_AFTER = 2
+#: A trial's windows are ordered for its race alone (`Search.order`) once its first sample is
+#: beyond this many times the best: a window's latency on a busy machine swings 2x, so a trial
+#: only 1.3x behind after one is often back in the race after the next.
+RACE_FORESEEN = 2.0
 #: Windows already ordered when the decider gives an order (`Search.order`): the iteration the
 #: exchange in flight measures and the one its orders were given for
 #: (`autotune.tuning.tuner`: orders take effect two iterations on).
@@ -168,7 +173,7 @@ class Search(Generic[T]):
             trial is not None
             and ahead is not None
             and self._then is None
-            and self._left(trial) <= sum(o == trial.option for o in self._flight)
+            and self._left(trial, RACE_FORESEEN) <= sum(o == trial.option for o in self._flight)
         ):
             self._ahead = None
             handle, option, done = ahead
@@ -204,22 +209,19 @@ class Search(Generic[T]):
         if self._left(trial) == 0:
             self._finish(trial, statistics.median(trial.values), None)
 
-    def _behind(self, trial: _Trial[T]) -> bool:
-        """Whether ``trial``'s fastest window so far is beyond `RACE_FACTOR` times the best."""
-        best = self.best
-        return bool(trial.values) and best is not None and min(trial.values) > RACE_FACTOR * best[1]
-
-    def _left(self, trial: _Trial[T]) -> int:
+    def _left(self, trial: _Trial[T], behind: float = RACE_FACTOR) -> int:
         """The windows ``trial`` still needs: its warm-up, then its samples, or `RACE_AFTER` of
-        them while it is behind (`_behind`)."""
-        samples = RACE_AFTER if self._behind(trial) else self.tuner.config.tune_samples
+        them while its fastest so far is more than ``behind`` times the best median."""
+        best, samples = self.best, self.tuner.config.tune_samples
+        if trial.values and best is not None and min(trial.values) > behind * best[1]:
+            samples = RACE_AFTER
         return trial.warmup_left + max(0, samples - len(trial.values))
 
     def _short(self, trial: _Trial[T]) -> None:
         """``trial`` handed the class on (`order`) and got fewer windows than it needs: a window
-        without this class's messages, or a trial foreseen to be outrun that its next window
-        put back in the race. It is asked again (once, at once: it is not counted as tried); a
-        second time it ends with what it has."""
+        without this class's messages, or a trial foreseen to be outrun (`RACE_FORESEEN`) that
+        its next window put back in the race. It is asked again (once, at once: it is not
+        counted as tried); a second time it ends with what it has."""
         if trial.option not in self._again:
             self._again.add(trial.option)
             self.trial, self._then = self._then, None

@@ -26,6 +26,7 @@ from autotune.tuning.search import (
     NOT_MEASURED,
     RACE_AFTER,
     RACE_FACTOR,
+    RACE_FORESEEN,
     SLOW_FACTOR,
     WIRE_SHORTLIST,
     ClassSearch,
@@ -239,15 +240,20 @@ def test_the_next_trial_is_ordered_so_that_it_runs_as_soon_as_the_one_before_has
     assert values == {0: 1.0, 1: 1.1, 2: 1.2, 3: 1.05}  # each its three samples' median
 
 
-def test_a_trial_behind_after_its_first_sample_hands_on_after_its_race_windows(
-    tuner: StandIn,
+def test_a_trial_far_behind_after_its_first_sample_hands_on_without_waiting_for_its_race(
+    tmp_path: Path,
 ) -> None:
-    """Foreseen outrun from its first sample, a trial orders only the windows its race takes
-    (warm-up and `RACE_AFTER` samples), and the next runs right after them."""
-    search = Search(tuner, "x", ["a", "b", "c"], "a")
-    ran = pipelined(search, tuner, {"a": 1.0, "b": 1.5 * RACE_FACTOR, "c": 1.05})
-    assert ran.endswith("b" * (1 + RACE_AFTER) + "cccc"), ran
-    assert search.values["b"] == pytest.approx(1.5 * RACE_FACTOR)
+    """A first sample beyond `RACE_FORESEEN` times the best: the trial's race is foreseen, and
+    the next trial is ordered as soon as the windows in flight cover it (one window sooner than
+    a race seen only at its `RACE_AFTER`-th sample, two less than a full trial)."""
+    tuner = StandIn(f"sqlite:///{tmp_path / 't.db'}", tune_warmup=1, tune_samples=5)
+    far, behind = 1.1 * RACE_FORESEEN, 1.1 * RACE_FACTOR  # far behind, and only behind
+    search = Search(tuner, "x", ["a", "b", "c", "d"], "a")
+    ran = pipelined(search, tuner, {"a": 1.0, "b": far, "c": behind, "d": 1.05})
+    # Warm-up, the samples measured when the orders change, then the windows in flight.
+    b, c, d = 1 + 1 + IN_FLIGHT, 1 + RACE_AFTER + IN_FLIGHT, 1 + 5
+    assert ran.endswith("b" * b + "c" * c + "d" * d), ran
+    assert search.values == {"a": 1.0, "b": far, "c": behind, "d": 1.05}
 
 
 def test_a_trial_handed_on_short_is_measured_again_once_then_ends_with_what_it_has(
