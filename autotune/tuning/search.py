@@ -143,9 +143,10 @@ class Search(Generic[T]):
         self.desired = option
         self.best = None if best_s is None else (option, best_s)
         self.trial = None
-        for handle in (self._ahead and self._ahead[0], self._then and self._then.handle):
-            if handle is not None:
-                self._tell(handle, None, NOT_MEASURED + "the search was over when it began")
+        handles = [] if self._ahead is None else [self._ahead[0]]
+        handles += [] if self._then is None else [self._then.handle]
+        for handle in handles:
+            self._tell(handle, None, NOT_MEASURED + "the search was over when it began")
         self._ahead = self._then = None
 
     def start(self) -> None:

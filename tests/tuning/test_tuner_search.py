@@ -206,7 +206,10 @@ def test_the_next_trial_is_asked_while_one_measures_and_begins_as_it_ends(
 
 
 def pipelined(
-    search: Search[str], tuner: StandIn, latency: dict[str, float], skip: set[int] = frozenset()
+    search: Search[str],
+    tuner: StandIn,
+    latency: dict[str, float],
+    skip: frozenset[int] = frozenset(),
 ) -> str:
     """Windows as the tuner runs them: each exchange measures the oldest window in flight, then
     orders the one `IN_FLIGHT` on (`Search.order`); windows in ``skip`` carry no message of the
@@ -266,7 +269,9 @@ def test_a_trial_handed_on_short_is_measured_again_once_then_ends_with_what_it_h
 
     def job(name: str, skip: set[int]) -> tuple[str, list[optuna.trial.FrozenTrial]]:
         tuner = StandIn(f"sqlite:///{tmp_path / name}", tune_warmup=1, tune_samples=3)
-        ran = pipelined(Search(tuner, "x", ["a", "b", "c", "d"], "a"), tuner, latency, skip)
+        ran = pipelined(
+            Search(tuner, "x", ["a", "b", "c", "d"], "a"), tuner, latency, frozenset(skip)
+        )
         tuner.pump()
         return ran, trials(tuner)
 
