@@ -215,7 +215,7 @@ class Search(Generic[T]):
         them while its fastest so far is more than ``behind`` times the best median."""
         best, samples = self.best, self.tuner.config.tune_samples
         if trial.values and best is not None and min(trial.values) > behind * best[1]:
-            samples = RACE_AFTER
+            samples = min(RACE_AFTER, samples)
         return trial.warmup_left + max(0, samples - len(trial.values))
 
     def _short(self, trial: _Trial[T]) -> None:

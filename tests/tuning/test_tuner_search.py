@@ -179,6 +179,20 @@ def test_a_trial_far_behind_the_best_ends_early_and_one_near_it_measures_in_full
     assert near.value == pytest.approx(0.95 * RACE_FACTOR * 1.003)  # median of 3
 
 
+def test_racing_never_asks_more_samples_than_tune_samples(tmp_path: Path) -> None:
+    tuner = StandIn(f"sqlite:///{tmp_path / 't.db'}", tune_warmup=0, tune_samples=1)
+    search = Search(tuner, "x", ["a", "b"], "a")
+    tuner.pump()
+    search.start()
+    tuner.pump()
+    search.measure("a", 1.0)
+    tuner.pump()
+    search.start()
+    assert search.trial is not None and search.trial.option == "b"
+    search.measure("b", 3.0 * RACE_FACTOR)  # behind: still one sample, as configured
+    assert search.state == "locked" and search.values == {"a": 1.0, "b": 3.0 * RACE_FACTOR}
+
+
 def test_the_next_trial_is_asked_while_one_measures_and_begins_as_it_ends(
     tuner: StandIn,
 ) -> None:
