@@ -153,13 +153,10 @@ class Search(Generic[T]):
         """Ask for the first (or next) trial."""
         if self.asking or self.trial is not None or self.state == "locked" or self.tuner.frozen:
             return
-        if self._ahead is not None:
-            trial, option, done = self._ahead
-            self._ahead = None
-            if option in self._to_try(self.tried, self.values):
-                self._begin(trial, option, done)
-                return
-            self._tell(trial, None, NOT_MEASURED + "asked ahead, then not the next to try")
+        ahead = self._take_ahead(self.tried)
+        if ahead is not None:
+            self._begin(*ahead)
+            return
         self.asking = True
         if not self._asking_ahead:  # else it begins as it arrives (`_arrived`)
             self.worker.submit(self._ask)
@@ -169,23 +166,18 @@ class Search(Generic[T]):
         once an exchange, while the class screens. Where the trial under way will have every
         window it needs from those already ordered for it (`IN_FLIGHT`), the trial asked ahead
         begins here, so its first window follows the last of them."""
-        trial, ahead = self.trial, self._ahead
+        trial = self.trial
         if (
             trial is not None
-            and ahead is not None
             and self._then is None
             and self._left(trial, RACE_FORESEEN) <= sum(o == trial.option for o in self._flight)
         ):
-            self._ahead = None
-            handle, option, done = ahead
-            if option != trial.option and option in self._to_try(
-                self.tried | {trial.option}, self.values
-            ):
+            ahead = self._take_ahead(self.tried | {trial.option})
+            if ahead is not None:
+                handle, option, done = ahead
                 self._take_in(done)
                 self._then = _Trial(handle, option, self.tuner.config.tune_warmup)
                 self.desired = option
-            else:
-                self._tell(handle, None, NOT_MEASURED + "asked ahead, then not the next to try")
         self._flight.append(self.desired)
         return self.desired
 
@@ -225,9 +217,8 @@ class Search(Generic[T]):
         counted as tried); a second time it ends with what it has."""
         if trial.option not in self._again:
             self._again.add(trial.option)
-            self.trial, self._then = self._then, None
             self._tell(trial.handle, None, NOT_MEASURED + "handed on short; tried again later")
-            self._ask_ahead()
+            self._promote()
         elif trial.values:
             self._finish(trial, statistics.median(trial.values), None)
         else:
@@ -264,8 +255,7 @@ class Search(Generic[T]):
                 self.best = (trial.option, value)
         self._tell(trial.handle, value, failure)
         if self._then is not None:  # begun ahead, its windows ordered: it measures now
-            self.trial, self._then = self._then, None
-            self._ask_ahead()
+            self._promote()
         elif self._spent():
             self._lock_best()
         else:
@@ -310,10 +300,26 @@ class Search(Generic[T]):
             return
         if self.finished + 1 >= self._budget():
             return
-        if not [o for o in self._to_try(self.tried, self.values) if o != current.option]:
+        if not any(o != current.option for o in self._to_try(self.tried, self.values)):
             return
         self._asking_ahead = True
         self.worker.submit(lambda: self._ask(ahead=True))
+
+    def _take_ahead(
+        self, tried: set[T]
+    ) -> tuple[optuna.Trial, T, list[tuple[int, T, float | None]]] | None:
+        """The trial asked ahead, if any and its option is still to try after ``tried``; one
+        that is not is told as not measured."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None or ahead[1] in self._to_try(tried, self.values):
+            return ahead
+        self._tell(ahead[0], None, NOT_MEASURED + "asked ahead, then not the next to try")
+        return None
+
+    def _promote(self) -> None:
+        """The trial begun ahead (`order`) measures now; the next one is asked."""
+        self.trial, self._then = self._then, None
+        self._ask_ahead()
 
     def _arrived(
         self, trial: optuna.Trial, option: T, done: list[tuple[int, T, float | None]]

@@ -282,13 +282,12 @@ def tuner_verdict(tuner: Tuner) -> str:
             f"storage failed, {decider.storage_error}); the plan kept: "
             f"{plan_search.incumbent.describe()}"
         )
-    blocks = BLOCKS
     if plan_search.baseline_kept and plan_search.history and plan_search.history[-1][0] == "catch":
         _, plan, outcome = plan_search.history[-1]
         return (
             "autotune vs plain DDP: 1.00x step time (DDP's own all-reduce kept: "
             f"{plan.describe()} beat it through the hook, but ran "
-            f"{outcome.gain.over(blocks)} against plain DDP)"
+            f"{outcome.gain.over(BLOCKS)} against plain DDP)"
         )
     if plan_search.baseline_kept:
         pairs = sum(o.gain.pairs for kind, _, o in plan_search.history if kind != "catch")
@@ -311,6 +310,6 @@ def tuner_verdict(tuner: Tuner) -> str:
     if gain is None:
         return f"autotune vs plain DDP: not compared yet (tuning: {plan_search.phase})"
     return gain.verdict(
-        blocks if plan_search.against_plain else "iterations",
+        BLOCKS if plan_search.against_plain else "iterations",
         f"plan: {plan_search.incumbent.describe()}",
     )
