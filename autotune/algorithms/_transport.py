@@ -199,7 +199,6 @@ class Transport:
         ``upcoming``: sends not posted yet that come before ``recvs``' round ends; a receive whose
         range one of them reads must not land in place.
         """
-        g = self.comm.group
         sends = sorted(sends, key=_order)
         recvs = sorted(recvs, key=_order)
         landing: list[tuple[torch.Tensor, torch.Tensor | None]] = []
@@ -222,7 +221,29 @@ class Transport:
         for s in sends:
             assert 0 <= s.start < s.stop <= self.buf.numel(), s
         sources = [self.buf[s.start : s.stop] for s in sends]
-        works: list[dist.Work]
+        with self.comm.posting(f"round {t}'s sends and receives"):
+            works = self._launch(landing, recvs, sources, sends)
+        n = len(recvs)
+        self._pending.extend(
+            _Pending(w, r, t, scratch)
+            for w, r, (_, scratch) in zip(works[:n], recvs, landing, strict=True)
+        )
+        self._sends.extend(_InFlight(w, s, t) for w, s in zip(works[n:], sends, strict=True))
+        self.comm.traffic.bytes_sent += (
+            sum(src.numel() for src in sources) * self.buf.element_size()
+        )
+        self.comm.traffic.messages_sent += len(sources)
+
+    def _launch(
+        self,
+        landing: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
+        recvs: Sequence[Recv],
+        sources: Sequence[torch.Tensor],
+        sends: Sequence[Send],
+    ) -> list[dist.Work]:
+        """Launch the receives into ``landing`` and the sends of ``sources``: their works, the
+        receives' first."""
+        g = self.comm.group
         if self._batched:
             ops = [
                 dist.P2POp(dist.irecv, dest, group=g, group_peer=r.peer, tag=r.channel)
@@ -237,24 +258,14 @@ class Transport:
                 # (distributed_c10d.batch_isend_irecv returns the coalescing manager's works);
                 # that Work stands for each operation of the batch.
                 works = works * len(ops)
-        else:
-            works = [
-                _work(dist.irecv(dest, group=g, group_src=r.peer, tag=r.channel))
-                for (dest, _), r in zip(landing, recvs, strict=True)
-            ] + [
-                _work(dist.isend(src, group=g, group_dst=s.peer, tag=s.channel))
-                for src, s in zip(sources, sends, strict=True)
-            ]
-        n = len(recvs)
-        self._pending.extend(
-            _Pending(w, r, t, scratch)
-            for w, r, (_, scratch) in zip(works[:n], recvs, landing, strict=True)
-        )
-        self._sends.extend(_InFlight(w, s, t) for w, s in zip(works[n:], sends, strict=True))
-        self.comm.traffic.bytes_sent += (
-            sum(src.numel() for src in sources) * self.buf.element_size()
-        )
-        self.comm.traffic.messages_sent += len(sources)
+            return works
+        return [
+            _work(dist.irecv(dest, group=g, group_src=r.peer, tag=r.channel))
+            for (dest, _), r in zip(landing, recvs, strict=True)
+        ] + [
+            _work(dist.isend(src, group=g, group_dst=s.peer, tag=s.channel))
+            for src, s in zip(sources, sends, strict=True)
+        ]
 
     def _busy(self, start: int, stop: int, upcoming: Sequence[Send]) -> bool:
         """Whether a send yet to be posted will read, or a pending receive write, a range."""

@@ -5,7 +5,8 @@ the backend it uses per device, and the error every wait on it turns a failure i
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -118,6 +119,22 @@ class Comm:
             raise PeerError(
                 f"{self.algorithm} {self.collective}: {what} failed or did not finish within "
                 f"{limit}: {exc}",
+                algorithm=self.algorithm,
+                peer=None if peer is None else self.global_rank(peer),
+            ) from exc
+
+    @contextmanager
+    def posting(self, what: str, peer: int | None = None) -> Iterator[None]:
+        """Post operations inside; a failure at posting becomes a `PeerError`, as a failed
+        `wait` does. gloo fails a send or receive at once where its connection to the peer has
+        already closed: the peer died, and this rank is not the one to blame."""
+        try:
+            yield
+        except PeerError:
+            raise
+        except RuntimeError as exc:
+            raise PeerError(
+                f"{self.algorithm} {self.collective}: posting {what} failed: {exc}",
                 algorithm=self.algorithm,
                 peer=None if peer is None else self.global_rank(peer),
             ) from exc

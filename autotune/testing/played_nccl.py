@@ -31,6 +31,11 @@ communicators concurrently"):
   future complete before the data would let DDP's reducer read a bucket not yet reduced. So
   a played future completes when the data is there, and ``wait()`` without a timeout blocks
   (``WorkNCCL::wait`` makes the current stream wait instead).
+- **A launch does not fail for a dead peer; its operation does.** NCCL enqueues a send or
+  receive whatever became of the peer, and the failure comes back on the Work. gloo, which
+  carries the data, fails a send or receive at once where its connection to the peer has
+  already closed, and whether it has by then is a race: the played launch goes through and
+  its Work fails with gloo's error, the same either way.
 - **A failed operation ends the process**, after the watchdog's wait, and a timed-out wait
   aborts its communicator: played by `autotune.testing.played_nccl_faults`, which says how.
 
@@ -118,6 +123,9 @@ class PlayedWork(dist.Work):
         self._began = time.monotonic()
         self._waited = 0  # the inner works waited for so far, in order
         self._error: RuntimeError | None = None  # a timed wait ran out: the work stays failed
+        for w in inner:  # NCCL's watchdog polls every work from its launch
+            if isinstance(w, _Failed):
+                _WATCHDOG.failed(what, w.error)
 
     def is_completed(self) -> bool:
         return self._waited == len(self._inner) or all(w.is_completed() for w in self._inner)
@@ -195,6 +203,35 @@ class PlayedWork(dist.Work):
             raise
 
 
+class _Failed(dist.Work):
+    """An operation gloo failed as it was posted, played as NCCL's: launched, then failed."""
+
+    def __init__(self, error: RuntimeError) -> None:
+        super().__init__()
+        self.error = error
+
+    def is_completed(self) -> bool:
+        return True
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        raise self.error
+
+    def get_future(self) -> torch.futures.Future[Any]:
+        future: torch.futures.Future[Any] = torch.futures.Future()
+        future.set_exception(self.error)
+        return future
+
+
+def _carried(post: Callable[[], dist.Work]) -> dist.Work:
+    """gloo's work for a send or receive ``post`` posts, or a failed one where gloo fails it at
+    once (its connection to the peer closed: the peer died). NCCL's launch does not fail for a
+    peer that is gone; the operation does, and the watchdog sees it (`PlayedWork`)."""
+    try:
+        return post()
+    except RuntimeError as exc:
+        return _Failed(exc)
+
+
 def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -256,10 +293,12 @@ class PlayedGroup(dist.ProcessGroup):
         return PlayedWork([work], f"barrier on {self.comm}", self)
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> dist.Work:
-        return self._p2p(self._inner.send(tensors, dst, tag), sends=[(dst, _nbytes(tensors))])
+        work = _carried(lambda: self._inner.send(tensors, dst, tag))
+        return self._p2p(work, sends=[(dst, _nbytes(tensors))])
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> dist.Work:
-        return self._p2p(self._inner.recv(tensors, src, tag), recvs=[(src, _nbytes(tensors))])
+        work = _carried(lambda: self._inner.recv(tensors, src, tag))
+        return self._p2p(work, recvs=[(src, _nbytes(tensors))])
 
     def _p2p(
         self,

@@ -211,6 +211,21 @@ def test_a_dead_rank_is_named_to_every_survivor_as_a_peer_error(algorithm: str) 
 
 
 @pytest.mark.distributed
+def test_a_send_that_fails_as_it_is_posted_names_the_dead_rank_not_the_sender() -> None:
+    # gloo fails a send or receive at once where its connection to the peer has closed: the
+    # survivors step once rank 2 is gone, so their ring's first post fails. That is the peer's
+    # failure; a survivor used to name itself ("rank 0 failed first (RuntimeError: ...").
+    results = launch(faulty_training, 3, "ring", "exit_seen", 2, 60.0, timeout_s=120, grace_s=60)
+    assert results[2].exitcode == 17
+    for r in results[:2]:
+        assert r.ok, r.error
+        fault = r.value
+        assert (fault.step, fault.kind, fault.rank) == (5, "PeerError", 2), fault
+        assert "rank 2 failed first (its process exited" in fault.message, fault
+        assert fault.seconds < 30, fault
+
+
+@pytest.mark.distributed
 def test_a_rank_that_raises_is_named_and_its_peers_fail_at_once() -> None:
     results = launch(faulty_training, 3, "ring", "raise", 1, 60.0, timeout_s=120, grace_s=60)
     faults = [r.value for r in results]

@@ -19,6 +19,7 @@ from autotune.algorithms import Comm, RingAllReduce, register
 from autotune.config import Config
 from autotune.ddp.stats import MessageRecord
 from autotune.testing import played_nccl
+from autotune.util.processes import ProcessId, state
 
 
 class Net(torch.nn.Module):
@@ -307,7 +308,8 @@ def faulty_training(
     rank: int, world_size: int, algorithm: str, fault: str, culprit: int, timeout_s: float
 ) -> Fault:
     """Train; at step 5 ``culprit`` exits ("exit"), hangs ("stall") or its algorithm raises
-    ("raise": ``algorithm`` is replaced by `RaisesOnCulprit`)."""
+    ("raise": ``algorithm`` is replaced by `RaisesOnCulprit`). "exit_seen": the culprit exits,
+    and the others step on once its process is gone and gloo has seen its connections close."""
     if fault == "raise":
         RaisesOnCulprit.culprit = culprit
         register(RaisesOnCulprit.name, RaisesOnCulprit)
@@ -317,8 +319,14 @@ def faulty_training(
     autotune.register(model, autotune.Config(algorithm=algorithm, timeout_s=timeout_s))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(100):
-        if rank == culprit and step == 5 and fault == "exit":
+        if rank == culprit and step == 5 and fault in ("exit", "exit_seen"):
+            dist.distributed_c10d._get_default_store().set("culprit", str(os.getpid()))
             os._exit(17)
+        if step == 5 and fault == "exit_seen":
+            pid = int(dist.distributed_c10d._get_default_store().get("culprit"))
+            while state(ProcessId.of(pid)) != "exited":
+                time.sleep(0.01)
+            time.sleep(1.0)  # gloo's loop reads the closed connections
         if rank == culprit and step == 5 and fault == "stall":
             time.sleep(3 * timeout_s)  # long past the others' timeout; then gone
             os._exit(18)

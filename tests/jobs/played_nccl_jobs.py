@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from autotune.testing import played_nccl
+from autotune.util.processes import ProcessId, state
 
 
 def one_work_per_batch(rank: int, world_size: int) -> dict[str, Any]:
@@ -97,3 +98,28 @@ def waits_on_a_dead_peers_future(rank: int, world_size: int) -> float | None:
     except RuntimeError:
         return played_nccl.ends_at()
     raise AssertionError("an all-reduce with a rank gone completed")
+
+
+def sends_to_a_peer_gone(rank: int, world_size: int) -> dict[str, Any]:
+    """Rank 1 leaves; once its process is gone and gloo has seen its connection close, rank 0
+    sends to it: whether the launch raised, what the wait raised, and when the watchdog ends
+    rank 0 (None: it did not know)."""
+    store = dist.distributed_c10d._get_default_store()
+    dist.all_reduce(torch.zeros(1))  # every connection is up
+    if rank == 1:
+        store.set("pid", str(os.getpid()))
+        os._exit(0)
+    pid = int(store.get("pid"))
+    while state(ProcessId.of(pid)) != "exited":  # a zombie is gone for its peers
+        time.sleep(0.01)
+    time.sleep(1.0)  # gloo's loop reads the closed connection: a post on it now fails at once
+    try:
+        work = dist.isend(torch.ones(4), 1)
+    except RuntimeError as exc:
+        return {"launch raised": repr(exc), "wait raised": None, "ends_at": played_nccl.ends_at()}
+    assert work is not None
+    try:
+        work.wait()
+    except RuntimeError as exc:
+        return {"launch raised": None, "wait raised": repr(exc), "ends_at": played_nccl.ends_at()}
+    raise AssertionError("a send to a rank gone completed")

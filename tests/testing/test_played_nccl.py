@@ -11,6 +11,7 @@ from played_nccl_jobs import (
     a_pair_and_a_bystander,
     crossed_communicators,
     one_work_per_batch,
+    sends_to_a_peer_gone,
     timed_wait_times_out,
     waits_on_a_dead_peers_future,
 )
@@ -62,6 +63,19 @@ def test_the_watchdog_knows_of_a_failure_before_a_waiter_on_its_future() -> None
     rank0, _ = launch(waits_on_a_dead_peers_future, 2, env=QUICK_WATCHDOG, **ON)
     assert rank0.ok and rank0.value is not None, (rank0.error, rank0.value)
     assert rank0.exitcode == -signal.SIGABRT
+
+
+def test_a_send_to_a_dead_peer_launches_then_fails_and_the_watchdog_ends_the_process() -> None:
+    # gloo fails a send at once where it has seen the peer's connection close, and whether it
+    # has is a race; NCCL launches whatever became of the peer, and the operation fails. A
+    # survivor that raised at launch lived on (exit 0), where on a GPU the watchdog ends it.
+    rank0, rank1 = launch(sends_to_a_peer_gone, 2, env={played_nccl.DUMP_WAIT_ENV: "500"}, **ON)
+    assert rank0.ok, rank0.error
+    said = rank0.value
+    assert said["launch raised"] is None, said
+    assert "Connection closed by peer" in said["wait raised"], said
+    assert said["ends_at"] is not None, said
+    assert (rank0.exitcode, rank1.exitcode) == (-signal.SIGABRT, 0)
 
 
 @pytest.mark.parametrize("mode", ["0", "2"])
