@@ -133,6 +133,8 @@ class Search(Generic[T]):
         self.tried: set[T] = set()
         self.best: tuple[T, float] | None = None
         self.values: dict[T, float] = {}  # option -> the median of its windows, as measured
+        #: option -> the window that failed it as too slow (`SLOW_FACTOR`): it has no value.
+        self.slow: dict[T, float] = {}
         self.study: optuna.Study | None = None
         self.last_seen = 0  # the tuner's exchange count when last measured
         self.counted: set[int] = set()  # numbers of the study's finished trials taken in
@@ -196,6 +198,7 @@ class Search(Generic[T]):
             trial.warmup_left -= 1
             return
         if self.best is not None and value > SLOW_FACTOR * self.best[1]:
+            self.slow[trial.option] = value
             self._finish(trial, None, f"slower than {SLOW_FACTOR:g}x the best so far")
             return
         trial.values.append(value)
@@ -441,8 +444,9 @@ class ClassSearch(Search[Choice]):
 
     Where the space has compressed choices (`Choice.wire`), the uncompressed ones are screened
     first, up to `Config.tune_trials` of them; then each wire dtype on the `WIRE_SHORTLIST`
-    fastest of those. A wire halves the bytes of every choice alike, so it is tried where the
-    schedule already pays, and it adds a few trials a wire rather than doubling the space.
+    fastest of those (one failed as too slow counts, behind every one with a value). A wire
+    halves the bytes of every choice alike, so it is tried where the schedule already pays, and
+    it adds a few trials a wire rather than doubling the space.
     """
 
     def __init__(
@@ -477,7 +481,11 @@ class ClassSearch(Search[Choice]):
         fresh = [o for o in plain if o not in measured]
         if fresh and len(plain) - len(fresh) < self.tuner.config.tune_trials:
             return list(dict.fromkeys(first + fresh))
-        fastest = sorted((o for o in plain if o in values), key=values.__getitem__)
+        # A choice failed as too slow ranks after every one with a value: the shortlist is
+        # the fastest few screened, and one noisy window must not keep a choice off it.
+        fastest = sorted((o for o in plain if o in values), key=values.__getitem__) + sorted(
+            (o for o in plain if o not in values and o in self.slow), key=self.slow.__getitem__
+        )
         twins = [
             Choice(c.algorithm, c.segment_bytes, w) for w in wires for c in fastest[:WIRE_SHORTLIST]
         ]

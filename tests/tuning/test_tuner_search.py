@@ -402,6 +402,21 @@ def test_wires_are_screened_on_the_fastest_uncompressed_choices(tmp_path: Path) 
     assert len(trials(tuner, "class/r0")) == 6 + 2 * WIRE_SHORTLIST
 
 
+def test_a_choice_failed_as_too_slow_still_has_its_twin_on_the_wire(tmp_path: Path) -> None:
+    # With tune_samples=1, one noisy window of ring beyond 10x native's failed ring's trial, and
+    # with no value it was left off the wire's shortlist: ring+bf16 was never screened.
+    tuner = StandIn(f"sqlite:///{tmp_path / 't.db'}", tune_warmup=0, tune_samples=1)
+    space = search_space(1 << 16, ("native", "ring"), wires=("bf16",))
+    native, ring = Choice("native"), Choice("ring")
+    assert space == [native, ring, Choice("native", None, "bf16"), Choice("ring", None, "bf16")]
+    measured = _screen(tuner, space, _on_the_wire({native: 1.0, ring: 1.2 * SLOW_FACTOR}))
+    assert measured == space
+    # Both failed as too slow (the twin against native+bf16's 0.6): screened all the same.
+    failed = [t for t in trials(tuner, "class/r0") if t.state == TrialState.FAIL]
+    assert [choice_of(t.params, space) for t in failed] == [ring, Choice("ring", None, "bf16")]
+    assert all(t.user_attrs["failure"].startswith("slower than 10x") for t in failed)
+
+
 def test_the_budget_bounds_the_uncompressed_choices_then_wires_follow(tmp_path: Path) -> None:
     tuner = StandIn(f"sqlite:///{tmp_path / 't.db'}", tune_warmup=1, tune_samples=2, tune_trials=4)
     space = search_space(4 << 20, ("native", "ring", "tree"), wires=("bf16",))
