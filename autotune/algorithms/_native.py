@@ -20,9 +20,9 @@ class NativeAllReduce(AllReduceAlgorithm):
 
     def _start(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> Pending:
         # The backend runs it: return at once, so the next message can start meanwhile.
-        work = dist.all_reduce(buf, group=comm.group, async_op=True)
-        assert work is not None
         what = f"{comm.backend} all_reduce of {buf.numel() * buf.element_size()} bytes"
+        work = comm.posted(lambda: dist.all_reduce(buf, group=comm.group, async_op=True), what)
+        assert work is not None
         return Pending(lambda: comm.wait(work, what), future=work.get_future())
 
     def _run(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> None:

@@ -221,8 +221,9 @@ class Transport:
         for s in sends:
             assert 0 <= s.start < s.stop <= self.buf.numel(), s
         sources = [self.buf[s.start : s.stop] for s in sends]
-        with self.comm.posting(f"round {t}'s sends and receives"):
-            works = self._launch(landing, recvs, sources, sends)
+        works = self.comm.posted(
+            lambda: self._launch(landing, recvs, sources, sends), f"round {t}'s sends and receives"
+        )
         n = len(recvs)
         self._pending.extend(
             _Pending(w, r, t, scratch)

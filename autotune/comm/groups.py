@@ -5,14 +5,16 @@ the backend it uses per device, and the error every wait on it turns a failure i
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
+
+W = TypeVar("W")
 
 __all__ = [
     "Comm",
@@ -123,18 +125,18 @@ class Comm:
                 peer=None if peer is None else self.global_rank(peer),
             ) from exc
 
-    @contextmanager
-    def posting(self, what: str, peer: int | None = None) -> Iterator[None]:
-        """Post operations inside; a failure at posting becomes a `PeerError`, as a failed
-        `wait` does. gloo fails a send or receive at once where its connection to the peer has
-        already closed: the peer died, and this rank is not the one to blame."""
+    def posted(self, launch: Callable[[], W], what: str, peer: int | None = None) -> W:
+        """``launch()``'s result; a failure to launch becomes a `PeerError`, as a failed `wait`
+        does. gloo fails a send or receive at once where its connection to the peer has already
+        closed, and NCCL a launch on a communicator a peer's failure broke: the peer failed, not
+        this rank (``peer``: the group rank launched to, if one)."""
         try:
-            yield
+            return launch()
         except PeerError:
             raise
         except RuntimeError as exc:
             raise PeerError(
-                f"{self.algorithm} {self.collective}: posting {what} failed: {exc}",
+                f"{self.algorithm} {self.collective}: launching {what} failed: {exc}",
                 algorithm=self.algorithm,
                 peer=None if peer is None else self.global_rank(peer),
             ) from exc
@@ -143,7 +145,9 @@ class Comm:
         """The smallest of every rank's ``value`` (collective over the group); ``what``: what
         the ranks agree on, for the error if a peer fails."""
         t = torch.tensor([value], dtype=torch.int64)
-        work = dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group, async_op=True)
+        work = self.posted(
+            lambda: dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group, async_op=True), what
+        )
         assert work is not None
         self.wait(work, what)
         return int(t.item())
@@ -374,7 +378,9 @@ def ensure_ready(comm: Comm, device: torch.device) -> None:
     key = (comm.group.group_name, str(device))
     if comm.backend != "nccl" or key in _ready:
         return
-    work = dist.all_reduce(torch.zeros(1, device=device), group=comm.group, async_op=True)
+    what = "the NCCL communicator's first collective"
+    zero = torch.zeros(1, device=device)
+    work = comm.posted(lambda: dist.all_reduce(zero, group=comm.group, async_op=True), what)
     assert work is not None
-    comm.wait(work, "the NCCL communicator's first collective")
+    comm.wait(work, what)
     _ready.add(key)

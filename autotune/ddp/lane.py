@@ -146,9 +146,11 @@ class Lane:
             # `_start`).
             bucket.buffer.div_(self.world_size)
             begin = time.perf_counter()
-            work = dist.all_reduce(bucket.buffer, group=comm.group, async_op=True)
-            assert work is not None
             what = f"{comm.backend} all_reduce of a sparse gradient {tuple(bucket.buffer.shape)}"
+            work = comm.posted(
+                lambda: dist.all_reduce(bucket.buffer, group=comm.group, async_op=True), what
+            )
+            assert work is not None
             pending = Pending(lambda: comm.wait(work, what), future=work.get_future())
             message.pieces.append(Piece(0, BASELINE_CHOICE, pending, begin, None, None, None))
         except BaseException as exc:
