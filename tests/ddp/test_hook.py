@@ -53,9 +53,10 @@ def check(per_rank: tuple[list[Trained], ...], algorithm: str, variant: str) -> 
     # Every rank ends with bitwise the same parameters.
     assert len({digest(t.hooked) for t in runs}) == 1, "ranks disagree"
     mine = runs[0]
+    # Every step's averaged gradient is DDP's, to 1e-5 relative (the sums differ only in the
+    # order of additions: about 1e-7 here), and so is the training.
+    assert 0.0 <= mine.grad_rel <= 1e-5, f"{algorithm}/{variant}: gradients {mine.grad_rel:.2e}"
     for hooked, plain in zip(mine.hooked, mine.plain, strict=True):
-        # The same training as DDP's own all-reduce, to 1e-5 relative (the sums differ only in
-        # the order of additions: about 1e-7 here).
         rel = float((hooked.double() - plain.double()).norm() / plain.double().norm())
         assert rel <= 1e-5, f"{algorithm}/{variant}: {rel:.2e} from DDP without the hook"
     if algorithm == "native" and VARIANTS[variant].fusion_bytes == 0:
