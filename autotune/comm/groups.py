@@ -24,6 +24,7 @@ __all__ = [
     "backend_name",
     "bookkeeping_device",
     "connect",
+    "connection_failed",
     "current_device",
     "ensure_ready",
     "forget_p2p_group",
@@ -126,15 +127,18 @@ class Comm:
             ) from exc
 
     def posted(self, launch: Callable[[], W], what: str, peer: int | None = None) -> W:
-        """``launch()``'s result; a failure to launch becomes a `PeerError`, as a failed `wait`
-        does. gloo fails a send or receive at once where its connection to the peer has already
-        closed, and NCCL a launch on a communicator a peer's failure broke: the peer failed, not
-        this rank (``peer``: the group rank launched to, if one)."""
+        """``launch()``'s result; a launch the connection fails becomes a `PeerError`, as a
+        failed `wait` does. gloo fails a send or receive at once where its connection to the
+        peer has already closed, and NCCL a launch on a communicator a peer's failure broke:
+        the peer failed, not this rank (``peer``: the group rank launched to, if one). Any
+        other error (a bad argument) is this rank's own and is raised as it is."""
         try:
             return launch()
         except PeerError:
             raise
         except RuntimeError as exc:
+            if not connection_failed(exc):
+                raise
             raise PeerError(
                 f"{self.algorithm} {self.collective}: launching {what} failed: {exc}",
                 algorithm=self.algorithm,
@@ -151,6 +155,13 @@ class Comm:
         assert work is not None
         self.wait(work, what)
         return int(t.item())
+
+
+def connection_failed(error: BaseException) -> bool:
+    """Whether ``error`` is the backend's word that a connection or communicator failed:
+    torch's `dist.DistError` (NCCL's errors, the store's), or gloo's transport, which raises a
+    plain RuntimeError naming its source (``gloo/transport/tcp/pair.cc``)."""
+    return isinstance(error, dist.DistError) or "gloo/transport/" in str(error)
 
 
 #: Backends registered to stand in for another, by name: autotune treats each as the one it plays

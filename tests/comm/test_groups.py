@@ -3,6 +3,7 @@ on the failure path."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from autotune.algorithms import PeerError, forget_p2p_group, get_algorithm, p2p_group
+from autotune.comm.groups import Comm
 from autotune.comm.launch import run_local
 
 pytestmark = pytest.mark.distributed
@@ -54,3 +56,27 @@ def test_nothing_is_built_on_the_failure_path() -> None:
         assert "ring all-reduce: autotune's group autotune_p2p3:" in error, error
         assert "was aborted after a failure" in error
         assert built == 0 and fresh
+
+
+def test_a_launch_the_connection_fails_is_the_peers_failure_and_a_bad_argument_is_ours() -> None:
+    comm = Comm(None, 0, 2, "gloo", "ring", None)  # type: ignore[arg-type]  # no peer asked
+    closed = RuntimeError(
+        "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:24790."
+    )
+
+    def fails(error: Exception) -> Callable[[], None]:
+        def launch() -> None:
+            raise error
+
+        return launch
+
+    for error in (closed, dist.DistBackendError("NCCL error: remote process exited")):
+        with pytest.raises(PeerError, match="ring all-reduce: launching round 0 failed") as got:
+            comm.posted(fails(error), "round 0")
+        assert got.value.__cause__ is error and got.value.algorithm == "ring"
+    bad = RuntimeError("Tensors must be contiguous")
+    with pytest.raises(RuntimeError) as raised:
+        comm.posted(fails(bad), "round 0")
+    assert raised.value is bad  # this rank's own error: the verdict names this rank
+    assert comm.posted(lambda: 7, "round 0") == 7
