@@ -312,12 +312,10 @@ def _check_same_call(tensor: torch.Tensor, segment_bytes: int, name: str, comm: 
         device=tensor.device if comm.backend == "nccl" else "cpu",
     )
     everyone = [torch.empty_like(mine) for _ in range(comm.size)]
-    what = "the TORCH_DISTRIBUTED_DEBUG=DETAIL call check"
-    work = comm.posted(
-        lambda: dist.all_gather(everyone, mine, group=comm.group, async_op=True), what
+    comm.run(
+        lambda: dist.all_gather(everyone, mine, group=comm.group, async_op=True),
+        "the TORCH_DISTRIBUTED_DEBUG=DETAIL call check",
     )
-    assert work is not None
-    comm.wait(work, what)
     for peer, theirs in enumerate(everyone):
         if not torch.equal(theirs, mine):
             numel, dtype_index, seg, _ = theirs.tolist()

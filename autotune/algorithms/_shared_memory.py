@@ -358,13 +358,12 @@ def _broadcast_name(comm: Comm, name: str) -> str:
     if comm.rank == 0:
         data = name.encode()
         raw[: len(data)] = torch.tensor(list(data), dtype=torch.uint8)
-    what = f"a file name in {SHM_DIR}"
     src = comm.global_rank(0)
-    work = comm.posted(
-        lambda: dist.broadcast(raw, src=src, group=comm.group, async_op=True), what, 0
+    comm.run(
+        lambda: dist.broadcast(raw, src=src, group=comm.group, async_op=True),
+        f"a file name in {SHM_DIR}",
+        0,
     )
-    assert work is not None
-    comm.wait(work, what, 0)
     return bytes(raw.tolist()).rstrip(b"\0").decode()
 
 

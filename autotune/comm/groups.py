@@ -145,15 +145,20 @@ class Comm:
                 peer=None if peer is None else self.global_rank(peer),
             ) from exc
 
+    def run(
+        self, launch: Callable[[], dist.Work | None], what: str, peer: int | None = None
+    ) -> None:
+        """Launch an asynchronous collective (`posted`) and wait for it (`wait`)."""
+        work = self.posted(launch, what, peer)
+        assert work is not None
+        self.wait(work, what, peer)
+
     def smallest(self, value: int, what: str) -> int:
         """The smallest of every rank's ``value`` (collective over the group); ``what``: what
         the ranks agree on, for the error if a peer fails."""
         t = torch.tensor([value], dtype=torch.int64)
-        work = self.posted(
-            lambda: dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group, async_op=True), what
-        )
-        assert work is not None
-        self.wait(work, what)
+        op = dist.ReduceOp.MIN
+        self.run(lambda: dist.all_reduce(t, op=op, group=self.group, async_op=True), what)
         return int(t.item())
 
 
@@ -389,9 +394,9 @@ def ensure_ready(comm: Comm, device: torch.device) -> None:
     key = (comm.group.group_name, str(device))
     if comm.backend != "nccl" or key in _ready:
         return
-    what = "the NCCL communicator's first collective"
     zero = torch.zeros(1, device=device)
-    work = comm.posted(lambda: dist.all_reduce(zero, group=comm.group, async_op=True), what)
-    assert work is not None
-    comm.wait(work, what)
+    comm.run(
+        lambda: dist.all_reduce(zero, group=comm.group, async_op=True),
+        "the NCCL communicator's first collective",
+    )
     _ready.add(key)
