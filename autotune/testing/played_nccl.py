@@ -67,6 +67,7 @@ from torch._C._distributed_c10d import (
     BroadcastOptions,
 )
 
+from autotune.comm.groups import connection_failed
 from autotune.testing.played_nccl_faults import (
     DUMP_WAIT_ENV,
     ERROR_HANDLING_ENV,
@@ -225,10 +226,13 @@ class _Failed(dist.Work):
 def _carried(post: Callable[[], dist.Work]) -> dist.Work:
     """gloo's work for a send or receive ``post`` posts, or a failed one where gloo fails it at
     once (its connection to the peer closed: the peer died). NCCL's launch does not fail for a
-    peer that is gone; the operation does, and the watchdog sees it (`PlayedWork`)."""
+    peer that is gone; the operation does, and the watchdog sees it (`PlayedWork`). A bad
+    argument still fails the launch, as on NCCL."""
     try:
         return post()
     except RuntimeError as exc:
+        if not connection_failed(exc):
+            raise
         return _Failed(exc)
 
 
