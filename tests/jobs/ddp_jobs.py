@@ -330,6 +330,14 @@ class Fault:
     seconds: float
 
 
+def until_gone(pid: int) -> None:
+    """Return once process ``pid`` of this host has exited (a zombie counts) and gloo's loop
+    has read its closed connections: a send or receive to it now fails as it is posted."""
+    while state(ProcessId.of(pid)) != "exited":
+        time.sleep(0.01)
+    time.sleep(1.0)
+
+
 def faulty_training(
     rank: int, world_size: int, algorithm: str, fault: str, culprit: int, timeout_s: float
 ) -> Fault:
@@ -349,10 +357,7 @@ def faulty_training(
             dist.distributed_c10d._get_default_store().set("culprit", str(os.getpid()))
             os._exit(17)
         if step == 5 and fault == "exit_seen":
-            pid = int(dist.distributed_c10d._get_default_store().get("culprit"))
-            while state(ProcessId.of(pid)) != "exited":
-                time.sleep(0.01)
-            time.sleep(1.0)  # gloo's loop reads the closed connections
+            until_gone(int(dist.distributed_c10d._get_default_store().get("culprit")))
         if rank == culprit and step == 5 and fault == "stall":
             time.sleep(3 * timeout_s)  # long past the others' timeout; then gone
             os._exit(18)

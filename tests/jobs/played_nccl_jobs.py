@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from ddp_jobs import until_gone
 
 from autotune.testing import played_nccl
-from autotune.util.processes import ProcessId, state
 
 
 def one_work_per_batch(rank: int, world_size: int) -> dict[str, Any]:
@@ -109,10 +109,7 @@ def sends_to_a_peer_gone(rank: int, world_size: int) -> dict[str, Any]:
     if rank == 1:
         store.set("pid", str(os.getpid()))
         os._exit(0)
-    pid = int(store.get("pid"))
-    while state(ProcessId.of(pid)) != "exited":  # a zombie is gone for its peers
-        time.sleep(0.01)
-    time.sleep(1.0)  # gloo's loop reads the closed connection: a post on it now fails at once
+    until_gone(int(store.get("pid")))
     try:
         work = dist.isend(torch.ones(4), 1)
     except RuntimeError as exc:
