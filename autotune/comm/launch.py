@@ -126,8 +126,11 @@ def _child(
         MASTER_PORT=str(port),
     )
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # never leave the loopback interface
-    # A rank still running at the deadline is asked where it is before it is killed (`_end`).
+    # A rank still running at the deadline is asked where it is before it is killed (`_end`);
+    # only once it says it can answer: until then SIGUSR1's default action would end it, and
+    # it would be reported as dead rather than hung.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    Path(_listening(out)).touch()
     result: tuple[str, Any, float] | None = None
     try:
         import torch
@@ -168,6 +171,11 @@ def _child(
     sys.stderr.flush()
     # Skip interpreter teardown: a rank whose peer died can otherwise block in gloo's destructors.
     os._exit(0 if result[0] == "ok" else 1)
+
+
+def _listening(out: str) -> str:
+    """The file a rank writing its result to ``out`` creates once it prints stacks on SIGUSR1."""
+    return f"{out}.stacks"
 
 
 def _keep(result: tuple[str, Any, float], out: str) -> None:
@@ -257,7 +265,7 @@ def launch(
             # Interrupted here (Ctrl-C, a test's timeout): no rank outlives its launcher.
             _end(procs)
             raise
-        killed = _end(procs, stacks=first_failure is None)
+        killed = _end(procs, stacks=outs if first_failure is None else None)
         results = []
         for r, p in enumerate(procs):
             if r in killed and not os.path.exists(outs[r]):
@@ -302,16 +310,25 @@ def _free_port() -> int:
 STACKS_S = 2.0
 
 
-def _end(procs: list[Any], stacks: bool = False) -> set[int]:
+def _end(procs: list[Any], stacks: list[str] | None = None) -> set[int]:
     """Kill the ranks still running and reap them all; the ranks that were killed.
 
-    ``stacks``: first ask each (SIGUSR1) to print where its threads are, for a deadline's report.
+    ``stacks``: each rank's result file; first ask each rank that can answer (`_listening`) to
+    print where its threads are (SIGUSR1), for a deadline's report.
     """
-    alive = [p for p in procs if p.pid is not None and p.is_alive()]
-    if stacks and alive:
-        for p in alive:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p.pid, signal.SIGUSR1)
+    asked = (
+        [
+            p
+            for p, out in zip(procs, stacks, strict=True)
+            if p.pid is not None and p.is_alive() and os.path.exists(_listening(out))
+        ]
+        if stacks is not None
+        else []
+    )
+    for p in asked:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p.pid, signal.SIGUSR1)
+    if asked:
         time.sleep(STACKS_S)
     killed = set()
     for r, p in enumerate(procs):

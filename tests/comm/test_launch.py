@@ -15,7 +15,7 @@ from types import FrameType
 import pytest
 import torch.distributed as dist
 
-from autotune.comm.launch import RankFailure, launch, run_local
+from autotune.comm.launch import RankFailure, _context, _end, _listening, launch, run_local
 
 
 def _identity(rank: int, world_size: int, tag: str) -> tuple[int, int, str, str, str]:
@@ -56,6 +56,19 @@ def test_deadline_kills_hung_ranks() -> None:
     assert all("killed" in (r.error or "") for r in results)
 
 
+def test_a_rank_not_yet_listening_for_sigusr1_is_killed_not_signalled(tmp_path: Path) -> None:
+    # A rank the forkserver started late has not reached `faulthandler.register` at the deadline:
+    # SIGUSR1's default action would end it, and it would read as dead, not hung.
+    ctx = _context()
+    procs = [ctx.Process(target=time.sleep, args=(600,)) for _ in range(2)]  # type: ignore[attr-defined]
+    for p in procs:
+        p.start()
+    outs = [str(tmp_path / f"rank{r}.pkl") for r in range(2)]
+    Path(_listening(outs[1])).touch()  # rank 1 says it listens; it does not, so SIGUSR1 ends it
+    assert _end(procs, stacks=outs) == {0}
+    assert [p.exitcode for p in procs] == [-signal.SIGKILL, -signal.SIGUSR1]
+
+
 def _returns_then_teardown_hangs(rank: int, world_size: int) -> int:
     # As NCCL's does after a failed operation: destroy_process_group waits for the watchdog,
     # which ends the process (autotune.testing.played_nccl).
@@ -78,6 +91,9 @@ def _hang_writing_stderr_to(rank: int, world_size: int, folder: str) -> None:
 
 @pytest.mark.distributed
 def test_a_hung_rank_says_where_it_was_before_it_is_killed(tmp_path: Path) -> None:
+    # Ranks must be in their function by the 3 s deadline: start the forkserver, which imports
+    # torch once, first (run alone, the test would otherwise spend the 3 s there).
+    run_local(_identity, 1, "warm")
     results = launch(_hang_writing_stderr_to, 2, str(tmp_path), timeout_s=3)
     assert all("killed: still running at the timeout" in (r.error or "") for r in results)
     for rank in range(2):
