@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -69,6 +70,7 @@ from autotune.comm.launch import RankFailure, run_local
 from autotune.plan import Arm, Table
 from autotune.testing.settled import all_settled, control_device, everywhere
 from autotune.tuning.paired_test import median_interval
+from autotune.util.cores import usable_cores
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -295,6 +297,10 @@ def paired(
     arms = {"plain": plain, "noop": noop, "autotune": tuned}
     opts = {k: torch.optim.SGD(m.parameters(), lr=0.01) for k, m in arms.items()}
     times: dict[str, list[float]] = {k: [] for k in arms}
+    # Each timed step's CPU seconds in this rank's process, every thread (gloo's, the engine's),
+    # and the host's cores' idle seconds over it (None where the OS does not say).
+    cpu: dict[str, list[float]] = {k: [] for k in arms}
+    idle: dict[str, list[float]] = {k: [] for k in arms}
     g = torch.Generator().manual_seed(rank)
     order = list(arms)
     settled_at = None
@@ -309,12 +315,16 @@ def paired(
             # it inherited the ranks' skew: a second plain DDP in the third place measured
             # 1.028x the first at 4 ranks (mlp, 120 steps), 0.996x with it.
             dist.barrier()
-            begin = time.perf_counter()
+            begin, used, unused = time.perf_counter(), time.process_time(), idle_seconds()
             t = _step(arms[name], opts[name], x, y)
             # Timed from 5 steps after every rank settled (buffers, DDP's bucket rebuild, and
             # the reducer rebuilt where autotune unhooked, are behind).
             if settled_at is not None and step >= settled_at + 5:
                 times[name].append(t)
+                cpu[name].append(time.process_time() - used)
+                now = idle_seconds()
+                if unused is not None and now is not None:
+                    idle[name].append(now - unused)
                 if name == "autotune":  # its engine's iteration: one a step of this arm
                     windows.append((step + 1, begin, time.perf_counter()))
         done = state.tuner is None or all_settled(state)
@@ -323,6 +333,9 @@ def paired(
         step += 1
     out: dict[str, Any] = {k: _slowest(v) for k, v in times.items()}
     out["parts"] = _parts(state, windows, times["autotune"]) if args.breakdown else None
+    out["cpu"] = {k: statistics.median(v) for k, v in cpu.items() if v}
+    # A mean: the OS counts idle time in ticks (10 ms), which a step's reading rounds.
+    out["idle"] = {k: statistics.mean(v) for k, v in idle.items() if v}
     out["settled_at"] = settled_at
     out["aside_at"] = None if state.unhooking is None else state.unhooking.at
     if rank == 0:
@@ -458,7 +471,31 @@ def _breakdown(ranks: list[dict[str, Any]], args: argparse.Namespace) -> dict[st
     out = breakdown([r["parts"] for r in ranks], ranks[0]["noop"])
     out["plain_ms"] = statistics.median(ranks[0]["plain"]) * 1e3
     out["noop_ms"] = statistics.median(ranks[0]["noop"]) * 1e3
+    out["cpu_ms"] = {
+        arm: statistics.mean(r["cpu"][arm] for r in ranks) * 1e3 for arm in ranks[0]["cpu"]
+    }
+    out["cores"] = usable_cores()
+    out["idle_ms"] = {arm: seconds * 1e3 for arm, seconds in ranks[0]["idle"].items()}
     return out
+
+
+def idle_seconds() -> float | None:
+    """Seconds the host's cores have spent idle since boot, all cores together (Linux's
+    /proc/stat, in ticks of 1/CLK_TCK s: meaningful as a mean over many steps); None elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")  # idle, iowait
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def beyond_noop_on_cores(cpu_ms: dict[str, float], ranks: int, cores: int) -> float:
+    """The least wall time (ms) the CPU a rank's autotune step spends beyond noop_hook's takes
+    when ``ranks`` ranks share ``cores`` cores, each kept busy: that extra work, over the ranks'
+    cores. The rest of the step's gap over noop_hook is waiting: ranks that have finished their
+    part blocked on one that has not, a core idle meanwhile."""
+    return (cpu_ms["autotune"] - cpu_ms["noop"]) * ranks / min(ranks, cores)
 
 
 def cell(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -551,8 +588,10 @@ def breakdown_markdown(rows: list[dict[str, Any]]) -> str:
     noop_hook's (medians, ms; the slowest rank's per step)."""
     out = [
         "| model | ranks | plain | noop_hook | autotune | headroom taken | backward over noop "
-        "(hook's calls) | exposed after backward | messages a step: time (blocked on peers) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "(hook's calls) | exposed after backward | messages a step: time (blocked on peers) "
+        "| CPU a rank: plain / noop / autotune | autotune's CPU beyond noop, on the cores "
+        "| cores idle: plain / noop / autotune |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for r in rows:
         b = r.get("breakdown")
@@ -561,7 +600,7 @@ def breakdown_markdown(rows: list[dict[str, Any]]) -> str:
         if not b["hooked"]:
             out.append(
                 f"| {r['model']} | {r['world_size']} | {r['plain_ms']:.1f} | - | - | - | - | - "
-                "| unhooked: DDP's own all-reduce, nothing to take apart |"
+                "| unhooked: DDP's own all-reduce, nothing to take apart | - | - | - |"
             )
             continue
         plain, noop, step = b["plain_ms"], b["noop_ms"], b["step_ms"]
@@ -571,10 +610,18 @@ def breakdown_markdown(rows: list[dict[str, Any]]) -> str:
             + ("" if m["waiting_ms"] is None else f" ({m['waiting_ms']:.1f})")
             for m in b["messages"]
         )
+        arms = ("plain", "noop", "autotune")
+        cpu, beyond, idle = "-", "-", "-"
+        if "cpu_ms" in b:  # rows recorded before the CPU was counted have none
+            cpu = " / ".join(f"{b['cpu_ms'][arm]:.1f}" for arm in arms)
+            on_cores = beyond_noop_on_cores(b["cpu_ms"], r["world_size"], b["cores"])
+            beyond = f"{on_cores:.1f} ({b['cores']} cores)"
+        if b.get("idle_ms"):
+            idle = " / ".join(f"{b['idle_ms'][arm]:.1f}" for arm in arms)
         out.append(
             f"| {r['model']} | {r['world_size']} | {plain:.1f} | {noop:.1f} | {step:.1f} "
             f"| {taken:.0%} | {b['backward_over_noop_ms']:.1f} ({b['hook_ms']:.1f}) "
-            f"| {b['exposed_ms']:.1f} | {messages or '-'} |"
+            f"| {b['exposed_ms']:.1f} | {messages or '-'} | {cpu} | {beyond} | {idle} |"
         )
     return "\n".join(out)
 

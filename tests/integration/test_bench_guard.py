@@ -136,6 +136,9 @@ def test_a_step_without_the_hook_has_nothing_to_take_apart() -> None:
                 "backward_over_noop_ms": 3.0,
                 "hook_ms": 0.5,
                 "exposed_ms": 5.0,
+                "cpu_ms": {"plain": 13.0, "noop": 7.5, "autotune": 10.5},
+                "cores": 2,
+                "idle_ms": {"plain": 6.5, "noop": 0.8, "autotune": 4.9},
                 "messages": [
                     {
                         "class": 4 << 20,
@@ -151,8 +154,28 @@ def test_a_step_without_the_hook_has_nothing_to_take_apart() -> None:
     table = step_gain.breakdown_markdown(rows).splitlines()
     assert "unhooked" in table[2]
     assert table[3] == (
-        "| mlp | 4 | 34.0 | 14.0 | 22.0 | 60% | 3.0 (0.5) | 5.0 | 1 x 4 MiB `shm` 6.0 (1.5) |"
+        "| mlp | 4 | 34.0 | 14.0 | 22.0 | 60% | 3.0 (0.5) | 5.0 | 1 x 4 MiB `shm` 6.0 (1.5) "
+        "| 13.0 / 7.5 / 10.5 | 6.0 (2 cores) | 6.5 / 0.8 / 4.9 |"
     )
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="the cores' idle time is Linux's")
+def test_the_cores_idle_time_is_read_in_seconds_and_only_grows() -> None:
+    first = step_gain.idle_seconds()
+    second = step_gain.idle_seconds()
+    assert first is not None and second is not None
+    # Since boot, all cores together: not more than the cores' wall time since boot.
+    with open("/proc/uptime") as f:
+        up = float(f.read().split()[0])
+    assert 0 < first <= second <= (up + 1) * (os.cpu_count() or 1)
+
+
+def test_cpu_beyond_noop_is_spread_over_the_cores_the_ranks_share() -> None:
+    cpu = {"plain": 13.0, "noop": 7.5, "autotune": 10.5}  # ms a step, a rank's process
+    # 4 ranks on 2 cores: each core runs two ranks' extra 3 ms.
+    assert step_gain.beyond_noop_on_cores(cpu, ranks=4, cores=2) == pytest.approx(6.0)
+    # A core each: a rank's extra work is on its own core's timeline alone.
+    assert step_gain.beyond_noop_on_cores(cpu, ranks=4, cores=16) == pytest.approx(3.0)
 
 
 @pytest.mark.parametrize(("name", "megabytes"), [("lstm", 12.4), ("thin", 3.1)])
