@@ -693,7 +693,8 @@ def parser() -> argparse.ArgumentParser:
         "--breakdown",
         action="store_true",
         help="take run 3's autotune steps apart: communication exposed after backward, the "
-        "hook's calls, each message's time and its wait on peers",
+        "hook's calls, each message's time and its wait on peers; each arm's CPU a rank and "
+        "the cores' idle time a step",
     )
     return p
 
