@@ -298,7 +298,7 @@ def paired(
     opts = {k: torch.optim.SGD(m.parameters(), lr=0.01) for k, m in arms.items()}
     times: dict[str, list[float]] = {k: [] for k in arms}
     # Each timed step's CPU seconds in this rank's process, every thread (gloo's, the engine's),
-    # and the host's cores' idle seconds over it (None where the OS does not say).
+    # and, on rank 0 (it is the host's: one rank reads it), the cores' idle seconds over it.
     cpu: dict[str, list[float]] = {k: [] for k in arms}
     idle: dict[str, list[float]] = {k: [] for k in arms}
     g = torch.Generator().manual_seed(rank)
@@ -315,14 +315,15 @@ def paired(
             # it inherited the ranks' skew: a second plain DDP in the third place measured
             # 1.028x the first at 4 ranks (mlp, 120 steps), 0.996x with it.
             dist.barrier()
-            begin, used, unused = time.perf_counter(), time.process_time(), idle_seconds()
+            unused = idle_seconds() if rank == 0 else None
+            begin, used = time.perf_counter(), time.process_time()
             t = _step(arms[name], opts[name], x, y)
             # Timed from 5 steps after every rank settled (buffers, DDP's bucket rebuild, and
             # the reducer rebuilt where autotune unhooked, are behind).
             if settled_at is not None and step >= settled_at + 5:
                 times[name].append(t)
                 cpu[name].append(time.process_time() - used)
-                now = idle_seconds()
+                now = None if unused is None else idle_seconds()
                 if unused is not None and now is not None:
                     idle[name].append(now - unused)
                 if name == "autotune":  # its engine's iteration: one a step of this arm

@@ -316,15 +316,13 @@ def _end(procs: list[Any], stacks: list[str] | None = None) -> set[int]:
     ``stacks``: each rank's result file; first ask each rank that can answer (`_listening`) to
     print where its threads are (SIGUSR1), for a deadline's report.
     """
-    asked = (
-        [
+    asked = []
+    if stacks is not None:
+        asked = [
             p
             for p, out in zip(procs, stacks, strict=True)
             if p.pid is not None and p.is_alive() and os.path.exists(_listening(out))
         ]
-        if stacks is not None
-        else []
-    )
     for p in asked:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p.pid, signal.SIGUSR1)

@@ -122,6 +122,7 @@ def train_pair(
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in models]
     g = torch.Generator().manual_seed(100 + rank)
     grad_rel = 0.0
+    hooked, plain = (list(m.parameters()) for m in models)
     for step in range(steps):
         x = torch.randn(8, 16, generator=g).to(variant.dtype).to(device)
         y = torch.randint(0, 4, (8,), generator=g).to(device)
@@ -135,7 +136,6 @@ def train_pair(
             torch.nn.functional.cross_entropy(model(x, use_branch).float(), y).backward()
         if accumulate:
             continue
-        hooked, plain = (list(m.parameters()) for m in models)
         for h, p in zip(hooked, plain, strict=True):
             if p.grad is not None and h.grad is not None:
                 rel = (h.grad.double() - p.grad.double()).norm() / p.grad.double().norm()
