@@ -71,6 +71,12 @@ def test_optunas_own_message_gives_way_to_the_cause(tmp_path: Path) -> None:
     )
 
 
+# A cap, not the job's length (it ends 5 steps after it locked and unhooked): the failure is named
+# when Optuna gives up, and Optuna retries a trial's creation 5 times, up to 2 s apart (8 s at
+# most), however many steps that is. At 400 steps a loaded machine's job ended before it had.
+_STEPS = 20_000
+
+
 def _check(runs: list[StorageRun], cause: str) -> None:
     first, *others = runs
     for run in runs:
@@ -88,7 +94,7 @@ def _check(runs: list[StorageRun], cause: str) -> None:
 def test_a_read_only_storage(tmp_path: Path) -> None:
     Store(f"sqlite:///{tmp_path / 't.db'}")  # the schema, written once
     url = f"sqlite:///file:{tmp_path / 't.db'}?mode=ro&uri=true"
-    _check(run_local(storage_fails, 2, url, "read-only", -1, 400, timeout_s=300), "read-only")
+    _check(run_local(storage_fails, 2, url, "read-only", -1, _STEPS, timeout_s=300), "read-only")
 
 
 @pytest.mark.distributed
@@ -97,7 +103,7 @@ def test_a_storage_corrupted_mid_job(tmp_path: Path, at: int) -> None:
     # At 0: before the tuner loaded the stored plan (the ranks disagreed on `locked` for the
     # rest of the job, and it never unhooked); at 10: while it screens.
     url = f"sqlite:///{tmp_path / 't.db'}"
-    _check(run_local(storage_fails, 2, url, "corrupt", at, 400, timeout_s=300), "corrupt")
+    _check(run_local(storage_fails, 2, url, "corrupt", at, _STEPS, timeout_s=300), "corrupt")
 
 
 @pytest.mark.distributed
@@ -107,6 +113,6 @@ def test_a_storage_whose_server_goes_away_mid_job() -> None:
     try:
         url = server.database()
         pid = server.process.pid
-        _check(run_local(storage_fails, 2, url, "gone", 10, 400, pid, timeout_s=300), "gone")
+        _check(run_local(storage_fails, 2, url, "gone", 10, _STEPS, pid, timeout_s=300), "gone")
     finally:
         server.close()
