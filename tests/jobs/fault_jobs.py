@@ -284,16 +284,24 @@ class SparseNet(torch.nn.Module):
 def sparse_beside_plain(
     rank: int, world_size: int, config: dict[str, Any], steps: int
 ) -> tuple[float, list[str], int | None]:
-    """Train `SparseNet` with autotune and plain DDP on the same batches: the largest relative
-    distance between their parameters, the layout of each parameter's gradient after the last
-    step, and where autotune unhooked (None: it did not)."""
+    """Train `SparseNet` with autotune and plain DDP on the same batches, up to ``steps`` steps
+    (20 past the iteration autotune unhooked at, where it did: DDP's first rebuilt reducers):
+    the largest relative distance between their parameters, the layout of each parameter's
+    gradient after the last step, and where autotune unhooked (None: it did not).
+
+    Stopping there is for PyTorch's sake: DDP's own sparse all-reduce on gloo corrupts the heap
+    now and then without autotune (docs/FAULTS.md, "Sparse gradients"), so every step of it past
+    what the test needs is a chance of a crash that is not autotune's."""
     torch.manual_seed(0)
     base = SparseNet()
     ours, plain = DDP(copy.deepcopy(base)), DDP(copy.deepcopy(base))
     state = autotune.register(ours, autotune.Config(**config))
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ours, plain)]
     g = torch.Generator().manual_seed(rank)
-    for _ in range(steps):
+    for step in range(steps):
+        aside = None if state.unhooking is None else state.unhooking.at
+        if aside is not None and step > aside + 20:  # `at`: the same iteration on every rank
+            break
         ids, other = (
             torch.randint(0, 1000, (8, 5), generator=g),
             torch.randint(0, 50, (8, 3), generator=g),
