@@ -27,25 +27,14 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-
-class SparseNet(torch.nn.Module):
-    """tests/jobs/fault_jobs.py's: a sparse embedding, a dense one, a head."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.sparse = torch.nn.Embedding(1000, 16, sparse=True)
-        self.dense = torch.nn.Embedding(50, 16)
-        self.head = torch.nn.Linear(32, 4)
-
-    def forward(self, ids: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-        h = torch.cat([self.sparse(ids).sum(1), self.dense(other).sum(1)], dim=1)
-        out: torch.Tensor = self.head(h)
-        return out
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "jobs"))
+from sparse_net import SparseNet  # the tests' model, in torch alone
 
 
 def _rank(rank: int, port: int, steps: int, single: bool) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from ddp_jobs import Net
+from sparse_net import SparseNet
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
@@ -263,22 +264,6 @@ def _break(url: str, how: str, pid: int) -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (size, resource.RLIM_INFINITY))
     elif how == "gone":
         os.kill(pid, signal.SIGINT)  # PostgreSQL's fast shutdown: connections closed
-
-
-class SparseNet(torch.nn.Module):
-    """A recommender's shape: a sparse embedding (its gradient a sparse COO tensor), a dense
-    head, and a second, dense embedding."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.sparse = torch.nn.Embedding(1000, 16, sparse=True)
-        self.dense = torch.nn.Embedding(50, 16)
-        self.head = torch.nn.Linear(32, 4)
-
-    def forward(self, ids: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-        h = torch.cat([self.sparse(ids).sum(1), self.dense(other).sum(1)], dim=1)
-        out: torch.Tensor = self.head(h)
-        return out
 
 
 def sparse_beside_plain(
