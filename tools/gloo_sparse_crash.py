@@ -3,11 +3,13 @@
 Two ranks on 127.0.0.1, each training two copies of a model with a sparse embedding
 (``nn.Embedding(sparse=True)``) as plain DDP, on the same batches: one on the default group, one
 on a second gloo group with 1 KB buckets (every parameter a bucket of its own, as autotune's
-rebuilt reducer runs it in tests/ddp/test_sparse.py); ``--single``: one model, on the default
-group, with DDP's own bucket size. Each run is a fresh pair of processes of ``--steps`` steps;
-the script prints how each run ended and how many crashed or hung::
+rebuilt reducer runs it in tests/ddp/test_sparse.py). ``--single``: one model, on the default
+group, with DDP's own bucket size. ``--hooked``: the models with PyTorch's ``allreduce_hook``
+(the sparse bucket through ``dist.all_reduce``, as autotune's hook sends it). Each run is a
+fresh pair of processes of ``--steps`` steps; the script prints how each run ended and how many
+crashed or hung::
 
-    python tools/gloo_sparse_crash.py --runs 20 [--single]
+    python tools/gloo_sparse_crash.py --runs 20 [--single] [--hooked]
 
 A crash is glibc's word for a corrupt heap ("malloc_consolidate(): unaligned fastbin chunk
 detected", "malloc(): unaligned tcache chunk detected"), or the SIGSEGV or SIGBUS it leads to,
@@ -31,13 +33,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "jobs"))
 from sparse_net import SparseNet  # the tests' model, in torch alone
 
 
-def _rank(rank: int, port: int, steps: int, single: bool) -> None:
+def _rank(rank: int, port: int, steps: int, single: bool, hooked: bool) -> None:
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.manual_seed(0)
@@ -48,6 +51,9 @@ def _rank(rank: int, port: int, steps: int, single: bool) -> None:
     else:
         side = dist.new_group(backend="gloo")
         models = (DDP(copy.deepcopy(base), process_group=side, bucket_cap_mb=0.001), plain)
+    if hooked:  # PyTorch's allreduce_hook: the sparse bucket through dist.all_reduce
+        for model in models:
+            model.register_comm_hook(None, allreduce_hook)
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
     g = torch.Generator().manual_seed(rank)
     for _ in range(steps):
@@ -76,12 +82,17 @@ def main() -> None:
     parser.add_argument(
         "--single", action="store_true", help="one model, on the default group, DDP's buckets"
     )
+    parser.add_argument(
+        "--hooked", action="store_true", help="DDP with PyTorch's allreduce_hook registered"
+    )
     parser.add_argument("--rank-of", type=int, nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_of is not None:  # one run: its two ranks
         ctx = multiprocessing.get_context("forkserver")
         ranks = [
-            ctx.Process(target=_rank, args=(r, args.rank_of[1], args.steps, args.single))
+            ctx.Process(
+                target=_rank, args=(r, args.rank_of[1], args.steps, args.single, args.hooked)
+            )
             for r in range(2)
         ]
         for p in ranks:
@@ -93,7 +104,7 @@ def main() -> None:
     failed = 0
     for run in range(args.runs):
         command = [sys.executable, __file__, "--steps", str(args.steps)]
-        command += ["--single"] if args.single else []
+        command += ["--single"] * args.single + ["--hooked"] * args.hooked
         command += ["--rank-of", str(run), str(_free_port())]
         # A session of its own: a hung run's ranks (the forkserver's children) go with it.
         child = subprocess.Popen(
