@@ -85,14 +85,12 @@ def main() -> None:
     parser.add_argument(
         "--hooked", action="store_true", help="DDP with PyTorch's allreduce_hook registered"
     )
-    parser.add_argument("--rank-of", type=int, nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)  # one run: its ranks
     args = parser.parse_args()
-    if args.rank_of is not None:  # one run: its two ranks
+    if args.port is not None:  # one run: its two ranks, on this rendezvous port
         ctx = multiprocessing.get_context("forkserver")
         ranks = [
-            ctx.Process(
-                target=_rank, args=(r, args.rank_of[1], args.steps, args.single, args.hooked)
-            )
+            ctx.Process(target=_rank, args=(r, args.port, args.steps, args.single, args.hooked))
             for r in range(2)
         ]
         for p in ranks:
@@ -105,7 +103,7 @@ def main() -> None:
     for run in range(args.runs):
         command = [sys.executable, __file__, "--steps", str(args.steps)]
         command += ["--single"] * args.single + ["--hooked"] * args.hooked
-        command += ["--rank-of", str(run), str(_free_port())]
+        command += ["--port", str(_free_port())]
         # A session of its own: a hung run's ranks (the forkserver's children) go with it.
         child = subprocess.Popen(
             command,
