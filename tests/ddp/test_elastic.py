@@ -13,6 +13,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from elastic_job import EXPLORE_BY
 from optuna.trial import TrialState
 
 JOB = str(Path(__file__).parents[1] / "jobs" / "elastic_job.py")
@@ -46,8 +47,8 @@ def test_a_restarted_worker_group_fails_the_dead_attempts_trials_and_starts_lock
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     seen = [json.loads((tmp_path / f"attempt{k}.json").read_text()) for k in range(3)]
     # Attempt 0 died exploring, with a trial running; attempt 1 tuned on until locked.
-    assert seen[0]["died_at"] == 10 and seen[0]["settled_at"] is None
-    assert seen[0]["running"] >= 1
+    assert seen[0]["running"] >= 1 and seen[0]["died_at"] < EXPLORE_BY
+    assert seen[0]["settled_at"] is None
     assert seen[1]["settled_at"] is not None and seen[1]["running"] == 0
     # Attempt 2 found the plan attempt 1 locked: locked within its first exchanges (after one
     # confirm paired test of 6-12 pairs of iterations where attempt 1 locked ring for a class, as it

@@ -1,8 +1,10 @@
 """The job of the elastic-restart test, run by ``torchrun --max-restarts 2`` (2 ranks, gloo on
 127.0.0.1) with a small tuning budget from ``AUTOTUNE_*`` variables:
 
-- attempt 0: rank 0 crashes hard (``os._exit``, as an OOM kill would) at step 10, while the tuner
-  explores: its running trials are left running in the storage;
+- attempt 0: rank 0 crashes hard (``os._exit``, as an OOM kill would) at the first step at which
+  it sees a trial running in the storage (or at `EXPLORE_BY`, whatever it sees): the tuner
+  explores, and its running trials are left running in the storage. A fixed step would not do:
+  this budget screens in a handful of steps, and how many depends on the machine's load;
 - attempt 1: tunes on from the studies until the plan locks, then rank 0 crashes 10 steps later;
 - attempt 2: starts from the stored plan, locked, and trains to the end.
 
@@ -26,6 +28,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import autotune
 
 STEPS = 120
+#: The step by which attempt 0 dies, running trial or not (the test then fails, saying so).
+EXPLORE_BY = 60
 
 
 def report(out: Path, attempt: int, **values: Any) -> None:
@@ -43,8 +47,10 @@ def running_trials(storage: str) -> int:
     return total
 
 
-def crash(out: Path, attempt: int, step: int, settled_at: int | None, storage: str) -> None:
-    report(out, attempt, died_at=step, settled_at=settled_at, running=running_trials(storage))
+def crash(
+    out: Path, attempt: int, step: int, settled_at: int | None, storage: str, running: int
+) -> None:
+    report(out, attempt, died_at=step, settled_at=settled_at, running=running)
     sys.stdout.flush()
     os._exit(1)
 
@@ -76,11 +82,13 @@ def main(out: Path) -> None:
             settled_at = step
         if rank != 0:
             continue
-        if attempt == 0 and step == 10:
-            crash(out, attempt, step, settled_at, storage)
+        if attempt == 0:
+            running = running_trials(storage)
+            if running or step == EXPLORE_BY:
+                crash(out, attempt, step, settled_at, storage, running)
         if attempt == 1 and settled_at is not None and step == settled_at + 10:
             time.sleep(3)  # the worker has written the locked plan (it writes off the step)
-            crash(out, attempt, step, settled_at, storage)
+            crash(out, attempt, step, settled_at, storage, running_trials(storage))
     plan = {str(cls): choice.algorithm for cls, choice in state.plan().items()}
     table = state.table()
     state.close()
