@@ -25,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -109,6 +110,7 @@ class Cluster:
         self._read: dict[int, str] = {}  # output `wait_for` consumed, by pid
         self._closed = False
         self._sigterm: Any = None  # SIGTERM's handler before this cluster's (see __enter__)
+        self._log_dir: str | None = None  # torchrun's, removed by `close`
 
     # -- building and tearing down -----------------------------------------------------------
 
@@ -201,6 +203,9 @@ class Cluster:
             if done.returncode and ns in namespaces():
                 errors.append(f"{ns}: {done.stderr.strip()}")
         self._made.clear()
+        if self._log_dir is not None:
+            shutil.rmtree(self._log_dir, ignore_errors=True)
+            self._log_dir = None
         if errors:
             raise RuntimeError("could not remove namespaces: " + "; ".join(errors))
 
@@ -234,8 +239,16 @@ class Cluster:
             f"--local-addr={self.address(node)}",
             # torchrun finds the store's host by name; an address of eth0 it does not recognise.
             f"--rdzv-conf=is_host={str(node == 0).lower()}",
+            # Its logs where `close` removes them (by default a new directory in /tmp each run).
+            f"--log-dir={self._logs()}",
             *script,
         ]  # fmt: skip
+
+    def _logs(self) -> str:
+        """The directory of the cluster's torchrun agents' logs (made on first use)."""
+        if self._log_dir is None:
+            self._log_dir = tempfile.mkdtemp(prefix=f"{self.name}-logs-")
+        return self._log_dir
 
     def start_torchrun(
         self, script: Sequence[str], env: Mapping[str, str] | None = None, max_restarts: int = 0

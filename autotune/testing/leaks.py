@@ -1,7 +1,12 @@
-"""A pytest plugin that fails a test which leaves a thread, a child process, a process group or an
-emulated cluster's network namespace behind, and checks the whole run once more at its end: a
-leaked non-daemon thread makes the interpreter wait forever after pytest's summary, and a leaked
-rank or server outlives the suite.
+"""A pytest plugin that fails a test which leaves a thread, a child process, a process group, an
+emulated cluster's network namespace or a temporary file behind, and checks the whole run once
+more at its end: a leaked non-daemon thread makes the interpreter wait forever after pytest's
+summary, a leaked rank or server outlives the suite, and temporary files pile up in /tmp run
+after run (torchrun's logs, a killed launcher's result files, multiprocessing's sockets).
+
+Temporary files: the processes a test starts get a directory of the run's own as their
+``TMPDIR`` (`scratch`), checked empty after each test, and removed at the run's end. The test
+process itself keeps the system's (pytest's own ``tmp_path`` lives there, and it cleans it).
 
 Enable it with ``-p autotune.testing.leaks`` (autotune's own suite does, in ``conftest.py``).
 It works under pytest-xdist: each worker checks what it (and its children) made, the clusters'
@@ -11,7 +16,10 @@ namespaces included (`autotune.testing.cluster.NETNS_TAG_ENV`).
 from __future__ import annotations
 
 import contextlib
+import getpass
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +29,7 @@ import pytest
 
 from autotune.testing.cluster import NETNS_TAG_ENV, namespaces
 
-__all__ = ["leftovers"]
+__all__ = ["leftovers", "scratch"]
 
 #: How long a test's helpers get to wind down after it before they count as left behind
 #: (``LEAKCHECK_GRACE_S`` overrides it).
@@ -101,12 +109,44 @@ def leftovers(
     return found
 
 
+#: The run's own directory for its children's temporary files (None: not configured).
+_scratch: str | None = None
+_tmpdir_before: str | None = None
+
+
+def scratch() -> str | None:
+    """The ``TMPDIR`` the processes a test starts inherit under this plugin (None: not set)."""
+    return _scratch
+
+
+def _temporaries() -> set[str]:
+    return set(os.listdir(_scratch)) if _scratch is not None else set()
+
+
+def _temporaries_left(before: set[str]) -> list[str]:
+    """What is in `scratch` beyond ``before``, described; removed, so that the next test is not
+    blamed for it."""
+    found = []
+    for name in sorted(_temporaries() - before):
+        assert _scratch is not None
+        path = os.path.join(_scratch, name)
+        found.append(f"temporary file {name!r} left in TMPDIR")
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    return found
+
+
 @pytest.fixture(autouse=True)
 def _leaves_nothing_behind() -> Iterator[None]:
     threads, children, group = _threads(), set(_children()), _process_group()
     netns = frozenset(_own_namespaces())
+    temporaries = _temporaries()
     yield
     found = leftovers(threads, children, group, namespaces_before=netns)
+    found += _temporaries_left(temporaries)  # after the children's grace: they have ended
     if found:
         pytest.fail("the test left things behind:\n  " + "\n  ".join(found), pytrace=False)
 
@@ -120,6 +160,23 @@ def pytest_configure(config: pytest.Config) -> None:
     # This run's clusters (and its children's) are tagged with its pid: run beside another (a
     # pytest-xdist worker beside the next), each checks only the namespaces it made itself.
     os.environ[NETNS_TAG_ENV] = str(os.getpid())
+    # This process keeps the system's temporary directory (set explicitly: tempfile caches its
+    # choice, and would otherwise read TMPDIR again if anything reset it); its children get the
+    # run's own. Each pytest-xdist worker makes its own (one test at a time runs there, so a file
+    # found there after a test is that test's); the controller, which runs none, makes none:
+    # its workers would take it for the system's.
+    if getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput"):
+        return
+    global _scratch, _tmpdir_before
+    tempfile.tempdir = tempfile.gettempdir()
+    _tmpdir_before = os.environ.get("TMPDIR")
+    _scratch = tempfile.mkdtemp(prefix="autotune-tests-")
+    os.environ["TMPDIR"] = _scratch
+    # torch's compile cache is a cache, not a leftover: where it would be without this plugin.
+    os.environ.setdefault(
+        "TORCHINDUCTOR_CACHE_DIR",
+        os.path.join(tempfile.tempdir, f"torchinductor_{getpass.getuser()}"),
+    )
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -132,6 +189,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """After the last fixture's teardown: nothing may be left at all (module and session
     fixtures included)."""
     found = leftovers({threading.main_thread()}, set(), namespaces_before=_namespaces_at_start)
+    found += _temporaries_left(set())
     if found:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         text = "the test run left things behind:\n  " + "\n  ".join(found)
@@ -144,6 +202,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    global _scratch
+    if _scratch is not None:
+        shutil.rmtree(_scratch, ignore_errors=True)
+        _scratch = None
+        if _tmpdir_before is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = _tmpdir_before
     if _hang:
         # After the summary: a non-daemon thread would otherwise keep the interpreter (and CI)
         # waiting forever at exit.

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -149,7 +150,13 @@ def test_a_killed_launcher_takes_its_ranks_with_it(tmp_path: Path) -> None:
         "from autotune.comm.launch import launch\n"
         f"launch(_hang_and_say, 2, {str(pids)!r}, timeout_s=300)\n"
     )
-    launcher = subprocess.Popen([sys.executable, "-c", script])
+    # Killed outright, it cannot remove its own temporary files (its ranks' result files,
+    # multiprocessing's socket): they go into a directory of the test's, removed after (a short
+    # path: multiprocessing's socket address is at most 107 bytes, and tmp_path's can be longer).
+    tmp = tempfile.TemporaryDirectory(prefix="autotune-killed-")
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", script], env={**os.environ, "TMPDIR": tmp.name}
+    )
     ranks: list[int] = []
     try:
         deadline = time.monotonic() + 120
@@ -171,6 +178,7 @@ def test_a_killed_launcher_takes_its_ranks_with_it(tmp_path: Path) -> None:
         for pid in ranks:  # where the test failed: leave nothing behind
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        tmp.cleanup()
 
 
 def _parent(pid: int) -> int:

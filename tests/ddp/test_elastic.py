@@ -42,7 +42,7 @@ def test_a_restarted_worker_group_fails_the_dead_attempts_trials_and_starts_lock
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
     }
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-            "--max-restarts=2", JOB, str(tmp_path)]  # fmt: skip
+            "--max-restarts=2", f"--log-dir={tmp_path / 'logs'}", JOB, str(tmp_path)]  # fmt: skip
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     seen = [json.loads((tmp_path / f"attempt{k}.json").read_text()) for k in range(3)]

@@ -296,6 +296,7 @@ def test_torchrun_ranks_are_used(tmp_path: Path) -> None:
             "--standalone",
             "--nproc-per-node",
             "2",
+            f"--log-dir={tmp_path / 'logs'}",
             "-m",
             "autotune.cli",
             "sweep",

@@ -1,6 +1,6 @@
-"""The suite's own guard: a test that leaves a thread, a process group or an emulated cluster's
-network namespace behind fails, and the run still ends (a leaked non-daemon thread used to keep
-the interpreter waiting after the summary)."""
+"""The suite's own guard: a test that leaves a thread, a process group, an emulated cluster's
+network namespace or a temporary file behind fails, and the run still ends (a leaked non-daemon
+thread used to keep the interpreter waiting after the summary)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from autotune.testing.cluster import NETNS_PREFIX, namespaces, unavailable
 pytestmark = pytest.mark.distributed
 
 LEAKY = """
+import subprocess
+import sys
 import threading
 
 import torch.distributed as dist
@@ -37,6 +39,16 @@ def test_leaks_a_process_group():
     dist.init_process_group(
         "gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1
     )
+
+
+def test_leaks_a_temporary_directory():
+    # As torchrun leaves its logs, or a launcher killed outright its ranks' files.
+    made = "import tempfile; tempfile.mkdtemp(prefix='leaky-')"
+    subprocess.run([sys.executable, "-c", made], check=True)
+
+
+def test_clean_after_a_leak():
+    pass
 """
 
 
@@ -56,10 +68,12 @@ def test_leftovers_fail_the_test_and_the_run_ends(pytester: pytest.Pytester) -> 
     pytester.makepyfile(test_leaky=LEAKY.replace("{port}", str(free_port())))
     result = run_leak_checked(pytester)
     out = result.stdout.str()
-    # Each leaking test fails in its teardown; the clean one passes.
-    result.assert_outcomes(passed=3, errors=2)
+    # Each leaking test fails in its teardown; the clean ones pass (the one after a leaked
+    # temporary directory too: it was removed, and is not blamed on the next test).
+    result.assert_outcomes(passed=5, errors=3)
     assert "non-daemon thread 'leaky' still running" in out
     assert "the default process group is still initialised" in out
+    assert re.search(r"temporary file 'leaky-\w+' left in TMPDIR", out), out
     # The run says so at its end, and exits (instead of hanging on the thread) with a failure.
     assert "the test run left things behind" in out
     assert result.ret == pytest.ExitCode.TESTS_FAILED
