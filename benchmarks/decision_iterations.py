@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import tempfile
 from pathlib import Path
@@ -37,9 +38,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from step_gain import MODELS, _step, model_and_batch
 
 
-def job(rank: int, world_size: int, model: str, storage: str, cap: int) -> dict[str, Any]:
-    """Train ``model`` with autotune until its status is final, or ``cap`` iterations."""
+def job(
+    rank: int, world_size: int, model: str, storage: str, cap: int, log: bool = False
+) -> dict[str, Any]:
+    """Train ``model`` with autotune until its status is final, or ``cap`` iterations (``log``:
+    rank 0 prints autotune's INFO log, each paired test and the check among it)."""
     torch.set_num_threads(1)
+    if log and rank == 0:
+        logging.basicConfig(level=logging.WARNING, format="  [rank 0] %(message)s")
+        logging.getLogger("autotune").setLevel(logging.INFO)
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -72,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cap", type=int, default=1000, help="runs 1 and 3, at most")
     p.add_argument("--short", type=int, default=150, help="run 2's length")
     p.add_argument("--json", default=None, help="also write the figures here")
+    p.add_argument("--log", action="store_true", help="rank 0 prints autotune's INFO log")
     args = p.parse_args(argv)
     rows = []
     for model in args.models.split(","):
@@ -79,9 +87,9 @@ def main(argv: list[str] | None = None) -> int:
             empty = f"sqlite:///{Path(tmp) / 'empty.db'}"
             resumed = f"sqlite:///{Path(tmp) / 'resumed.db'}"
             n = args.world_size
-            first = run_local(job, n, model, empty, args.cap, timeout_s=3600)[0]
-            short = run_local(job, n, model, resumed, args.short, timeout_s=3600)[0]
-            then = run_local(job, n, model, resumed, args.cap, timeout_s=3600)[0]
+            first = run_local(job, n, model, empty, args.cap, args.log, timeout_s=3600)[0]
+            short = run_local(job, n, model, resumed, args.short, args.log, timeout_s=3600)[0]
+            then = run_local(job, n, model, resumed, args.cap, args.log, timeout_s=3600)[0]
         row = {"model": model, "empty": first, "short": short, "resumed": then}
         rows.append(row)
         print(
