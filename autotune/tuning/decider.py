@@ -464,10 +464,12 @@ class Decider:
         plan_search = self.plan_search
         plan = plan_search.incumbent
         state = "locked" if plan_search.phase == "locked" else "exploring"
-        classes = {}
-        for cls, search in sorted(self.classes.items()):
+        # A class the plan carried a choice to without screening it (`PlanSearch._refuse`) too.
+        classes = {cls: Entry(choice, None, 0, state) for cls, choice in plan.choices}
+        for cls, search in self.classes.items():
             choice = plan.choice(cls)
             classes[cls] = Entry(choice, search.values.get(choice), search.finished, state)
+        classes = dict(sorted(classes.items()))
         fusion = None
         if plan_search.phase == "locked" or not self.tuner.tune_fusion:
             fusion = plan.fusion_bytes
@@ -489,9 +491,7 @@ class Decider:
         out: dict[int | str, Progress] = {cls: s.progress() for cls, s in self.classes.items()}
         plan_search = self.plan_search
         if self.tuner.tune_fusion:
-            fusion_state = (
-                "locked" if plan_search.phase not in ("loading", "fusion") else "exploring"
-            )
+            fusion_state = "exploring" if plan_search.phase in ("loading", "fusion") else "locked"
             duels = plan_search.duels("fusion")
             out["fusion"] = Progress(
                 fusion_state, duels, None, plan_search.incumbent.fusion_bytes, duels

@@ -5,11 +5,13 @@ all-reduce on DDP's own buckets. `PlanSearch` starts from it and moves only to a
 paired test against the plan it runs (`autotune.tuning.paired_test`), through the phases:
 ``fusion`` (fusion sizes), ``screening`` (per class, on message latency, which only shortlists:
 `shortlist`), ``classes`` (each shortlisted choice, then near misses of several classes
-together), ``confirm`` (against the baseline), ``catch`` (a plan that needs the hook against
-plain DDP itself, `autotune.tuning.plain_check`) and ``locked`` (re-checked against the baseline
-every ``recheck_every`` iterations; a re-check that lost starts a new round). A job from a
-stored plan goes straight to ``confirm`` (or ``catch``). A round that keeps the baseline
-remembers its near miss (`autotune.plan.NearMiss`), which the next job tests once more.
+together, then a fusion size that came close, the classes' choices carried to its messages:
+`PlanSearch._refuse`), ``confirm`` (against the baseline), ``catch`` (a plan that needs the
+hook against plain DDP itself, `autotune.tuning.plain_check`) and ``locked`` (re-checked
+against the baseline every ``recheck_every`` iterations; a re-check that lost starts a new
+round). A job from a stored plan goes straight to ``confirm`` (or ``catch``). A round that keeps
+the baseline remembers its near miss (`autotune.plan.NearMiss`), which the next job tests once
+more.
 
 The tuner drives it once per iteration end::
 
@@ -27,7 +29,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from autotune.plan import BASELINE_CHOICE, Arm, Choice, Gain, NearMiss
+from autotune.plan import BASELINE_CHOICE, Arm, Choice, Gain, NearMiss, size_class
 from autotune.tuning.paired_test import FUTILE_FROM, LOOK_EVERY, MIN_PAIRS, Outcome, PairedTest
 
 _log = logging.getLogger("autotune")
@@ -156,6 +158,11 @@ class PlanSearch:
         self._lead: NearMiss | None = None
         #: The fusion sizes that met the incumbent this round (`_same`).
         self._met: list[int] = []
+        #: This round's fusion size that lost ahead on the median, closest: (size, median ratio).
+        #: It meets the incumbent once more after the classes (`_refuse`).
+        self._fusion_near: tuple[int, float] | None = None
+        #: Per class, screening's fastest choice this round (the shortlist's first).
+        self._screened: dict[int, Choice] = {}
 
     # -- what rank 0 asks ----------------------------------------------------------------
 
@@ -262,6 +269,8 @@ class PlanSearch:
             return
         ordered = sorted(nominees, key=lambda n: -n[2])
         self._queue = [("class", cls, choice) for cls, choice, _ in ordered]
+        for cls, choice, _ in reversed(ordered):  # each class's largest saving last: kept
+            self._screened[cls] = choice
         self.phase = "classes"
         self._next()
 
@@ -307,7 +316,7 @@ class PlanSearch:
         self.incumbent, self.gain, self.against_plain = self.baseline, None, False
         self._near, self._lead = {}, None
         self.phase = "fusion"
-        self._met = []
+        self._met, self._fusion_near, self._screened = [], None, {}
         self._queue = [("fusion", f, None) for f in self.fusion_options] if fusion else []
         self._next()
 
@@ -326,7 +335,7 @@ class PlanSearch:
                 self._trying = None if choice is None else (value, choice)
                 self._begin(self.incumbent, challenger, kind)
                 return
-        if self.phase == "classes" and self._combine():
+        if self.phase == "classes" and (self._combine() or self._refuse()):
             return
         if self.phase == "fusion":
             self.phase = "screening"  # the tuner's class searches take over; see `screened`
@@ -373,6 +382,40 @@ class PlanSearch:
         self._begin(self.incumbent, combined, "combined")
         return True
 
+    def _refuse(self) -> bool:
+        """Start the paired test of this round's fusion near miss again, with algorithms: each
+        class its messages make that the incumbent's do not takes the choice of the nearest
+        class by size, the incumbent's where it has one (it won on the step), else screening's
+        fastest (it was shortlisted).
+
+        The fusion sizes meet the incumbent before screening, on the baseline's all-reduce, where
+        fewer, larger messages may gain too little to prove in one paired test, while with the
+        algorithm screening then finds they gain most (the example's MLP: docs/TUNER.md,
+        "Fusion sizes met again"). Without this, which plan a job locked hung on that first
+        test's luck."""
+        near, self._fusion_near = self._fusion_near, None
+        if near is None or near[0] == self.incumbent.fusion_bytes:
+            return False
+        fusion = near[0]
+        source = {**self._screened, **self.incumbent.as_dict()}
+        now = {size_class(n) for n in self.messages(self.incumbent.fusion_bytes)}
+        new = {size_class(n) for n in self.messages(fusion)} - now
+        if not source or not new:
+            return False  # nothing to carry, or nowhere: it would run as it lost
+        nearest = {
+            cls: min(source, key=lambda c: (abs(c.bit_length() - cls.bit_length()), -c))
+            for cls in new
+        }
+        carried = {cls: source[c] for cls, c in nearest.items()}
+        challenger = Arm.of({**self.incumbent.as_dict(), **carried}, fusion)
+        _log.info(
+            "autotune tries %s again, with algorithms: %s",
+            self.incumbent.with_fusion(fusion).describe(),
+            challenger.describe(),
+        )
+        self._begin(self.incumbent, challenger, "fusion")
+        return True
+
     def _begin(self, reference: Arm, challenger: Arm, kind: str, pairs: int = 0) -> None:
         """A paired test of ``max_pairs`` (or ``pairs``); a search's may go on to twice that for a
         promising challenger (`autotune.tuning.paired_test`), a re-check is kept short."""
@@ -412,6 +455,10 @@ class PlanSearch:
             cls, choice = self._trying
             if cls not in self._near or outcome.gain.ratio < self._near[cls][1]:
                 self._near[cls] = (choice, outcome.gain.ratio)
+        elif m.kind == "fusion" and self.phase == "fusion" and outcome.gain.ratio < 1.0:
+            near = (m.challenger.fusion_bytes, outcome.gain.ratio)
+            if self._fusion_near is None or near[1] < self._fusion_near[1]:
+                self._fusion_near = near
         self._next()
 
     def _note_lead(self, challenger: Arm, outcome: Outcome) -> None:

@@ -92,3 +92,37 @@ def test_an_undecided_job_stores_its_winner_so_far_as_a_provisional_table() -> N
         1 << 20: Entry(RING, 1e-3, 5, "locked"),  # the winner so far
         2 << 20: Entry(TREE, 2e-3, 4, "exploring"),
     }
+
+
+def test_a_class_the_plan_carried_a_choice_to_without_screening_is_stored_with_it(
+    tmp_path: Path,
+) -> None:
+    """A fusion size met again with algorithms (`PlanSearch._refuse`) makes classes nobody
+    screened: the table rank 0 stores holds their choices all the same, or the next job would
+    run them on the baseline."""
+    from types import SimpleNamespace
+
+    from autotune import Config
+    from autotune.tuning.decider import Decider
+
+    tuner = SimpleNamespace(
+        config=Config(storage=f"sqlite:///{tmp_path / 'plans.db'}"),
+        engine=SimpleNamespace(buckets=[]),
+        baseline=Arm(),
+        tune_fusion=True,
+        unhooks=True,
+        described="a model",
+        buckets=None,
+        needs_hook=lambda arm: bool(arm.choices),
+    )
+    decider = Decider(tuner)
+    try:
+        decider.plan_search.incumbent = Arm.of({4 << 20: Choice("shm")}, 4 << 20)
+        decider.plan_search.phase = "locked"
+        table = decider.table()
+    finally:
+        decider.close(10)
+    assert table.classes == {4 << 20: Entry(Choice("shm"), None, 0, "locked")}
+    assert stored_arm(table, Arm(), lambda cls, c: True, FUSIONS) == Arm.of(
+        {4 << 20: Choice("shm")}, 4 << 20
+    )
