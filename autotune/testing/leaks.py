@@ -5,7 +5,7 @@ summary, a leaked rank or server outlives the suite, and temporary files pile up
 after run (torchrun's logs, a killed launcher's result files, multiprocessing's sockets).
 
 Temporary files: the processes a test starts get a directory of the run's own as their
-``TMPDIR`` (`scratch`), checked empty after each test, and removed at the run's end. The test
+``TMPDIR``, checked empty after each test, and removed at the run's end. The test
 process itself keeps the system's (pytest's own ``tmp_path`` lives there, and it cleans it).
 
 Enable it with ``-p autotune.testing.leaks`` (autotune's own suite does, in ``conftest.py``).
@@ -29,7 +29,7 @@ import pytest
 
 from autotune.testing.cluster import NETNS_TAG_ENV, namespaces
 
-__all__ = ["leftovers", "scratch"]
+__all__ = ["leftovers"]
 
 #: How long a test's helpers get to wind down after it before they count as left behind
 #: (``LEAKCHECK_GRACE_S`` overrides it).
@@ -114,18 +114,13 @@ _scratch: str | None = None
 _tmpdir_before: str | None = None
 
 
-def scratch() -> str | None:
-    """The ``TMPDIR`` the processes a test starts inherit under this plugin (None: not set)."""
-    return _scratch
-
-
 def _temporaries() -> set[str]:
     return set(os.listdir(_scratch)) if _scratch is not None else set()
 
 
 def _temporaries_left(before: set[str]) -> list[str]:
-    """What is in `scratch` beyond ``before``, described; removed, so that the next test is not
-    blamed for it."""
+    """What is in the run's ``TMPDIR`` beyond ``before``, described; removed, so that the next
+    test is not blamed for it."""
     found = []
     for name in sorted(_temporaries() - before):
         assert _scratch is not None

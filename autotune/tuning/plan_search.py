@@ -402,11 +402,10 @@ class PlanSearch:
         new = {size_class(n) for n in self.messages(fusion)} - now
         if not source or not new:
             return False  # nothing to carry, or nowhere: it would run as it lost
-        nearest = {
-            cls: min(source, key=lambda c: (abs(c.bit_length() - cls.bit_length()), -c))
+        carried = {
+            cls: source[min(source, key=lambda c: (abs(c.bit_length() - cls.bit_length()), -c))]
             for cls in new
         }
-        carried = {cls: source[c] for cls, c in nearest.items()}
         challenger = Arm.of({**self.incumbent.as_dict(), **carried}, fusion)
         _log.info(
             "autotune tries %s again, with algorithms: %s",

@@ -47,9 +47,7 @@ def running_trials(storage: str) -> int:
     return total
 
 
-def crash(
-    out: Path, attempt: int, step: int, settled_at: int | None, storage: str, running: int
-) -> None:
+def crash(out: Path, attempt: int, step: int, settled_at: int | None, running: int) -> None:
     report(out, attempt, died_at=step, settled_at=settled_at, running=running)
     sys.stdout.flush()
     os._exit(1)
@@ -85,10 +83,10 @@ def main(out: Path) -> None:
         if attempt == 0:
             running = running_trials(storage)
             if running or step == EXPLORE_BY:
-                crash(out, attempt, step, settled_at, storage, running)
+                crash(out, attempt, step, settled_at, running)
         if attempt == 1 and settled_at is not None and step == settled_at + 10:
             time.sleep(3)  # the worker has written the locked plan (it writes off the step)
-            crash(out, attempt, step, settled_at, storage, running_trials(storage))
+            crash(out, attempt, step, settled_at, running_trials(storage))
     plan = {str(cls): choice.algorithm for cls, choice in state.plan().items()}
     table = state.table()
     state.close()
