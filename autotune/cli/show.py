@@ -76,8 +76,9 @@ def show(args: argparse.Namespace) -> int:
                 f"{e.trials:>6}  {e.state}"
             )
         if table.lead is not None:
+            again = "again" if table.final else "again, with the plan's algorithms carried to it"
             print(
-                "  ahead but not beyond noise; the next job tests it again: "
+                f"  ahead but not beyond noise; the next job tests it {again}: "
                 f"{table.lead.describe()}"
             )
         if table.buckets is not None:

@@ -288,17 +288,18 @@ class Decider:
         lead = None if table is None else table.lead
         self._resumable = table is None or not table.final
         if table is not None and not table.final:
-            # A job that ended before it decided: its winner so far goes to the stage left (the
-            # check against plain DDP, or the confirmation: `PlanSearch.start`); where none had
-            # won, the search goes on past its fusion sizes.
+            # A job that ended before it decided: its winner so far goes to the stage left, else
+            # the search goes on past its fusion sizes (`PlanSearch.start`); its lead is the
+            # fusion size that came close (`provisional`), still to meet the plan again.
             won = None if stored == self.plan_search.baseline else stored
+            near = lead if lead is not None and self._runnable(lead.arm) else None
             _log.info(
-                "autotune: resuming the provisional plan a job stored before it decided: %s",
+                "autotune: resuming the provisional plan a job stored before it decided: %s%s",
                 "none had won yet, the search goes on" if won is None else won.describe(),
+                "" if near is None else f"; {near.describe()} came close, to meet it again",
             )
-            if won is None:
-                self.plan_search.start(None, fusion_decided=table.fusion_bytes is not None)
-                return
+            self.plan_search.start(won, None, table.fusion_bytes is not None, near)
+            return
         if lead is not None and self._runnable(lead.arm):
             _log.info(
                 "autotune: the stored plan is DDP's own all-reduce; its lead, %s (%.3fx its "
@@ -441,7 +442,7 @@ class Decider:
         if at == self._provisional_at or plan_search.phase in ("loading", "fusion"):
             return
         self._provisional_at = at
-        table = provisional(self.table(), plan_search.incumbent)
+        table = provisional(self.table(), plan_search.incumbent, plan_search.fusion_near)
         self.worker.submit(lambda: self.store().save_table(self.key, self.workload, table))
 
     def store_table(self) -> None:

@@ -158,9 +158,9 @@ class PlanSearch:
         self._lead: NearMiss | None = None
         #: The fusion sizes that met the incumbent this round (`_same`).
         self._met: list[int] = []
-        #: This round's fusion size that lost ahead on the median, closest: (size, median ratio).
-        #: It meets the incumbent once more after the classes (`_refuse`).
-        self._fusion_near: tuple[int, float] | None = None
+        #: This round's fusion size that lost ahead on the median, the closest. It meets the
+        #: incumbent once more after the classes (`_refuse`); a job that ends before stores it.
+        self._fusion_near: NearMiss | None = None
         #: Per class, screening's fastest choice this round (the shortlist's first).
         self._screened: dict[int, Choice] = {}
 
@@ -191,6 +191,12 @@ class PlanSearch:
         """Where the baseline is kept: the plan for the next job to try again, if one came
         close (`NEAR_MISS_BELOW`)."""
         return self._lead if self.baseline_kept else None
+
+    @property
+    def fusion_near(self) -> NearMiss | None:
+        """This round's fusion size that came close, until its second meeting has ended: what
+        a job that ends undecided stores for the next to meet again (`start`)."""
+        return self._fusion_near
 
     def iterations_left(self, screening: int | None) -> int | None:
         """A rough count of the iterations before the plan is locked (or meets plain DDP): the
@@ -224,15 +230,25 @@ class PlanSearch:
     # -- what rank 0 tells it ------------------------------------------------------------
 
     def start(
-        self, stored: Arm | None, lead: NearMiss | None = None, fusion_decided: bool = False
+        self,
+        stored: Arm | None,
+        lead: NearMiss | None = None,
+        fusion_decided: bool = False,
+        fusion_near: NearMiss | None = None,
     ) -> None:
         """Begin, from the plan a previous job stored (None: from scratch) and, where that is
         the baseline, the lead it stored with it. ``fusion_decided``: from scratch, but a job
-        before (one that ended undecided) kept the baseline's fusion size over the others:
-        screening comes first."""
+        before (one that ended undecided) had tried the fusion sizes: screening comes first.
+        ``fusion_near``: that job's fusion size that came close (`fusion_near`), which meets
+        the plan again after the classes, as in the job that found it: where a plan had won
+        (``stored``), at once, before that plan goes on to its confirmation or check."""
         self.stored = stored
         if stored is None:
             self._open(fusion=not fusion_decided)
+            self._fusion_near = fusion_near
+        elif fusion_near is not None:
+            self.incumbent, self.phase, self._fusion_near = stored, "classes", fusion_near
+            self._next()
         elif stored == self.baseline:
             if lead is not None and lead.arm != self.baseline:
                 self.phase = "confirm"
@@ -392,15 +408,18 @@ class PlanSearch:
         fewer, larger messages may gain too little to prove in one paired test, while with the
         algorithm screening then finds they gain most (the example's MLP: docs/TUNER.md,
         "Fusion sizes met again"). Without this, which plan a job locked hung on that first
-        test's luck."""
-        near, self._fusion_near = self._fusion_near, None
-        if near is None or near[0] == self.incumbent.fusion_bytes:
+        test's luck. The near miss is kept until this test ends (`_settle`): a job that ends
+        first stores it."""
+        near = self._fusion_near
+        if near is None or near.arm.fusion_bytes == self.incumbent.fusion_bytes:
+            self._fusion_near = None
             return False
-        fusion = near[0]
+        fusion = near.arm.fusion_bytes
         source = {**self._screened, **self.incumbent.as_dict()}
         now = {size_class(n) for n in self.messages(self.incumbent.fusion_bytes)}
         new = {size_class(n) for n in self.messages(fusion)} - now
         if not source or not new:
+            self._fusion_near = None
             return False  # nothing to carry, or nowhere: it would run as it lost
         carried = {
             cls: source[min(source, key=lambda c: (abs(c.bit_length() - cls.bit_length()), -c))]
@@ -447,6 +466,8 @@ class PlanSearch:
                 self.incumbent, self.gain = self.baseline, None
             self._lock()
             return
+        if m.kind == "fusion" and self.phase == "classes":
+            self._fusion_near = None  # its second meeting is over
         if outcome.challenger_won:
             self.incumbent = m.challenger
             self.gain = outcome.gain if versus_baseline else None
@@ -455,9 +476,9 @@ class PlanSearch:
             if cls not in self._near or outcome.gain.ratio < self._near[cls][1]:
                 self._near[cls] = (choice, outcome.gain.ratio)
         elif m.kind == "fusion" and self.phase == "fusion" and outcome.gain.ratio < 1.0:
-            near = (m.challenger.fusion_bytes, outcome.gain.ratio)
-            if self._fusion_near is None or near[1] < self._fusion_near[1]:
-                self._fusion_near = near
+            near = self._fusion_near
+            if near is None or outcome.gain.ratio < near.gain.ratio:
+                self._fusion_near = NearMiss(m.challenger, outcome.gain)
         self._next()
 
     def _note_lead(self, challenger: Arm, outcome: Outcome) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from autotune.model import Prior
-from autotune.plan import Arm, Choice, Table
+from autotune.plan import Arm, Choice, NearMiss, Table
 from autotune.storage import Store
 
 __all__ = ["Stored", "provisional", "read_stored", "seeded", "stored_arm"]
@@ -83,15 +83,21 @@ def seeded(seed: Table, cls: int, space: Sequence[Choice]) -> tuple[Choice, floa
     return entry.choice, entry.best_s
 
 
-def provisional(table: Table, incumbent: Arm) -> Table:
+def provisional(table: Table, incumbent: Arm, fusion_near: NearMiss | None = None) -> Table:
     """What a job stores before it has decided (`Table.final` False), so that one that ends
     first leaves the next a place to resume: the plan that has won so far (``incumbent``: its
-    classes locked, the rest exploring), its gain so far, and its fusion size."""
+    classes locked, the rest exploring), its gain so far, its fusion size, and as its lead
+    the fusion size that came close and has yet to meet the plan again (``fusion_near``:
+    `autotune.tuning.plan_search.PlanSearch.fusion_near`)."""
     won = incumbent.as_dict()
     classes = {
         cls: dataclasses.replace(e, state="locked" if cls in won else "exploring")
         for cls, e in table.classes.items()
     }
     return dataclasses.replace(
-        table, classes=classes, fusion_bytes=incumbent.fusion_bytes, final=False
+        table,
+        classes=classes,
+        fusion_bytes=incumbent.fusion_bytes,
+        lead=fusion_near,
+        final=False,
     )

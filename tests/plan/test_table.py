@@ -105,6 +105,15 @@ def test_show_names_a_stored_lead(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["show", "--storage", url]) == 0
     out = capsys.readouterr().out
     assert "the next job tests it again: 1 MiB: tree, fusion 16 MiB (0.95x over 24 pairs)" in out
+    # A provisional table's lead is its fusion size that came close, met again with algorithms.
+    near = NearMiss(Arm((), 4 << 20), Gain(0.96, 0.9, 1.02, 16))
+    Store(url).save_table("aaa", "bert", Table(TABLE.classes, 0, FP, None, near, final=False))
+    assert main(["show", "--storage", url]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "the next job tests it again, with the plan's algorithms carried to it: fusion 4 MiB "
+        "(0.96x over 16 pairs)"
+    ) in out
 
 
 def test_show_names_the_bucket_size_a_job_stepped_aside_onto(

@@ -626,3 +626,69 @@ def test_a_fusion_size_that_came_close_meets_the_incumbent_again_with_algorithms
     for c in (run(1.01), run(0.96, known=False)):
         assert [k for k, _, _ in c.history] == ["fusion", "class"]
         assert c.incumbent == tree_on_ddp
+
+
+def test_a_job_resumed_before_its_fusion_size_met_again_meets_it_as_the_first_would_have() -> None:
+    """A short job ended after a fusion size came close, before its second meeting: the near
+    miss is what it stores (`PlanSearch.fusion_near`, until that meeting has ended), and the
+    job that resumes it meets it again: after its class tests where none had won, at once where
+    a plan had (before that plan's check against plain DDP)."""
+    mib = 1 << 20
+    buckets = [(mib, "float32")] * 3  # DDP's: three 1 MiB messages; fused at 4 MiB, one of 3 MiB
+    fused, tree_on_ddp = Arm((), 4 * mib), Arm(((mib, TREE),), 0)
+    carried = Arm(((mib, TREE), (4 * mib, TREE)), 4 * mib)
+    carried_alone = Arm(((4 * mib, TREE),), 4 * mib)
+    swing = [1.08, 0.92, 0.98, 1.02]  # around 0.96: ahead on the median, never beyond noise
+    k = [0]
+
+    def step(arm: Arm, i: int) -> float:
+        if arm == fused:
+            k[0] += 1
+            return 0.96 * swing[k[0] % 4]
+        return {tree_on_ddp: 1.0, carried: 0.7, carried_alone: 0.7}.get(arm, 1.0)
+
+    def search() -> PlanSearch:
+        return PlanSearch(
+            Arm(),
+            fusion_options=(0, 4 * mib),
+            max_pairs=8,
+            warmup=0,
+            recheck_every=0,
+            catch=True,
+            messages=lambda f: message_sizes(buckets, f),
+        )
+
+    first = search()
+    first.start(None)
+    drive(first, step, 40)
+    assert first.phase == "screening" and first.incumbent == Arm()
+    near = first.fusion_near  # the job ends here: stored as its lead
+    assert near is not None and near.arm == fused and 0.9 < near.gain.ratio < 1.0
+    assert near.gain.high >= 1.0  # lost: not beyond noise
+
+    # None had won: screening, the class tests, then the fusion size with the class's choice.
+    c = search()
+    c.start(None, None, True, near)
+    assert c.phase == "screening" and not c.history and c.fusion_near == near
+    c.screened([(mib, TREE, 0.001)])
+    drive(c, step, 60)
+    assert [(k, a, o.challenger_won) for k, a, o in c.history] == [
+        ("class", tree_on_ddp, False),
+        ("fusion", carried_alone, True),
+    ]
+    assert c.phase == "catch" and c.incumbent == carried_alone and c.fusion_near is None
+
+    # A plan had won (the job ended on its way to the check against plain DDP): the fusion size
+    # meets it first, kept until that test ends (a job ending during it stores it again).
+    c = search()
+    c.start(tree_on_ddp, None, True, near)
+    assert c.match is not None and c.match.kind == "fusion"
+    assert c.match.reference == tree_on_ddp and c.match.challenger == carried
+    assert c.fusion_near == near
+    drive(c, step, 60)
+    assert [(k, o.challenger_won) for k, _, o in c.history] == [("fusion", True)]
+    assert c.phase == "catch" and c.incumbent == carried and c.fusion_near is None
+    # Without a near miss, the won plan goes straight to its check, as before.
+    c = search()
+    c.start(tree_on_ddp, None, True, None)
+    assert c.phase == "catch" and c.incumbent == tree_on_ddp and c.match is None

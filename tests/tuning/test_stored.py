@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotune.plan import Arm, Choice, Entry, Gain, Table
+from autotune.plan import Arm, Choice, Entry, Gain, NearMiss, Table
 from autotune.storage import SWEEP, Store
 from autotune.tuning.stored import Stored, provisional, read_stored, seeded, stored_arm
 
@@ -92,6 +92,52 @@ def test_an_undecided_job_stores_its_winner_so_far_as_a_provisional_table() -> N
         1 << 20: Entry(RING, 1e-3, 5, "locked"),  # the winner so far
         2 << 20: Entry(TREE, 2e-3, 4, "exploring"),
     }
+    assert stored.lead is None
+    # The fusion size that came close and has yet to meet the plan again is its lead.
+    near = NearMiss(Arm((), 16 << 20), Gain(0.96, 0.9, 1.02, 16))
+    assert provisional(table, Arm.of({1 << 20: RING}, 0), near).lead == near
+
+
+def test_a_resumed_job_meets_the_fusion_size_its_provisional_table_holds_again(
+    tmp_path: Path,
+) -> None:
+    """The first job ended with a plan won on DDP's buckets and a fusion size that came close
+    still to meet it (`provisional`'s lead): the job that loads that table, through the storage,
+    tests that fusion size with the plan's choice carried before the check against plain DDP."""
+    from types import SimpleNamespace
+
+    from autotune import Config
+    from autotune.tuning.decider import Decider
+
+    mib = 1 << 20
+    tuner = SimpleNamespace(
+        config=Config(storage=f"sqlite:///{tmp_path / 'plans.db'}"),
+        engine=SimpleNamespace(buckets=[(mib, "float32")] * 3),
+        baseline=Arm(),
+        tune_fusion=True,
+        unhooks=True,
+        frozen=False,
+        described="a model",
+        buckets=None,
+        space=lambda cls: [NATIVE, TREE],
+        needs_hook=lambda arm: bool(arm.choices),
+    )
+    won = Arm.of({mib: TREE}, 0)
+    near = NearMiss(Arm((), 4 * mib), Gain(0.96, 0.9, 1.02, 16))
+    screened = Table({mib: Entry(TREE, 1e-3, 5, "exploring")}, None, gain=GAIN)
+    decider = Decider(tuner)
+    try:
+        store = decider.store()
+        store.save_table("key", "model", provisional(screened, won, near))
+        decider._loaded(read_stored(store, "key", "model"))
+        search = decider.plan_search
+        assert search.phase == "classes" and search.incumbent == won
+        assert search.match is not None and search.match.kind == "fusion"
+        assert search.match.challenger == Arm.of({mib: TREE, 4 * mib: TREE}, 4 * mib)
+        # Until that test ends, a provisional table stores the near miss again.
+        assert provisional(decider.table(), search.incumbent, search.fusion_near).lead == near
+    finally:
+        decider.close(10)
 
 
 def test_a_class_the_plan_carried_a_choice_to_without_screening_is_stored_with_it(
