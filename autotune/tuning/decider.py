@@ -34,8 +34,9 @@ from autotune.storage import (
     workload_name,
 )
 from autotune.tuning.paired_test import Outcome
-from autotune.tuning.plan_search import PlanSearch, shortlist
+from autotune.tuning.plan_search import PlanSearch
 from autotune.tuning.search import ClassSearch, Progress
+from autotune.tuning.shortlist import shortlist
 from autotune.tuning.space import space_tag
 from autotune.tuning.stored import Stored, provisional, read_stored, seeded, stored_arm
 from autotune.tuning.worker import Worker
@@ -60,9 +61,8 @@ IDLE_EXCHANGES = 10
 
 
 class Tuned(Protocol):
-    """What the decider reads of the tuner it decides for (`autotune.tuning.tuner.Tuner`), and
-    the three it writes: ``frozen`` (the storage failed), ``described`` (the model in words,
-    where nobody set it) and nothing else."""
+    """What the decider reads of the tuner it decides for (`autotune.tuning.tuner.Tuner`); it
+    writes ``frozen`` (the storage failed), ``described`` and ``buckets`` (what it loaded)."""
 
     config: Config
     engine: Engine
@@ -288,17 +288,17 @@ class Decider:
         lead = None if table is None else table.lead
         self._resumable = table is None or not table.final
         if table is not None and not table.final:
-            # A job that ended before it decided: its winner so far goes to the stage left, else
-            # the search goes on past its fusion sizes (`PlanSearch.start`); its lead is the
-            # fusion size that came close (`provisional`), still to meet the plan again.
+            # A job that ended before it decided: the search goes on past its fusion sizes, from
+            # its winner so far (`PlanSearch.resume`); its lead is the fusion size that came
+            # close (`provisional`), still to meet the plan again.
             won = None if stored == self.plan_search.baseline else stored
             near = lead if lead is not None and self._runnable(lead.arm) else None
             _log.info(
                 "autotune: resuming the provisional plan a job stored before it decided: %s%s",
-                "none had won yet, the search goes on" if won is None else won.describe(),
+                "none had won yet" if won is None else won.describe(),
                 "" if near is None else f"; {near.describe()} came close, to meet it again",
             )
-            self.plan_search.start(won, None, table.fusion_bytes is not None, near)
+            self.plan_search.resume(won, None if won is None else table.gain, near)
             return
         if lead is not None and self._runnable(lead.arm):
             _log.info(
@@ -313,8 +313,7 @@ class Decider:
         self.plan_search.start(stored, lead)
 
     def _runnable(self, arm: Arm) -> bool:
-        """Whether this job can run ``arm``: its choices in their classes' search spaces, its
-        fusion size one this job may tune to (or the baseline's)."""
+        """Whether this job can run ``arm``: its choices, its fusion size (or the baseline's)."""
         fusion_ok = arm.fusion_bytes == self.tuner.baseline.fusion_bytes or (
             self.tuner.tune_fusion and arm.fusion_bytes in FUSION_OPTIONS
         )
@@ -442,7 +441,8 @@ class Decider:
         if at == self._provisional_at or plan_search.phase in ("loading", "fusion"):
             return
         self._provisional_at = at
-        table = provisional(self.table(), plan_search.incumbent, plan_search.fusion_near)
+        tested = plan_search.phase not in ("screening", "classes")
+        table = provisional(self.table(), plan_search.incumbent, plan_search.fusion_near, tested)
         self.worker.submit(lambda: self.store().save_table(self.key, self.workload, table))
 
     def store_table(self) -> None:

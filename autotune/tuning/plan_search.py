@@ -4,12 +4,13 @@ A plan (`Arm`) is a choice per size class and a fusion size. The baseline is the
 all-reduce on DDP's own buckets. `PlanSearch` starts from it and moves only to a plan that won a
 paired test against the plan it runs (`autotune.tuning.paired_test`), through the phases:
 ``fusion`` (fusion sizes), ``screening`` (per class, on message latency, which only shortlists:
-`shortlist`), ``classes`` (each shortlisted choice, then near misses of several classes
-together, then a fusion size that came close, the classes' choices carried to its messages:
-`PlanSearch._refuse`), ``confirm`` (against the baseline), ``catch`` (a plan that needs the
-hook against plain DDP itself, `autotune.tuning.plain_check`) and ``locked`` (re-checked
-against the baseline every ``recheck_every`` iterations; a re-check that lost starts a new
-round). A job from a stored plan goes straight to ``confirm`` (or ``catch``). A round that keeps
+`autotune.tuning.shortlist`), ``classes`` (each shortlisted choice, then near misses of several
+classes together, then a fusion size that came close, the classes' choices carried to its
+messages: `PlanSearch._refuse`), ``confirm`` (against the baseline), ``catch`` (a plan that
+needs the hook against plain DDP itself, `autotune.tuning.plain_check`) and ``locked``
+(re-checked against the baseline every ``recheck_every`` iterations; a re-check that lost starts
+a new round). A job from a stored plan goes straight to ``confirm`` (or ``catch``); one that
+resumes a job that ended undecided, to ``screening`` (`PlanSearch.resume`). A round that keeps
 the baseline remembers its near miss (`autotune.plan.NearMiss`), which the next job tests once
 more.
 
@@ -26,7 +27,7 @@ The phases, as a diagram, and why each exists: docs/TUNER.md.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from autotune.plan import BASELINE_CHOICE, Arm, Choice, Gain, NearMiss, size_class
@@ -34,62 +35,25 @@ from autotune.tuning.paired_test import FUTILE_FROM, LOOK_EVERY, MIN_PAIRS, Outc
 
 _log = logging.getLogger("autotune")
 
-__all__ = ["NEAR_MISS_BELOW", "RUNNER_UP_WITHIN", "SHORTLIST_BELOW", "PlanSearch", "shortlist"]
+__all__ = [
+    "FUSION_AGAIN_BELOW",
+    "NEAR_MISS_BELOW",
+    "PlanSearch",
+]
 
-#: A class's latency-best choice is shortlisted only below this fraction of the current latency:
-#: a paired test costs tens of steps, and a 3% faster message rarely shows in the step.
-SHORTLIST_BELOW = 0.9
-#: The fastest other algorithm is shortlisted too when its latency is within this factor of the
-#: fastest choice's. A screening value is the median of a few windows measured inside a busy
-#: step, and on a shared machine two algorithms 5-10% apart trade places from run to run: the
-#: one faster on the step may screen second and, without this, never be tried. A second paired
-#: test costs tens of steps; locking the wrong one of two close choices costs every step after.
-RUNNER_UP_WITHIN = 1.1
 #: A paired test against the baseline whose challenger lost with a median ratio below this (ahead by
 #: 3% or more, not beyond noise) makes it a lead for the next job, if the round keeps the
 #: baseline. Challengers with nothing to gain end just under 1.00, which this bar leaves out;
 #: a lead that is only noise costs the next job one paired test.
 NEAR_MISS_BELOW = 0.97
+#: A fusion size that lost its paired test is met again with algorithms after the classes
+#: (`PlanSearch._refuse`) if its median ratio was below this and it was not slower beyond
+#: noise: where fusing alone is within noise of the incumbent, being behind or ahead on the
+#: median is a coin's toss, while with screening's algorithm the fused plan may gain most
+#: (docs/TUNER.md, "Fusion sizes met again").
+FUSION_AGAIN_BELOW = 1.1
 #: Pairs in a re-check of a locked plan against the baseline.
 RECHECK_PAIRS = MIN_PAIRS + LOOK_EVERY
-
-
-def shortlist(values: Mapping[Choice, float], now: Choice) -> list[tuple[Choice, float]]:
-    """A class's challengers from its screening: (choice, latency it saves against ``now``).
-
-    ``values`` holds each measured choice's latency, ``now`` what the class runs. The fastest
-    choice is shortlisted if it is below `SHORTLIST_BELOW` of ``now``'s latency (or ``now`` was
-    not measured); the fastest choice of another algorithm too, if it passes the same bar and is
-    within `RUNNER_UP_WITHIN` of the fastest. A segment size of the same algorithm is not a
-    runner-up: the paired test would mostly re-test the algorithm. Where the job allows
-    compression, the fastest of the same algorithm on another wire (`Choice.wire`) is one too,
-    however far behind it screened (if it passes the first bar): the casts cost the step memory
-    traffic the message's latency does not show, so the two latencies do not compare, and only
-    the step tells whether the halved bytes pay.
-    """
-    if not values:
-        return []
-    ranked = sorted(values.items(), key=lambda kv: kv[1])
-    best, best_s = ranked[0]
-    now_s = values.get(now)
-    reference = best_s if now_s is None else now_s
-
-    def promising(choice: Choice, seconds: float) -> bool:
-        return choice != now and (now_s is None or seconds < SHORTLIST_BELOW * now_s)
-
-    if not promising(best, best_s):
-        return []
-    out = [(best, reference - best_s)]
-    rest = ranked[1:]
-    runner = next(((c, t) for c, t in rest if c.algorithm != best.algorithm), None)
-    if runner is not None and runner[1] <= RUNNER_UP_WITHIN * best_s and promising(*runner):
-        out.append((runner[0], reference - runner[1]))
-    twin = next(
-        ((c, t) for c, t in rest if c.algorithm == best.algorithm and c.wire != best.wire), None
-    )
-    if twin is not None and promising(*twin):
-        out.append((twin[0], reference - twin[1]))
-    return out
 
 
 @dataclass
@@ -158,7 +122,7 @@ class PlanSearch:
         self._lead: NearMiss | None = None
         #: The fusion sizes that met the incumbent this round (`_same`).
         self._met: list[int] = []
-        #: This round's fusion size that lost ahead on the median, the closest. It meets the
+        #: This round's fusion size that lost but came close (`_close`), the closest. It meets the
         #: incumbent once more after the classes (`_refuse`); a job that ends before stores it.
         self._fusion_near: NearMiss | None = None
         #: Per class, screening's fastest choice this round (the shortlist's first).
@@ -229,26 +193,12 @@ class PlanSearch:
 
     # -- what rank 0 tells it ------------------------------------------------------------
 
-    def start(
-        self,
-        stored: Arm | None,
-        lead: NearMiss | None = None,
-        fusion_decided: bool = False,
-        fusion_near: NearMiss | None = None,
-    ) -> None:
+    def start(self, stored: Arm | None, lead: NearMiss | None = None) -> None:
         """Begin, from the plan a previous job stored (None: from scratch) and, where that is
-        the baseline, the lead it stored with it. ``fusion_decided``: from scratch, but a job
-        before (one that ended undecided) had tried the fusion sizes: screening comes first.
-        ``fusion_near``: that job's fusion size that came close (`fusion_near`), which meets
-        the plan again after the classes, as in the job that found it: where a plan had won
-        (``stored``), at once, before that plan goes on to its confirmation or check."""
+        the baseline, the lead it stored with it."""
         self.stored = stored
         if stored is None:
-            self._open(fusion=not fusion_decided)
-            self._fusion_near = fusion_near
-        elif fusion_near is not None:
-            self.incumbent, self.phase, self._fusion_near = stored, "classes", fusion_near
-            self._next()
+            self._open()
         elif stored == self.baseline:
             if lead is not None and lead.arm != self.baseline:
                 self.phase = "confirm"
@@ -261,6 +211,20 @@ class PlanSearch:
         else:
             self.phase = "confirm"
             self._begin(self.baseline, stored, "confirm")
+
+    def resume(self, won: Arm | None, gain: Gain | None, fusion_near: NearMiss | None) -> None:
+        """Begin where a job that ended undecided stopped, past its fusion sizes: from screening
+        (its trials are in the studies: classes it screened are not screened again), with the
+        plan that had won so far as the incumbent (``won``, None: none had; ``gain``: its step
+        over the baseline's where it had met the baseline), and its fusion size that came close
+        still to meet that plan again (``fusion_near``). Its class tests that were left, or lost
+        and are shortlisted again, run as they would have; the check or confirmation comes
+        after them."""
+        self.stored = won
+        self._open(fusion=False)
+        if won is not None:
+            self.incumbent, self.gain = won, gain
+        self._fusion_near = fusion_near
 
     def measure(self, arm: Arm, step_s: float) -> None:
         """One window's step (MAX over ranks), run under ``arm``."""
@@ -280,7 +244,8 @@ class PlanSearch:
 
     def screened(self, nominees: Sequence[tuple[int, Choice, float]]) -> None:
         """The class searches are done: (class, a choice, latency it saves), up to two choices
-        a class (`shortlist`). A class's second paired test meets whichever won its first."""
+        a class (`autotune.tuning.shortlist.shortlist`). A class's second paired test meets
+        whichever won its first."""
         if self.phase != "screening":
             return
         ordered = sorted(nominees, key=lambda n: -n[2])
@@ -475,7 +440,7 @@ class PlanSearch:
             cls, choice = self._trying
             if cls not in self._near or outcome.gain.ratio < self._near[cls][1]:
                 self._near[cls] = (choice, outcome.gain.ratio)
-        elif m.kind == "fusion" and self.phase == "fusion" and outcome.gain.ratio < 1.0:
+        elif m.kind == "fusion" and self.phase == "fusion" and _close(outcome.gain):
             near = self._fusion_near
             if near is None or outcome.gain.ratio < near.gain.ratio:
                 self._fusion_near = NearMiss(m.challenger, outcome.gain)
@@ -495,3 +460,10 @@ class PlanSearch:
         first, where the job has it."""
         self.phase = "catch" if self.catch and self.needs_hook(self.incumbent) else "locked"
         self._locked_at = None
+
+
+def _close(gain: Gain) -> bool:
+    """Whether a fusion size that lost came close enough to meet the incumbent again with
+    algorithms (`PlanSearch._refuse`): not slower beyond noise, its median under
+    `FUSION_AGAIN_BELOW`."""
+    return gain.ratio < FUSION_AGAIN_BELOW and gain.low <= 1.0

@@ -41,7 +41,7 @@ NOT_MEASURED = "not measured: "
 SLOW_FACTOR = 10.0
 #: A trial whose fastest window, after `RACE_AFTER` of them, is beyond this many times the best
 #: median so far ends there, with the median of what it measured: it cannot be shortlisted (the
-#: runner-up bar is `autotune.tuning.plan_search.RUNNER_UP_WITHIN`, 1.1x), and most of a class's
+#: runner-up bar is `autotune.tuning.shortlist.RUNNER_UP_WITHIN`, 1.1x), and most of a class's
 #: choices are that far behind (a screening's windows are the step's iterations).
 RACE_FACTOR = 1.3
 RACE_AFTER = 2

@@ -83,15 +83,18 @@ def seeded(seed: Table, cls: int, space: Sequence[Choice]) -> tuple[Choice, floa
     return entry.choice, entry.best_s
 
 
-def provisional(table: Table, incumbent: Arm, fusion_near: NearMiss | None = None) -> Table:
+def provisional(
+    table: Table, incumbent: Arm, fusion_near: NearMiss | None = None, tested: bool = False
+) -> Table:
     """What a job stores before it has decided (`Table.final` False), so that one that ends
-    first leaves the next a place to resume: the plan that has won so far (``incumbent``: its
-    classes locked, the rest exploring), its gain so far, its fusion size, and as its lead
-    the fusion size that came close and has yet to meet the plan again (``fusion_near``:
-    `autotune.tuning.plan_search.PlanSearch.fusion_near`)."""
+    first leaves the next a place to resume: the plan that has won so far (``incumbent``, whose
+    choices ``table`` holds: `autotune.tuning.decider.Decider.table`; its classes locked, the
+    rest exploring, or all locked once the class tests are over: ``tested``), its gain so
+    far, its fusion size, and as its lead the fusion size that came close and has yet to meet
+    the plan again (``fusion_near``: `autotune.tuning.plan_search.PlanSearch.fusion_near`)."""
     won = incumbent.as_dict()
     classes = {
-        cls: dataclasses.replace(e, state="locked" if cls in won else "exploring")
+        cls: dataclasses.replace(e, state="locked" if tested or cls in won else "exploring")
         for cls, e in table.classes.items()
     }
     return dataclasses.replace(

@@ -96,6 +96,17 @@ def test_an_undecided_job_stores_its_winner_so_far_as_a_provisional_table() -> N
     # The fusion size that came close and has yet to meet the plan again is its lead.
     near = NearMiss(Arm((), 16 << 20), Gain(0.96, 0.9, 1.02, 16))
     assert provisional(table, Arm.of({1 << 20: RING}, 0), near).lead == near
+    # Once the class tests are over, every class is decided, the baseline's where none won:
+    # the next job tests none again.
+    ran = Table(
+        {1 << 20: Entry(RING, 1e-3, 5, "exploring"), 2 << 20: Entry(NATIVE, 3e-3, 4, "exploring")}
+    )
+    tested = provisional(ran, Arm.of({1 << 20: RING}, 0), None, tested=True)
+    assert {cls: e.state for cls, e in tested.classes.items()} == {
+        1 << 20: "locked",
+        2 << 20: "locked",
+    }
+    assert stored_arm(tested, Arm(), lambda cls, c: True, FUSIONS) == Arm.of({1 << 20: RING}, 0)
 
 
 def test_a_resumed_job_meets_the_fusion_size_its_provisional_table_holds_again(
@@ -103,7 +114,8 @@ def test_a_resumed_job_meets_the_fusion_size_its_provisional_table_holds_again(
 ) -> None:
     """The first job ended with a plan won on DDP's buckets and a fusion size that came close
     still to meet it (`provisional`'s lead): the job that loads that table, through the storage,
-    tests that fusion size with the plan's choice carried before the check against plain DDP."""
+    resumes from screening with that plan and, its class locked, tests that fusion size with the
+    plan's choice carried before the check against plain DDP."""
     from types import SimpleNamespace
 
     from autotune import Config
@@ -131,7 +143,9 @@ def test_a_resumed_job_meets_the_fusion_size_its_provisional_table_holds_again(
         store.save_table("key", "model", provisional(screened, won, near))
         decider._loaded(read_stored(store, "key", "model"))
         search = decider.plan_search
-        assert search.phase == "classes" and search.incumbent == won
+        assert search.phase == "screening" and search.incumbent == won
+        assert decider.classes[mib].state == "locked" and decider.classes[mib].desired == TREE
+        search.screened([])  # the won class is locked: nothing shortlisted
         assert search.match is not None and search.match.kind == "fusion"
         assert search.match.challenger == Arm.of({mib: TREE, 4 * mib: TREE}, 4 * mib)
         # Until that test ends, a provisional table stores the near miss again.

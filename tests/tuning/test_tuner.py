@@ -39,6 +39,24 @@ def storage(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'tuning.db'}"
 
 
+def study_trials(url: str) -> dict[str, int]:
+    """Per autotune study in the storage, its trials that measured (not those a search asked
+    and then told as not measured: `autotune.tuning.search.NOT_MEASURED`)."""
+    import optuna
+
+    from autotune.tuning.search import NOT_MEASURED
+
+    out = {}
+    for name in optuna.study.get_all_study_names(storage=Store(url).storage):
+        study = optuna.load_study(study_name=name, storage=Store(url).storage)
+        out[name] = sum(
+            1
+            for t in study.get_trials(deepcopy=False)
+            if not str(t.user_attrs.get("failure", "")).startswith(NOT_MEASURED)
+        )
+    return out
+
+
 def test_with_a_baseline_that_is_always_best_the_tuner_locks_the_baseline(
     tmp_path: Path,
 ) -> None:
@@ -189,12 +207,18 @@ def test_a_job_that_ends_undecided_stores_its_winner_so_far_and_the_next_resumes
     assert {e.choice.algorithm for e in stored.classes.values()} & {"tree"}
     assert main(["show", "--storage", url]) == 0
     assert "provisional: the next job resumes from it" in capsys.readouterr().out
-    # The next job takes that winner straight to the check against plain DDP (where the first
-    # stopped), screens nothing again, and stores its decision as final.
-    trials = Store(url).trial_count()
+    # The next job resumes from that winner: it screens nothing again, runs the class tests the
+    # first had left against it (the winner's own class is locked), then the check against
+    # plain DDP, and stores its decision as final.
+    won = first.duels[-1][1]
+    trials = study_trials(url)
     second = run_local(tune, 2, SETTLE_CAP, config, False, True, None, True, timeout_s=600)[0]
-    assert second.settled and second.duels[0][0] == "catch", second.duels
-    assert Store(url).trial_count() == trials
+    assert second.settled and second.duels[-1][0] == "catch", second.duels
+    assert all(kind == "class" and won in plan for kind, plan, _ in second.duels[:-1])
+    assert won not in {plan for kind, plan, _ in second.duels[:-1]}, second.duels
+    # No class is screened again (a search that finds its study done may ask a trial, and
+    # tells it at once as not measured).
+    assert study_trials(url) == trials
     ((_, decided),) = Store(url).tables().items()
     assert decided.final
 
