@@ -159,7 +159,7 @@ class PlanSearch:
     @property
     def fusion_near(self) -> NearMiss | None:
         """This round's fusion size that came close, until its second meeting has ended: what
-        a job that ends undecided stores for the next to meet again (`start`)."""
+        a job that ends undecided stores for the next to meet again (`resume`)."""
         return self._fusion_near
 
     def iterations_left(self, screening: int | None) -> int | None:
