@@ -327,22 +327,7 @@ class Decider:
             return
         self.exchanges += 1
         if window.step_s is not None:
-            told = len(plan_search.history)
             plan_search.measure(step_arm, window.step_s)
-            for kind, challenger, outcome in plan_search.history[told:]:
-                g = outcome.gain
-                _log.info(
-                    "autotune %s paired test: %s %s, %.3fx the reference's step (%d pairs, 95%% "
-                    "interval %.3f-%.3f): %s",
-                    kind,
-                    challenger.describe(),
-                    outcome.word(kind),
-                    g.ratio,
-                    g.pairs,
-                    g.low,
-                    g.high,
-                    outcome.why,
-                )
         if any(s.round != plan_search.round for s in self.classes.values()):
             self.classes.clear()  # fell back: screening starts over, in the new round's studies
         if arm.fusion_bytes != plan_search.incumbent.fusion_bytes:

@@ -240,6 +240,20 @@ class PlanSearch:
         if outcome is not None:
             self.match = None
             self.history.append((m.kind, m.challenger, outcome))
+            g = outcome.gain
+            # Before what it leads to (`_settle`): a fusion size met again says so after it.
+            _log.info(
+                "autotune %s paired test: %s %s, %.3fx the reference's step (%d pairs, 95%% "
+                "interval %.3f-%.3f): %s",
+                m.kind,
+                m.challenger.describe(),
+                outcome.word(m.kind),
+                g.ratio,
+                g.pairs,
+                g.low,
+                g.high,
+                outcome.why,
+            )
             self._settle(m, outcome)
 
     def screened(self, nominees: Sequence[tuple[int, Choice, float]]) -> None:

@@ -4,6 +4,7 @@ plain DDP."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import pytest
@@ -511,7 +512,9 @@ def buckets_bytes(buckets: list[tuple[int, str]]) -> list[int]:
     return [n for n, _ in buckets]
 
 
-def test_a_fusion_size_that_came_close_meets_the_incumbent_again_with_algorithms() -> None:
+def test_a_fusion_size_that_came_close_meets_the_incumbent_again_with_algorithms(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """The example's MLP on one node: fused into one 4 MiB message it is a little faster on the
     baseline's all-reduce (ahead on the median, not beyond noise), and much faster once that
     message runs the algorithm screening found fastest on DDP's own 1 MiB messages. After the
@@ -552,11 +555,21 @@ def test_a_fusion_size_that_came_close_meets_the_incumbent_again_with_algorithms
     def tests(c: PlanSearch) -> list[tuple[str, Arm, bool]]:
         return [(k, a, o.challenger_won) for k, a, o in c.history]
 
+    caplog.set_level(logging.INFO, logger="autotune")
     assert tests(run(0.96)) == [
         ("fusion", fused, False),  # ahead on the median, not proven
         ("class", tree_on_ddp, True),
         ("fusion", carried, True),  # 4 MiB again: the 1 MiB class's tree carried to 4 MiB
         ("confirm", carried, True),
+    ]
+    # The log tells each paired test's end before what it leads to.
+    said = [" ".join(r.getMessage().split()[:3]) for r in caplog.records]
+    assert said == [
+        "autotune fusion paired",
+        "autotune class paired",
+        "autotune tries 1",  # 1 MiB: tree, fusion 4 MiB again, with algorithms: ...
+        "autotune fusion paired",
+        "autotune confirm paired",
     ]
     # The class's tree lost on DDP's buckets: screening's choice is carried all the same (on
     # one 4 MiB message it may pay where on three 1 MiB ones it did not).
