@@ -4,9 +4,9 @@ A plan (`Arm`) is a choice per size class and a fusion size. The baseline is the
 all-reduce on DDP's own buckets. `PlanSearch` starts from it and moves only to a plan that won a
 paired test against the plan it runs (`autotune.tuning.paired_test`), through the phases:
 ``fusion`` (fusion sizes), ``screening`` (per class, on message latency, which only shortlists:
-`autotune.tuning.shortlist`), ``classes`` (a fusion size that came close, screening's choices
-carried to its messages: `PlanSearch._refuse`; then each shortlisted choice, then near misses
-of several classes together), ``confirm`` (against the baseline), ``catch`` (a plan that
+`autotune.tuning.shortlist`), ``classes`` (each shortlisted choice, then near misses of several
+classes together, then a fusion size that came close, the classes' choices carried to its
+messages: `PlanSearch._refuse`), ``confirm`` (against the baseline), ``catch`` (a plan that
 needs the hook against plain DDP itself, `autotune.tuning.plain_check`) and ``locked``
 (re-checked against the baseline every ``recheck_every`` iterations; a re-check that lost starts
 a new round). A job from a stored plan goes straight to ``confirm`` (or ``catch``); one that
@@ -267,8 +267,7 @@ class PlanSearch:
         for cls, choice, _ in reversed(ordered):  # each class's largest saving last: kept
             self._screened[cls] = choice
         self.phase = "classes"
-        if not self._refuse():
-            self._next()
+        self._next()
 
     def tick(self, iteration: int) -> None:
         """At an exchange while locked: start the re-check when it is due."""
@@ -325,15 +324,13 @@ class PlanSearch:
                 if choice is None
                 else self.incumbent.with_class(value, choice)
             )
-            if choice is not None and not self._sends(value):
-                continue  # a fusion size met again took its messages into larger ones
             if challenger != self.incumbent and not self._same(challenger):
                 if choice is None:
                     self._met.append(value)
                 self._trying = None if choice is None else (value, choice)
                 self._begin(self.incumbent, challenger, kind)
                 return
-        if self.phase == "classes" and self._combine():
+        if self.phase == "classes" and (self._combine() or self._refuse()):
             return
         if self.phase == "fusion":
             self.phase = "screening"  # the tuner's class searches take over; see `screened`
@@ -365,12 +362,6 @@ class PlanSearch:
                 return True
         return False
 
-    def _sends(self, cls: int) -> bool:
-        """Whether the incumbent's fusion size makes messages of ``cls`` (True where the
-        messages are not known)."""
-        made = self.messages(self.incumbent.fusion_bytes)
-        return not made or cls in {size_class(n) for n in made}
-
     def _combine(self) -> bool:
         """Start the combined paired test of the classes' near misses, if two or more are left."""
         near, self._near = self._near, {}
@@ -378,7 +369,7 @@ class PlanSearch:
         kept = {
             c: choice
             for c, (choice, _) in near.items()
-            if self.incumbent.choice(c) == BASELINE_CHOICE and self._sends(c)
+            if self.incumbent.choice(c) == BASELINE_CHOICE
         }
         if len(kept) < 2:
             return False
@@ -387,18 +378,17 @@ class PlanSearch:
         return True
 
     def _refuse(self) -> bool:
-        """Start the paired test of this round's fusion near miss again, with algorithms, once
-        screening is done and before the class tests: each class its messages make that the
-        incumbent's do not takes the choice of the nearest class by size, the incumbent's
-        where it has one (a resumed plan's: it won on the step), else screening's fastest.
+        """Start the paired test of this round's fusion near miss again, with algorithms: each
+        class its messages make that the incumbent's do not takes the choice of the nearest
+        class by size, the incumbent's where it has one (it won on the step), else screening's
+        fastest (it was shortlisted).
 
         The fusion sizes meet the incumbent before screening, on the baseline's all-reduce, where
         fewer, larger messages may gain too little to prove in one paired test, while with the
         algorithm screening then finds they gain most (the example's MLP: docs/TUNER.md,
         "Fusion sizes met again"). Without this, which plan a job locked hung on that first
-        test's luck. First, because where it wins, the class tests of messages it fused into
-        larger ones are not run (`_sends`). The near miss is kept until this test ends
-        (`_settle`): a job that ends first stores it."""
+        test's luck. The near miss is kept until this test ends (`_settle`): a job that ends
+        first stores it."""
         near = self._fusion_near
         if near is None or near.arm.fusion_bytes == self.incumbent.fusion_bytes:
             self._fusion_near = None

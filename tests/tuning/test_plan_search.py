@@ -517,16 +517,16 @@ def test_a_fusion_size_that_came_close_meets_the_incumbent_again_with_algorithms
 ) -> None:
     """The example's MLP on one node: fused into one 4 MiB message it is a little faster on the
     baseline's all-reduce (ahead on the median, not beyond noise), and much faster once that
-    message runs the algorithm screening found fastest on DDP's own 1 MiB messages. Once
-    screening is done, before the class tests, the fusion size that came close meets the
-    incumbent again, with screening's choice of the nearest class carried to the class it
-    makes; where it wins, the class tests of the messages it fused are not run."""
+    message runs the algorithm screening found fastest on DDP's own 1 MiB messages. After the
+    classes, the fusion size that came close meets the incumbent again, with the choice of the
+    nearest class carried to the class it makes: the incumbent's, else screening's."""
     mib = 1 << 20
     buckets = [(mib, "float32")] * 3  # DDP's: three 1 MiB messages; fused at 4 MiB, one of 3 MiB
     fused, tree_on_ddp = Arm((), 4 * mib), Arm(((mib, TREE),), 0)
-    carried = Arm(((4 * mib, TREE),), 4 * mib)  # the 1 MiB class's tree, carried to 4 MiB
+    carried = Arm(((mib, TREE), (4 * mib, TREE)), 4 * mib)
+    carried_alone = Arm(((4 * mib, TREE),), 4 * mib)  # where the 1 MiB class kept the baseline
 
-    def run(fused_alone: float, with_tree: float = 0.7, known: bool = True) -> PlanSearch:
+    def run(fused_alone: float, tree_alone: float = 0.9, known: bool = True) -> PlanSearch:
         c = PlanSearch(
             Arm(),
             fusion_options=(0, 4 * mib),
@@ -543,7 +543,7 @@ def test_a_fusion_size_that_came_close_meets_the_incumbent_again_with_algorithms
             if arm == fused:
                 k[0] += 1
                 return fused_alone * swing[k[0] % 4]
-            return {tree_on_ddp: 0.9, carried: with_tree}.get(arm, 1.0)
+            return {tree_on_ddp: tree_alone, carried: 0.7, carried_alone: 0.7}.get(arm, 1.0)
 
         drive(c, step, 40)
         assert c.phase == "screening" and c.incumbent == Arm()
@@ -556,28 +556,33 @@ def test_a_fusion_size_that_came_close_meets_the_incumbent_again_with_algorithms
         return [(k, a, o.challenger_won) for k, a, o in c.history]
 
     caplog.set_level(logging.INFO, logger="autotune")
-    c = run(0.96)
-    assert tests(c) == [
+    assert tests(run(0.96)) == [
         ("fusion", fused, False),  # ahead on the median, not proven
-        ("fusion", carried, True),  # 4 MiB again, with tree: the 1 MiB class is not tested
+        ("class", tree_on_ddp, True),
+        ("fusion", carried, True),  # 4 MiB again: the 1 MiB class's tree carried to 4 MiB
+        ("confirm", carried, True),
     ]
-    assert c.incumbent == carried and c.gain is not None  # won against the baseline
     # The log tells each paired test's end before what it leads to.
     said = [" ".join(r.getMessage().split()[:3]) for r in caplog.records]
     assert said == [
         "autotune fusion paired",
-        "autotune tries fusion",  # fusion 4 MiB again, with algorithms: 4 MiB: tree, ...
+        "autotune class paired",
+        "autotune tries 1",  # 1 MiB: tree, fusion 4 MiB again, with algorithms: ...
         "autotune fusion paired",
+        "autotune confirm paired",
     ]
-    # With the algorithm it lost too: the class tests run as before.
-    assert tests(run(0.96, with_tree=1.0)) == [
+    # The class's tree lost on DDP's buckets: screening's choice is carried all the same (on
+    # one 4 MiB message it may pay where on three 1 MiB ones it did not).
+    c = run(0.96, tree_alone=1.0)
+    assert tests(c) == [
         ("fusion", fused, False),
-        ("fusion", carried, False),
-        ("class", tree_on_ddp, True),
+        ("class", tree_on_ddp, False),
+        ("fusion", carried_alone, True),
     ]
+    assert c.incumbent == carried_alone and c.gain is not None  # won against the baseline
     # Behind on the median but within noise, it is met again all the same (where fusing alone
     # is within noise, ahead or behind is a coin's toss).
-    assert tests(run(1.01))[1] == ("fusion", carried, True)
+    assert tests(run(1.01))[2] == ("fusion", carried, True)
     # One slower beyond noise is not met again; nor one whose messages are not known. The
     # class's win was against the baseline: locked without a confirmation.
     for c in (run(1.2), run(0.96, known=False)):
@@ -588,8 +593,8 @@ def test_a_fusion_size_that_came_close_meets_the_incumbent_again_with_algorithms
 def test_a_job_resumed_before_its_fusion_size_met_again_meets_it_as_the_first_would_have() -> None:
     """A short job ended after a fusion size came close, before its second meeting: the near
     miss is what it stores (`PlanSearch.fusion_near`, until that meeting has ended), and the
-    job that resumes it (`PlanSearch.resume`) screens from the studies and meets the fusion
-    size again with the plan that had won so far, before the class tests left."""
+    job that resumes it (`PlanSearch.resume`) screens from the studies, runs the class tests
+    against the plan that had won so far, then meets the fusion size again."""
     mib = 1 << 20
     buckets = [(mib, "float32")] * 3  # DDP's: three 1 MiB messages; fused at 4 MiB, one of 3 MiB
     fused, tree_on_ddp = Arm((), 4 * mib), Arm(((mib, TREE),), 0)
@@ -626,15 +631,14 @@ def test_a_job_resumed_before_its_fusion_size_met_again_meets_it_as_the_first_wo
     def tests(c: PlanSearch) -> list[tuple[str, Arm, bool]]:
         return [(k, a, o.challenger_won) for k, a, o in c.history]
 
-    # None had won: screening, then the fusion size with screening's choice (where it wins,
-    # the class of DDP's messages it fused is not tested).
+    # None had won: screening, the class tests, then the fusion size with the class's choice.
     c = search()
     c.resume(None, None, near)
     assert c.phase == "screening" and not c.history and c.fusion_near == near
     c.screened([(mib, TREE, 0.001)])
     drive(c, step, 60)
-    assert tests(c) == [("fusion", carried_alone, True)]
-    assert c.phase == "catch" and c.incumbent == carried_alone and c.fusion_near is None
+    assert tests(c) == [("class", tree_on_ddp, True), ("fusion", carried, True)]
+    assert c.phase == "catch" and c.incumbent == carried and c.fusion_near is None
 
     # A plan had won (on DDP's buckets): it is the incumbent the class tests and the fusion
     # size meet, kept until that test ends (a job ending during it stores it again).
