@@ -147,7 +147,12 @@ def test_non_member_is_told() -> None:
 
 def _dedicated(rank: int, world_size: int) -> bool:
     a = p2p_group()
-    return a is p2p_group() and a is not dist.group.WORLD and p2p_group(a) is a
+    same = a is p2p_group() and a is not dist.group.WORLD and p2p_group(a) is a
+    # gloo connects a new group's pairs from each side: a rank that returned, and tore its
+    # groups down, before its peer had connected failed that peer ("Connection closed by
+    # peer", once in a loaded suite). Autotune sends on the group at once; here, a barrier.
+    dist.barrier(group=a)
+    return same
 
 
 def test_p2p_traffic_gets_its_own_group() -> None:
