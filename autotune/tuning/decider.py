@@ -298,7 +298,7 @@ class Decider:
                 "none had won yet" if won is None else won.describe(),
                 "" if near is None else f"; {near.describe()} came close, to meet it again",
             )
-            self.plan_search.resume(won, None if won is None else table.gain, near)
+            self.plan_search.resume(won, table.gain, near)
             return
         if lead is not None and self._runnable(lead.arm):
             _log.info(

@@ -4,9 +4,12 @@ before it is locked, or nothing where the stored plan is the measured baseline."
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
+from autotune import Config
 from autotune.plan import Arm, Choice, Entry, Gain, NearMiss, Table
 from autotune.storage import SWEEP, Store
+from autotune.tuning.decider import Decider
 from autotune.tuning.stored import Stored, provisional, read_stored, seeded, stored_arm
 
 RING, TREE, NATIVE = Choice("ring", 1 << 20), Choice("tree"), Choice("native")
@@ -109,22 +112,13 @@ def test_an_undecided_job_stores_its_winner_so_far_as_a_provisional_table() -> N
     assert stored_arm(tested, Arm(), lambda cls, c: True, FUSIONS) == Arm.of({1 << 20: RING}, 0)
 
 
-def test_a_resumed_job_meets_the_fusion_size_its_provisional_table_holds_again(
-    tmp_path: Path,
-) -> None:
-    """The first job ended with a plan won on DDP's buckets and a fusion size that came close
-    still to meet it (`provisional`'s lead): the job that loads that table, through the storage,
-    resumes from screening with that plan and, its class locked, tests that fusion size with the
-    plan's choice carried before the check against plain DDP."""
-    from types import SimpleNamespace
-
-    from autotune import Config
-    from autotune.tuning.decider import Decider
-
-    mib = 1 << 20
+def rank0_decider(tmp_path: Path, buckets: list[tuple[int, str]]) -> Decider:
+    """Rank 0's decider for a stand-in tuner (`autotune.tuning.decider.Tuned`): DDP's
+    ``buckets``, fusion tuned, native and tree to choose from, its storage under ``tmp_path``.
+    Close it."""
     tuner = SimpleNamespace(
         config=Config(storage=f"sqlite:///{tmp_path / 'plans.db'}"),
-        engine=SimpleNamespace(buckets=[(mib, "float32")] * 3),
+        engine=SimpleNamespace(buckets=buckets),
         baseline=Arm(),
         tune_fusion=True,
         unhooks=True,
@@ -134,10 +128,21 @@ def test_a_resumed_job_meets_the_fusion_size_its_provisional_table_holds_again(
         space=lambda cls: [NATIVE, TREE],
         needs_hook=lambda arm: bool(arm.choices),
     )
+    return Decider(tuner)
+
+
+def test_a_resumed_job_meets_the_fusion_size_its_provisional_table_holds_again(
+    tmp_path: Path,
+) -> None:
+    """The first job ended with a plan won on DDP's buckets and a fusion size that came close
+    still to meet it (`provisional`'s lead): the job that loads that table, through the storage,
+    resumes from screening with that plan and, its class locked, tests that fusion size with the
+    plan's choice carried before the check against plain DDP."""
+    mib = 1 << 20
     won = Arm.of({mib: TREE}, 0)
     near = NearMiss(Arm((), 4 * mib), Gain(0.96, 0.9, 1.02, 16))
     screened = Table({mib: Entry(TREE, 1e-3, 5, "exploring")}, None, gain=GAIN)
-    decider = Decider(tuner)
+    decider = rank0_decider(tmp_path, [(mib, "float32")] * 3)
     try:
         store = decider.store()
         store.save_table("key", "model", provisional(screened, won, near))
@@ -160,22 +165,7 @@ def test_a_class_the_plan_carried_a_choice_to_without_screening_is_stored_with_i
     """A fusion size met again with algorithms (`PlanSearch._refuse`) makes classes nobody
     screened: the table rank 0 stores holds their choices all the same, or the next job would
     run them on the baseline."""
-    from types import SimpleNamespace
-
-    from autotune import Config
-    from autotune.tuning.decider import Decider
-
-    tuner = SimpleNamespace(
-        config=Config(storage=f"sqlite:///{tmp_path / 'plans.db'}"),
-        engine=SimpleNamespace(buckets=[]),
-        baseline=Arm(),
-        tune_fusion=True,
-        unhooks=True,
-        described="a model",
-        buckets=None,
-        needs_hook=lambda arm: bool(arm.choices),
-    )
-    decider = Decider(tuner)
+    decider = rank0_decider(tmp_path, [])
     try:
         decider.plan_search.incumbent = Arm.of({4 << 20: Choice("shm")}, 4 << 20)
         decider.plan_search.phase = "locked"

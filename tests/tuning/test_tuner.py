@@ -46,9 +46,9 @@ def study_trials(url: str) -> dict[str, int]:
 
     from autotune.tuning.search import NOT_MEASURED
 
-    out = {}
-    for name in optuna.study.get_all_study_names(storage=Store(url).storage):
-        study = optuna.load_study(study_name=name, storage=Store(url).storage)
+    storage, out = Store(url).storage, {}
+    for name in optuna.study.get_all_study_names(storage=storage):
+        study = optuna.load_study(study_name=name, storage=storage)
         out[name] = sum(
             1
             for t in study.get_trials(deepcopy=False)
