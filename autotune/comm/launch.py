@@ -4,7 +4,8 @@ The parent owns the rendezvous store on a free port it picks itself (no port rac
 each rank's return value or traceback; a rank that hangs is killed at the deadline, after it
 prints where each of its threads was (Python's faulthandler, on SIGUSR1, to its stderr). A rank
 keeps what its function returned or raised before it tears its process group down: on NCCL,
-after a failure, teardown waits for the watchdog that ends the process. A launcher that is
+after a failure, teardown waits for the watchdog that ends the process. One that returned tears
+down once every rank has finished (`_wait_for_peers`). A launcher that is
 interrupted ends its ranks; one killed outright takes them with it (`_end_with`).
 """
 
@@ -112,10 +113,11 @@ def _child(
     env: Mapping[str, str],
     setup: Callable[[], None] | None,
     args: tuple[Any, ...],
-    out: str,
+    outs: list[str],
     launcher: int,
 ) -> None:
     _end_with(launcher)
+    out = outs[rank]
     os.environ.update(env)
     os.environ.update(
         RANK=str(rank),
@@ -160,6 +162,8 @@ def _child(
         # Kept before teardown too: after a failed operation, NCCL's watchdog ends the process
         # while destroy_process_group waits for it (`autotune.testing.played_nccl`).
         _keep(result, out)
+        if result[0] == "ok":
+            _wait_for_peers(outs, pg_timeout_s)
         if dist.is_initialized():  # frameworks destroy it themselves (accelerator.end_training)
             dist.destroy_process_group()
     except BaseException:
@@ -176,6 +180,32 @@ def _child(
 def _listening(out: str) -> str:
     """The file a rank writing its result to ``out`` creates once it prints stacks on SIGUSR1."""
     return f"{out}.stacks"
+
+
+def _gone(outs: list[str]) -> str:
+    """The file the launcher creates once a rank has died without a result."""
+    return str(Path(outs[0]).with_name("gone"))
+
+
+#: How often a rank that has finished looks for its peers' results.
+PEERS_POLL_S = 0.005
+
+
+def _wait_for_peers(outs: list[str], timeout_s: float) -> None:
+    """Return once every rank has kept its result (`_keep`), or one has died without it, or
+    after ``timeout_s``.
+
+    A rank that succeeded tears its group down only then: gloo fails a rank still connecting
+    its group (or waiting on a pair) when a peer it has connected to closes its sockets, so a
+    function that returns at once failed a slower peer's `init_process_group` ("Connection
+    closed by peer"; 2 launches in 150 on a loaded 2-core machine). A rank that failed tears
+    down at once: that is how its failure reaches the others."""
+    gone = _gone(outs)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not os.path.exists(gone):
+        if all(os.path.exists(o) for o in outs):
+            return
+        time.sleep(PEERS_POLL_S)
 
 
 def _keep(result: tuple[str, Any, float], out: str) -> None:
@@ -239,7 +269,7 @@ def launch(
                     env or {},
                     setup,
                     args,
-                    outs[r],
+                    outs,
                     os.getpid(),
                 ),
                 name=f"autotune-rank{r}",
@@ -258,6 +288,7 @@ def launch(
                     if r not in deaths and not p.is_alive() and p.exitcode != 0:
                         deaths[r] = time.time()
                         first_failure = first_failure or now
+                        Path(_gone(outs)).touch()  # the others stop waiting for it
                 if now > deadline or (first_failure is not None and now > first_failure + grace_s):
                     break
                 time.sleep(0.02)

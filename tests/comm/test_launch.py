@@ -29,6 +29,39 @@ def test_values_come_back_in_rank_order() -> None:
     assert got == [(r, 3, "x", str(r), "lo") for r in range(3)]
 
 
+def _returns_at_once_or_looks(rank: int, world_size: int) -> bool | None:
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 0:
+        store.set("pid", str(os.getpid()))
+        return None  # and tears down as soon as it may
+    pid = int(store.get("pid"))
+    time.sleep(1.0)  # long past its return
+    return _alive(pid)
+
+
+@pytest.mark.distributed
+def test_a_rank_that_returns_first_tears_down_only_once_every_rank_has_returned() -> None:
+    # gloo fails a peer still connecting its group, or waiting on a pair, when a rank it has
+    # connected to closes its sockets: a rank that returned at once tore down under a slower
+    # one's init_process_group (2 launches in 150 on a loaded machine).
+    assert run_local(_returns_at_once_or_looks, 2) == [None, True]
+
+
+def _returns_or_dies(rank: int, world_size: int) -> None:
+    if rank == 1:
+        time.sleep(0.5)
+        os._exit(3)  # no result: nothing to wait for
+
+
+@pytest.mark.distributed
+def test_a_rank_that_returned_does_not_wait_for_a_peer_that_died() -> None:
+    start = time.monotonic()
+    results = launch(_returns_or_dies, 2, grace_s=60, pg_timeout_s=60)
+    assert time.monotonic() - start < 30  # neither the grace period nor the group's timeout
+    assert [(r.ok, r.exitcode) for r in results] == [(True, 0), (False, 3)]
+    assert results[1].error == "died without a result"
+
+
 def _one_fails(rank: int, world_size: int) -> None:
     if rank == 1:
         raise KeyError("the cause")
