@@ -39,10 +39,17 @@ from step_gain import MODELS, _step, model_and_batch
 
 
 def job(
-    rank: int, world_size: int, model: str, storage: str, cap: int, log: bool = False
+    rank: int,
+    world_size: int,
+    model: str,
+    storage: str,
+    cap: int,
+    log: bool = False,
+    settings: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Train ``model`` with autotune until its status is final, or ``cap`` iterations (``log``:
-    rank 0 prints autotune's INFO log, each paired test and the check among it)."""
+    rank 0 prints autotune's INFO log, each paired test and the check among it; ``settings``:
+    `autotune.Config` fields other than the defaults, as ``AUTOTUNE_`` variables)."""
     torch.set_num_threads(1)
     if log and rank == 0:
         logging.basicConfig(level=logging.WARNING, format="  [rank 0] %(message)s")
@@ -52,7 +59,8 @@ def job(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     net, batch = model_and_batch(model)
     ddp = DDP(net, bucket_cap_mb=1.0 if model == "mlp" else None)  # as step_gain.py runs them
-    state = autotune.register(ddp, autotune.Config(storage=storage, timeout_s=120))
+    config = autotune.Config.from_env(settings or {}, storage=storage, timeout_s=120)
+    state = autotune.register(ddp, config)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(rank)
     final_at = None
@@ -80,16 +88,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--short", type=int, default=150, help="run 2's length")
     p.add_argument("--json", default=None, help="also write the figures here")
     p.add_argument("--log", action="store_true", help="rank 0 prints autotune's INFO log")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="an autotune.Config field, as its AUTOTUNE_ variable takes it (tune_warmup=1)",
+    )
     args = p.parse_args(argv)
+    settings = {}
+    for item in args.set:
+        field, sep, value = item.partition("=")
+        if not sep:
+            p.error(f"--set {item}: FIELD=VALUE")
+        settings[f"AUTOTUNE_{field.upper()}"] = value
+    autotune.Config.from_env(settings)  # a bad setting stops here, not in every rank
     rows = []
     for model in args.models.split(","):
         with tempfile.TemporaryDirectory() as tmp:
             empty = f"sqlite:///{Path(tmp) / 'empty.db'}"
             resumed = f"sqlite:///{Path(tmp) / 'resumed.db'}"
             n = args.world_size
-            first = run_local(job, n, model, empty, args.cap, args.log, timeout_s=3600)[0]
-            short = run_local(job, n, model, resumed, args.short, args.log, timeout_s=3600)[0]
-            then = run_local(job, n, model, resumed, args.cap, args.log, timeout_s=3600)[0]
+            first = run_local(job, n, model, empty, args.cap, args.log, settings, timeout_s=3600)[0]
+            short = run_local(
+                job, n, model, resumed, args.short, args.log, settings, timeout_s=3600
+            )[0]
+            then = run_local(job, n, model, resumed, args.cap, args.log, settings, timeout_s=3600)[
+                0
+            ]
         row = {"model": model, "empty": first, "short": short, "resumed": then}
         rows.append(row)
         print(
