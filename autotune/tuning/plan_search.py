@@ -4,15 +4,15 @@ A plan (`Arm`) is a choice per size class and a fusion size. The baseline is the
 all-reduce on DDP's own buckets. `PlanSearch` starts from it and moves only to a plan that won a
 paired test against the plan it runs (`autotune.tuning.paired_test`), through the phases:
 ``fusion`` (fusion sizes), ``screening`` (per class, on message latency, which only shortlists:
-`autotune.tuning.shortlist`), ``classes`` (each shortlisted choice, then near misses of several
-classes together, then a fusion size that came close, the classes' choices carried to its
-messages: `PlanSearch._refuse`), ``confirm`` (against the baseline), ``catch`` (a plan that
-needs the hook against plain DDP itself, `autotune.tuning.plain_check`) and ``locked``
-(re-checked against the baseline every ``recheck_every`` iterations; a re-check that lost starts
-a new round). A job from a stored plan goes straight to ``confirm`` (or ``catch``); one that
-resumes a job that ended undecided, to ``screening`` (`PlanSearch.resume`). A round that keeps
-the baseline remembers its near miss (`autotune.plan.NearMiss`), which the next job tests once
-more.
+`autotune.tuning.shortlist`), ``classes`` (the classes' fastest choices together, then each
+shortlisted choice that plan does not run, near misses of several classes together, a fusion
+size that came close with the classes' choices: `PlanSearch._refuse`), ``confirm`` (against
+the baseline), ``catch`` (a plan that needs the hook against plain DDP itself,
+`autotune.tuning.plain_check`) and ``locked`` (re-checked against the baseline every
+``recheck_every`` iterations; one that lost starts a new round). A job from a stored plan goes
+to ``confirm`` (or ``catch``); one that resumes a job that ended undecided, to ``screening``
+(`PlanSearch.resume`). A round that keeps the baseline remembers its near miss
+(`autotune.plan.NearMiss`), which the next job tests once more.
 
 The tuner drives it once per iteration end::
 
@@ -63,7 +63,7 @@ class _Match:
     reference: Arm
     challenger: Arm
     duel: PairedTest
-    kind: str  # "fusion", "class", "confirm" or "recheck"
+    kind: str  # "fusion", "joint", "class", "combined", "confirm", "retry" or "recheck"
 
 
 class PlanSearch:
@@ -127,6 +127,7 @@ class PlanSearch:
         self._fusion_near: NearMiss | None = None
         #: Per class, screening's fastest choice this round (the shortlist's first).
         self._screened: dict[int, Choice] = {}
+        self._round_from = 0
 
     # -- what rank 0 asks ----------------------------------------------------------------
 
@@ -267,7 +268,23 @@ class PlanSearch:
         for cls, choice, _ in reversed(ordered):  # each class's largest saving last: kept
             self._screened[cls] = choice
         self.phase = "classes"
-        self._next()
+        if not self._joint():
+            self._next()
+
+    def _joint(self) -> bool:
+        """Start the paired test of the classes' fastest choices together, if two or more have
+        one. Won, only the other shortlisted choices meet it after; lost, each class meets the
+        incumbent alone (docs/TUNER.md, "The classes together first")."""
+        first: dict[int, Choice] = {}
+        for _, cls, choice in self._queue:
+            if choice is not None and cls not in first and self.incumbent.choice(cls) != choice:
+                first[cls] = choice
+        if len(first) < 2:
+            return False
+        joint = Arm.of({**self.incumbent.as_dict(), **first}, self.incumbent.fusion_bytes)
+        self._trying = None
+        self._begin(self.incumbent, joint, "joint")
+        return True
 
     def tick(self, iteration: int) -> None:
         """At an exchange while locked: start the re-check when it is due."""
@@ -312,6 +329,7 @@ class PlanSearch:
         self._near, self._lead = {}, None
         self.phase = "fusion"
         self._met, self._fusion_near, self._screened = [], None, {}
+        self._round_from = len(self.history)  # this round's paired tests: history[from:]
         self._queue = [("fusion", f, None) for f in self.fusion_options] if fusion else []
         self._next()
 
@@ -374,6 +392,8 @@ class PlanSearch:
         if len(kept) < 2:
             return False
         combined = Arm.of({**self.incumbent.as_dict(), **kept}, self.incumbent.fusion_bytes)
+        if any(k == "joint" and a == combined for k, a, _ in self.history[self._round_from :]):
+            return False  # the classes' fastest together, lost this round: not tested again
         self._begin(self.incumbent, combined, "combined")
         return True
 
@@ -383,12 +403,9 @@ class PlanSearch:
         class by size, the incumbent's where it has one (it won on the step), else screening's
         fastest (it was shortlisted).
 
-        The fusion sizes meet the incumbent before screening, on the baseline's all-reduce, where
-        fewer, larger messages may gain too little to prove in one paired test, while with the
-        algorithm screening then finds they gain most (the example's MLP: docs/TUNER.md,
-        "Fusion sizes met again"). Without this, which plan a job locked hung on that first
-        test's luck. The near miss is kept until this test ends (`_settle`): a job that ends
-        first stores it."""
+        On the baseline's all-reduce, fewer, larger messages may gain too little to prove,
+        where with screening's algorithm they gain most (docs/TUNER.md, "Fusion sizes met
+        again"). The near miss is kept until this test ends: a job that ends first stores it."""
         near = self._fusion_near
         if near is None or near.arm.fusion_bytes == self.incumbent.fusion_bytes:
             self._fusion_near = None

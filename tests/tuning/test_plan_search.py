@@ -110,6 +110,7 @@ def test_a_locked_plan_whose_gain_is_gone_falls_back_and_tuning_starts_over() ->
 
 
 RING, HRING, NATIVE = Choice("ring"), Choice("hierarchical_ring"), Choice("native")
+SHM = Choice("shm")
 
 
 def test_when_the_latency_winner_loses_on_the_step_its_runner_up_gets_its_own_duel() -> None:
@@ -183,12 +184,13 @@ def test_a_re_check_lost_within_noise_looks_again_before_falling_back() -> None:
 def test_classes_whose_gains_are_too_small_alone_meet_the_incumbent_together() -> None:
     small, large = 256 << 10, 2 << 20
 
-    def run(alone: float) -> PlanSearch:
-        """Each class's hierarchical ring makes the step ``alone`` times the baseline's; the
-        challenger's steps swing by -8% to +8% around that, the same way every time."""
+    def run(alone: float, joint_first: bool = True) -> PlanSearch:
+        """Each class's hierarchical ring makes the step ``alone`` times the baseline's, the
+        small class's ring 1.05 times; the challenger's steps swing by -8% to +8% around that,
+        the same way every time."""
         c = PlanSearch(Arm(), fusion_options=(0,), max_pairs=8, warmup=0, recheck_every=0)
         c.start(None)
-        swing = [1.08, 0.92, 0.98, 1.02]  # median 1: a pair above 1 in four at alone = 0.96
+        swing = [1.08, 0.92, 0.98, 1.02]  # median 1: a pair in four above 1 at alone = 0.96
         k = [0]
 
         def step(arm: Arm, i: int) -> float:
@@ -196,24 +198,59 @@ def test_classes_whose_gains_are_too_small_alone_meet_the_incumbent_together() -
                 return 1.0
             k[0] += 1
             on = sum(arm.choice(cls) == HRING for cls in (small, large))
-            return alone**on * swing[k[0] % 4]
+            return alone**on * (1.05 if arm.choice(small) == RING else 1.0) * swing[k[0] % 4]
 
         assert c.phase == "screening"
-        c.screened([(small, HRING, 0.002), (large, HRING, 0.001)])
-        drive(c, step, 200)
+        # The small class's ring screened fastest, and costs the step: the classes' fastest
+        # together (ring, hierarchical ring) lose, and each class meets the incumbent alone.
+        c.screened([(small, RING, 0.003), (small, HRING, 0.002), (large, HRING, 0.001)])
+        drive(c, step, 400)
         return c
 
     c = run(0.96)
     kinds = [(k, o.challenger_won, round(o.gain.ratio, 2)) for k, _, o in c.history]
+    assert kinds[0][:2] == ("joint", False)
     # Each alone: ahead on the median, not beyond noise at 8 pairs. Together: 0.92, won.
-    assert kinds[:2] == [("class", False, 0.96), ("class", False, 0.96)]
-    assert kinds[2][:2] == ("combined", True)
+    assert [k[0] for k in kinds[1:4]] == ["class", "class", "class"]
+    assert [k[2] for k in kinds[1:4] if not k[1]] == [1.05, 0.96, 0.96]
+    assert kinds[4][:2] == ("combined", True)
     assert c.settled and c.incumbent == Arm(((small, HRING), (large, HRING)), 0)
     assert c.gain is not None and c.gain.ratio == pytest.approx(0.96**2 * 0.98, rel=0.05)
     # Challengers not ahead on the median are not combined: the baseline is kept.
     c = run(1.01)
-    assert [k for k, _, _ in c.history] == ["class", "class"]
+    assert [k for k, _, _ in c.history] == ["joint", "class", "class", "class"]
     assert c.settled and c.baseline_kept
+
+
+def test_the_classes_fastest_choices_meet_the_incumbent_together_first() -> None:
+    small, large = 256 << 10, 2 << 20
+
+    def step(arm: Arm, i: int) -> float:
+        """Each class's shared memory makes the step 0.9 times the baseline's (0.81 both),
+        the large class's ring 0.95 times."""
+        ratio = {SHM: 0.9, RING: 0.95}
+        return ratio.get(arm.choice(small), 1.0) * ratio.get(arm.choice(large), 1.0)
+
+    c = PlanSearch(Arm(), fusion_options=(0,), max_pairs=8, warmup=0, recheck_every=0)
+    c.start(None)
+    c.screened([(small, SHM, 0.003), (large, SHM, 0.002), (large, RING, 0.0018)])
+    assert c.match is not None and c.match.kind == "joint"
+    assert c.match.challenger == Arm(((small, SHM), (large, SHM)), 0)
+    drive(c, step, 200)
+    # Won at once; no class's fastest is tested alone after it, the runner-up is, and loses.
+    tests = [(k, a.describe(), o.challenger_won) for k, a, o in c.history]
+    assert tests == [
+        ("joint", Arm(((small, SHM), (large, SHM)), 0).describe(), True),
+        ("class", Arm(((small, SHM), (large, RING)), 0).describe(), False),
+    ]
+    assert c.history[0][2].gain.pairs == 6  # the least paired test
+    assert c.settled and c.incumbent == Arm(((small, SHM), (large, SHM)), 0)
+    assert c.gain is not None and c.gain.ratio == pytest.approx(0.81)
+    # One class shortlisted: nothing to test together, its paired test is the first.
+    c = PlanSearch(Arm(), fusion_options=(0,), max_pairs=8, warmup=0, recheck_every=0)
+    c.start(None)
+    c.screened([(large, SHM, 0.002), (large, RING, 0.0018)])
+    assert c.match is not None and c.match.kind == "class"
 
 
 def swinging(alone: float, plan: Arm) -> Callable[[Arm, int], float]:
