@@ -4,8 +4,8 @@ The parent owns the rendezvous store on a free port it picks itself (no port rac
 each rank's return value or traceback; a rank that hangs is killed at the deadline, after it
 prints where each of its threads was (Python's faulthandler, on SIGUSR1, to its stderr). A rank
 keeps what its function returned or raised before it tears its process group down: on NCCL,
-after a failure, teardown waits for the watchdog that ends the process. One that returned tears
-down once every rank has finished (`_wait_for_peers`). A launcher that is
+after a failure, teardown waits for the watchdog that ends the process. No rank runs its
+function before every rank's group is up (`_all_joined`). A launcher that is
 interrupted ends its ranks; one killed outright takes them with it (`_end_with`).
 """
 
@@ -113,11 +113,10 @@ def _child(
     env: Mapping[str, str],
     setup: Callable[[], None] | None,
     args: tuple[Any, ...],
-    outs: list[str],
+    out: str,
     launcher: int,
 ) -> None:
     _end_with(launcher)
-    out = outs[rank]
     os.environ.update(env)
     os.environ.update(
         RANK=str(rank),
@@ -153,6 +152,7 @@ def _child(
             world_size=world_size,
             timeout=timedelta(seconds=pg_timeout_s),
         )
+        _all_joined(store, rank, world_size, pg_timeout_s)
         try:
             result = ("ok", fn(rank, world_size, *args), 0.0)
         except BaseException:
@@ -162,8 +162,6 @@ def _child(
         # Kept before teardown too: after a failed operation, NCCL's watchdog ends the process
         # while destroy_process_group waits for it (`autotune.testing.played_nccl`).
         _keep(result, out)
-        if result[0] == "ok":
-            _wait_for_peers(outs, pg_timeout_s)
         if dist.is_initialized():  # frameworks destroy it themselves (accelerator.end_training)
             dist.destroy_process_group()
     except BaseException:
@@ -177,35 +175,22 @@ def _child(
     os._exit(0 if result[0] == "ok" else 1)
 
 
+def _all_joined(store: Any, rank: int, world_size: int, timeout_s: float) -> None:
+    """Return once every rank's process group is up (through the rendezvous ``store``).
+
+    gloo fails a rank still connecting its group when a peer it has connected to closes its
+    sockets: without this, a rank whose function returned at once tore its group down under a
+    slower peer's `init_process_group` ("Connection closed by peer"; 2 launches in 150 on a
+    loaded 2-core machine). Past it, a rank that returns tears down at once, as a job's
+    process ends: fault tests see a peer go."""
+    store.set(f"autotune-launch/joined/{rank}", "1")
+    keys = [f"autotune-launch/joined/{r}" for r in range(world_size)]
+    store.wait(keys, timedelta(seconds=timeout_s))
+
+
 def _listening(out: str) -> str:
     """The file a rank writing its result to ``out`` creates once it prints stacks on SIGUSR1."""
     return f"{out}.stacks"
-
-
-def _gone(outs: list[str]) -> str:
-    """The file the launcher creates once a rank has died without a result."""
-    return str(Path(outs[0]).with_name("gone"))
-
-
-#: How often a rank that has finished looks for its peers' results.
-PEERS_POLL_S = 0.005
-
-
-def _wait_for_peers(outs: list[str], timeout_s: float) -> None:
-    """Return once every rank has kept its result (`_keep`), or one has died without it, or
-    after ``timeout_s``.
-
-    A rank that succeeded tears its group down only then: gloo fails a rank still connecting
-    its group (or waiting on a pair) when a peer it has connected to closes its sockets, so a
-    function that returns at once failed a slower peer's `init_process_group` ("Connection
-    closed by peer"; 2 launches in 150 on a loaded 2-core machine). A rank that failed tears
-    down at once: that is how its failure reaches the others."""
-    gone = _gone(outs)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and not os.path.exists(gone):
-        if all(os.path.exists(o) for o in outs):
-            return
-        time.sleep(PEERS_POLL_S)
 
 
 def _keep(result: tuple[str, Any, float], out: str) -> None:
@@ -269,7 +254,7 @@ def launch(
                     env or {},
                     setup,
                     args,
-                    outs,
+                    outs[r],
                     os.getpid(),
                 ),
                 name=f"autotune-rank{r}",
@@ -288,7 +273,6 @@ def launch(
                     if r not in deaths and not p.is_alive() and p.exitcode != 0:
                         deaths[r] = time.time()
                         first_failure = first_failure or now
-                        Path(_gone(outs)).touch()  # the others stop waiting for it
                 if now > deadline or (first_failure is not None and now > first_failure + grace_s):
                     break
                 time.sleep(0.02)

@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import pytest
 import torch.distributed as dist
@@ -29,37 +30,31 @@ def test_values_come_back_in_rank_order() -> None:
     assert got == [(r, 3, "x", str(r), "lo") for r in range(3)]
 
 
-def _returns_at_once_or_looks(rank: int, world_size: int) -> bool | None:
-    store = dist.distributed_c10d._get_default_store()
-    if rank == 0:
-        store.set("pid", str(os.getpid()))
-        return None  # and tears down as soon as it may
-    pid = int(store.get("pid"))
-    time.sleep(1.0)  # long past its return
-    return _alive(pid)
+def _rank1_joins_late() -> None:
+    """As a slow rank: rank 1's `init_process_group` returns a second after its group is up."""
+    if os.environ["RANK"] != "1":
+        return
+    init = dist.init_process_group
+
+    def late(*args: Any, **kwargs: Any) -> None:
+        init(*args, **kwargs)
+        time.sleep(1.0)
+        os.environ["JOINED_AT"] = repr(time.time())
+
+    dist.init_process_group = late
+
+
+def _started_at(rank: int, world_size: int) -> tuple[float, float]:
+    return time.time(), float(os.environ.get("JOINED_AT", "0"))
 
 
 @pytest.mark.distributed
-def test_a_rank_that_returns_first_tears_down_only_once_every_rank_has_returned() -> None:
-    # gloo fails a peer still connecting its group, or waiting on a pair, when a rank it has
-    # connected to closes its sockets: a rank that returned at once tore down under a slower
-    # one's init_process_group (2 launches in 150 on a loaded machine).
-    assert run_local(_returns_at_once_or_looks, 2) == [None, True]
-
-
-def _returns_or_dies(rank: int, world_size: int) -> None:
-    if rank == 1:
-        time.sleep(0.5)
-        os._exit(3)  # no result: nothing to wait for
-
-
-@pytest.mark.distributed
-def test_a_rank_that_returned_does_not_wait_for_a_peer_that_died() -> None:
-    start = time.monotonic()
-    results = launch(_returns_or_dies, 2, grace_s=60, pg_timeout_s=60)
-    assert time.monotonic() - start < 30  # neither the grace period nor the group's timeout
-    assert [(r.ok, r.exitcode) for r in results] == [(True, 0), (False, 3)]
-    assert results[1].error == "died without a result"
+def test_no_rank_runs_its_function_before_every_rank_has_joined() -> None:
+    # gloo fails a rank still connecting its group when a peer it has connected to closes its
+    # sockets: a rank that returned at once tore its group down under a slower one's
+    # init_process_group (2 launches in 150 on a loaded machine).
+    (started, _), (_, joined) = run_local(_started_at, 2, setup=_rank1_joins_late)
+    assert joined > 0 and started >= joined
 
 
 def _one_fails(rank: int, world_size: int) -> None:
