@@ -50,6 +50,12 @@ def accelerate_job(rank: int, world_size: int, config: autotune.Config | None) -
         out["messages"] = len(state.recorder.records())
         out["plan"] = state.plan()
         state.close()
+    # DDP's reducer holds the process group. Freed after end_training had destroyed the group,
+    # it ran the group's destructor holding the GIL, which waits for the group's worker thread,
+    # which needed the GIL to release its last work: a hang, once (a torch race, the kind of
+    # pytorch/pytorch#56297). So the model goes while the group is up.
+    state = None
+    model, optimizer, loader = accelerator.free_memory(model, optimizer, loader)
     accelerator.end_training()
     return out
 
