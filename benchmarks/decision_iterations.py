@@ -103,19 +103,24 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--set {item}: FIELD=VALUE")
         settings[f"AUTOTUNE_{field.upper()}"] = value
     autotune.Config.from_env(settings)  # a bad setting stops here, not in every rank
+
+    def one_job(model: str, storage: str, cap: int) -> dict[str, Any]:
+        """One job of ``model`` on ``storage`` (rank 0's figures)."""
+        ranks: list[dict[str, Any]] = run_local(
+            job, args.world_size, model, storage, cap, args.log, settings, timeout_s=3600
+        )
+        return ranks[0]
+
     rows = []
     for model in args.models.split(","):
         with tempfile.TemporaryDirectory() as tmp:
             empty = f"sqlite:///{Path(tmp) / 'empty.db'}"
             resumed = f"sqlite:///{Path(tmp) / 'resumed.db'}"
-            n = args.world_size
-            first = run_local(job, n, model, empty, args.cap, args.log, settings, timeout_s=3600)[0]
-            short = run_local(
-                job, n, model, resumed, args.short, args.log, settings, timeout_s=3600
-            )[0]
-            then = run_local(job, n, model, resumed, args.cap, args.log, settings, timeout_s=3600)[
-                0
-            ]
+            first, short, then = (
+                one_job(model, empty, args.cap),
+                one_job(model, resumed, args.short),
+                one_job(model, resumed, args.cap),
+            )
         row = {"model": model, "empty": first, "short": short, "resumed": then}
         rows.append(row)
         print(

@@ -127,7 +127,7 @@ class PlanSearch:
         self._fusion_near: NearMiss | None = None
         #: Per class, screening's fastest choice this round (the shortlist's first).
         self._screened: dict[int, Choice] = {}
-        self._round_from = 0
+        self._joint_arm: Arm | None = None  # this round's classes' fastest together (`_joint`)
 
     # -- what rank 0 asks ----------------------------------------------------------------
 
@@ -275,14 +275,11 @@ class PlanSearch:
         """Start the paired test of the classes' fastest choices together, if two or more have
         one. Won, only the other shortlisted choices meet it after; lost, each class meets the
         incumbent alone (docs/TUNER.md, "The classes together first")."""
-        first: dict[int, Choice] = {}
-        for _, cls, choice in self._queue:
-            if choice is not None and cls not in first and self.incumbent.choice(cls) != choice:
-                first[cls] = choice
+        first = {c: ch for c, ch in self._screened.items() if self.incumbent.choice(c) != ch}
         if len(first) < 2:
             return False
         joint = Arm.of({**self.incumbent.as_dict(), **first}, self.incumbent.fusion_bytes)
-        self._trying = None
+        self._trying, self._joint_arm = None, joint
         self._begin(self.incumbent, joint, "joint")
         return True
 
@@ -329,7 +326,7 @@ class PlanSearch:
         self._near, self._lead = {}, None
         self.phase = "fusion"
         self._met, self._fusion_near, self._screened = [], None, {}
-        self._round_from = len(self.history)  # this round's paired tests: history[from:]
+        self._joint_arm = None
         self._queue = [("fusion", f, None) for f in self.fusion_options] if fusion else []
         self._next()
 
@@ -392,7 +389,7 @@ class PlanSearch:
         if len(kept) < 2:
             return False
         combined = Arm.of({**self.incumbent.as_dict(), **kept}, self.incumbent.fusion_bytes)
-        if any(k == "joint" and a == combined for k, a, _ in self.history[self._round_from :]):
+        if combined == self._joint_arm:
             return False  # the classes' fastest together, lost this round: not tested again
         self._begin(self.incumbent, combined, "combined")
         return True
