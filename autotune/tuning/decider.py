@@ -33,9 +33,10 @@ from autotune.storage import (
     storage_url,
     workload_name,
 )
+from autotune.tuning.class_search import ClassSearch
 from autotune.tuning.paired_test import Outcome
 from autotune.tuning.plan_search import PlanSearch
-from autotune.tuning.search import ClassSearch, Progress
+from autotune.tuning.search import Progress
 from autotune.tuning.shortlist import shortlist
 from autotune.tuning.space import space_tag
 from autotune.tuning.stored import Stored, provisional, read_stored, seeded, stored_arm
@@ -390,7 +391,7 @@ class Decider:
         # MAX, a different figure, and are not mixed in. Then the candidates' tag: a study per
         # set of candidates (`space_tag`).
         what = f"class={cls}/min/{space_tag(universe)}"
-        search = ClassSearch(self, what, space, default, universe)
+        search = ClassSearch(self, what, space, default, universe, self.prior is not None)
         search.round = self.plan_search.round
         self.classes[cls] = search
         seeded = self._seeded(cls)

@@ -1,5 +1,6 @@
-"""One Optuna study searched live on rank 0: a size class's algorithm x segment, screened on the
-latency of its messages. What it finds only shortlists a challenger (`autotune.tuning.plan_search`).
+"""One Optuna study searched live on rank 0: options measured in windows, the fastest locked. A size
+class's algorithm x segment (`autotune.tuning.class_search.ClassSearch`) is screened on the latency
+of its messages; what it finds only shortlists a challenger (`autotune.tuning.plan_search`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from autotune.plan import Choice
 from autotune.storage import Store, tell
-from autotune.tuning.space import choice_of, params_of, suggest_choice, wires_of
 from autotune.tuning.worker import Worker
 
 if TYPE_CHECKING:
@@ -27,8 +27,6 @@ __all__ = [
     "RACE_FACTOR",
     "RACE_FORESEEN",
     "SLOW_FACTOR",
-    "WIRE_SHORTLIST",
-    "ClassSearch",
     "Host",
     "Progress",
     "Search",
@@ -53,9 +51,6 @@ RACE_FORESEEN = 2.0
 #: exchange in flight measures and the one its orders were given for
 #: (`autotune.tuning.tuner`: orders take effect two iterations on).
 IN_FLIGHT = 2
-#: Where a job allows compression (`Config.compression`), each wire dtype is screened on this
-#: many of the fastest uncompressed choices of a class, after them (`ClassSearch`).
-WIRE_SHORTLIST = 3
 
 T = TypeVar("T", bound=Hashable)
 
@@ -236,6 +231,8 @@ class Search(Generic[T]):
         s = self.tuner.config
         per_trial = s.tune_warmup + s.tune_samples
         trials = self._budget() - max(self.finished, len(self.tried.intersection(self.space)))
+        # Those still to try as the race stands now (`ClassSearch`: fewer segment sizes).
+        trials = min(trials, len(self._to_try(self.tried, self.values)))
         n = max(0, trials) * per_trial
         if self.trial is not None:
             n -= min(per_trial, s.tune_warmup - self.trial.warmup_left + len(self.trial.values))
@@ -432,66 +429,3 @@ class Search(Generic[T]):
         best = self.best
         self.lock(best[0] if best else self.default, best[1] if best else None)
         self.tuner.screened()
-
-
-class ClassSearch(Search[Choice]):
-    """Algorithm x segment for one size class, as readable study parameters.
-
-    ``universe`` is every choice the class has (None: ``space``): trials are written over it,
-    so a study's parameters keep the same choices whichever job asks (Optuna refuses a
-    parameter whose choices change). ``space`` is what this job tries, in order: a prior
-    (`autotune.model.Prior`) may order it and leave some out.
-
-    Where the space has compressed choices (`Choice.wire`), the uncompressed ones are screened
-    first, up to `Config.tune_trials` of them; then each wire dtype on the `WIRE_SHORTLIST`
-    fastest of those (one failed as too slow counts, behind every one with a value). A wire
-    halves the bytes of every choice alike, so it is tried where the schedule already pays, and
-    it adds a few trials a wire rather than doubling the space.
-    """
-
-    def __init__(
-        self,
-        tuner: Host,
-        what: str,
-        space: list[Choice],
-        default: Choice,
-        universe: list[Choice] | None = None,
-    ) -> None:
-        super().__init__(tuner, what, space, default)
-        self.universe = list(space) if universe is None else universe
-
-    def option_of(self, params: dict[str, Any]) -> Choice | None:
-        return choice_of(params, self.universe)
-
-    def params_of(self, option: Choice) -> dict[str, Any]:
-        return params_of(option, wired=any(c.wire is not None for c in self.universe))
-
-    def suggest(self, trial: optuna.Trial) -> Choice:
-        return suggest_choice(trial, self.universe)
-
-    def _to_try(self, measured: set[Choice], values: Mapping[Choice, float]) -> list[Choice]:
-        wires = wires_of(self.space)
-        if not wires:
-            return super()._to_try(measured, values)
-        if self.finished >= self._budget():
-            return []
-        order = self._order()
-        first = [o for o in order[:1] if o not in measured]  # the job's choice, compressed or not
-        plain = [o for o in order if o.wire is None]
-        fresh = [o for o in plain if o not in measured]
-        if fresh and len(plain) - len(fresh) < self.tuner.config.tune_trials:
-            return list(dict.fromkeys(first + fresh))
-        # A choice failed as too slow ranks after every one with a value: the shortlist is
-        # the fastest few screened, and one noisy window must not keep a choice off it.
-        fastest = sorted((o for o in plain if o in values), key=values.__getitem__) + sorted(
-            (o for o in plain if o not in values and o in self.slow), key=self.slow.__getitem__
-        )
-        twins = [
-            Choice(c.algorithm, c.segment_bytes, w) for w in wires for c in fastest[:WIRE_SHORTLIST]
-        ]
-        return list(dict.fromkeys(first + [t for t in twins if t in order and t not in measured]))
-
-    def _budget(self) -> int:
-        wires = wires_of(self.space)
-        plain = min(self.tuner.config.tune_trials, sum(c.wire is None for c in self.space))
-        return plain + min(WIRE_SHORTLIST, plain) * len(wires)

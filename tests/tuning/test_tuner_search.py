@@ -20,6 +20,7 @@ from optuna.trial import TrialState
 from autotune import Config
 from autotune.plan import Choice
 from autotune.storage import Store
+from autotune.tuning.class_search import SEGMENTS_WITHIN, WIRE_SHORTLIST, ClassSearch
 from autotune.tuning.sampler import GivenSampler
 from autotune.tuning.search import (
     IN_FLIGHT,
@@ -28,10 +29,9 @@ from autotune.tuning.search import (
     RACE_FACTOR,
     RACE_FORESEEN,
     SLOW_FACTOR,
-    WIRE_SHORTLIST,
-    ClassSearch,
     Search,
 )
+from autotune.tuning.shortlist import shortlist
 from autotune.tuning.space import choice_of, search_space, suggest_choice
 from autotune.tuning.worker import Worker
 
@@ -393,12 +393,16 @@ def test_wires_are_screened_on_the_fastest_uncompressed_choices(tmp_path: Path) 
     space = search_space(1 << 20, ("native", "ring", "tree", "star"), wires=("bf16", "fp16"))
     plain = [c for c in space if c.wire is None]
     assert len(plain) == 6 and len(space) == 18
-    times = {c: 1.0 + i for i, c in enumerate(reversed(plain))}  # the last is the fastest
+    # The last is the fastest, and every one is within SEGMENTS_WITHIN of it: none is left out.
+    times = {c: 1.0 + 0.1 * i for i, c in enumerate(reversed(plain))}
     measured = _screen(tuner, space, _on_the_wire(times))
     fastest = sorted(plain, key=times.__getitem__)[:WIRE_SHORTLIST]
     wired = [Choice(c.algorithm, c.segment_bytes, w) for w in ("bf16", "fp16") for c in fastest]
-    # Every uncompressed choice first, then each wire on the three fastest of them, in order.
-    assert measured == plain + wired
+    # Every uncompressed choice first (each algorithm, then the segment sizes, the closest
+    # algorithm's first), then each wire on the three fastest of them, in order.
+    ring, tree = Choice("ring", 256 << 10), Choice("tree", 256 << 10)
+    assert times[Choice("tree")] < times[Choice("ring")]
+    assert measured == [c for c in plain if c not in (ring, tree)] + [tree, ring] + wired
     assert len(trials(tuner, "class/r0")) == 6 + 2 * WIRE_SHORTLIST
 
 
@@ -422,19 +426,90 @@ def test_the_budget_bounds_the_uncompressed_choices_then_wires_follow(tmp_path: 
     space = search_space(4 << 20, ("native", "ring", "tree"), wires=("bf16",))
     plain = [c for c in space if c.wire is None]
     assert len(plain) > 4
-    times = {c: 1.0 + i for i, c in enumerate(plain)}  # in the space's order: native fastest
+    # In the space's order, native fastest, each within SEGMENTS_WITHIN of it.
+    times = {c: 1.0 + 0.1 * i for i, c in enumerate(plain)}
     search = ClassSearch(tuner, "class", space, space[0])
     # Four uncompressed trials, then the three fastest of them on bf16: 7 trials of 3 windows.
     assert search.windows_left() == (4 + WIRE_SHORTLIST) * 3
     measured = _screen(tuner, space, _on_the_wire(times))
-    assert measured == plain[:4] + [Choice(c.algorithm, c.segment_bytes, "bf16") for c in plain[:3]]
+    ring = Choice("ring", 256 << 10)
+    first = [Choice("native"), Choice("ring"), Choice("tree"), ring]  # ring's segment: closest
+    fastest = [Choice("native"), ring, Choice("ring")]
+    assert measured == first + [Choice(c.algorithm, c.segment_bytes, "bf16") for c in fastest]
 
 
-def test_without_wires_the_space_is_screened_as_it_comes(tmp_path: Path) -> None:
+def test_without_wires_each_algorithm_is_screened_then_the_segment_sizes_in_the_race(
+    tmp_path: Path,
+) -> None:
     tuner = StandIn(f"sqlite:///{tmp_path / 't.db'}", tune_warmup=0, tune_samples=1)
     space = search_space(1 << 20, ("native", "ring", "tree"))
-    times = {c: 1.0 + i for i, c in enumerate(space)}
-    assert _screen(tuner, space, times.__getitem__) == space
+    native, ring, tree = Choice("native"), Choice("ring"), Choice("tree")
+    ring_seg, tree_seg = Choice("ring", 256 << 10), Choice("tree", 256 << 10)
+    assert space == [native, ring_seg, ring, tree_seg, tree]
+    # ring within SEGMENTS_WITHIN of native, tree beyond it: ring's segment size is screened.
+    times = {native: 1.0, ring: 1.9, ring_seg: 0.8, tree: 2.1, tree_seg: 0.5}
+    assert times[ring] <= SEGMENTS_WITHIN * times[native] < times[tree]
+    assert _screen(tuner, space, times.__getitem__) == [native, ring, tree, ring_seg]
+
+
+def _mlp_2mib() -> tuple[list[Choice], dict[Choice, float]]:
+    """The example MLP's 2 MiB class, 4 ranks on gloo, as one job screened it (ms)."""
+    space = search_space(2 << 20, ("native", "ring", "tree", "two_tree", "shm"))
+    kib = 1 << 10
+    ms = {
+        Choice("shm"): 2.37,
+        Choice("two_tree", 1 << 20): 3.84,
+        Choice("tree", 1 << 20): 4.44,
+        Choice("tree"): 4.71,
+        Choice("ring"): 5.41,
+        Choice("ring", 1 << 20): 5.45,
+        Choice("two_tree"): 6.18,
+        Choice("tree", 256 * kib): 6.36,
+        Choice("ring", 256 * kib): 7.48,
+        Choice("native"): 7.91,
+        Choice("two_tree", 256 * kib): 8.15,
+    }
+    assert sorted(space, key=repr) == sorted(ms, key=repr)
+    return space, {c: t / 1e3 for c, t in ms.items()}
+
+
+def test_a_class_screens_its_segment_sizes_only_where_they_could_reach_the_shortlist(
+    tmp_path: Path,
+) -> None:
+    tuner = StandIn(f"sqlite:///{tmp_path / 't.db'}", tune_warmup=2, tune_samples=5)
+    space, times = _mlp_2mib()
+    search = ClassSearch(tuner, "class", space, Choice("native"))
+    assert search.windows_left() == len(space) * 7  # nothing measured: all of them, at most
+    measured: list[Choice] = []
+    for _ in range(1000):
+        tuner.pump()
+        if search.state == "locked":
+            break
+        search.start()
+        if search.trial is not None and search.trial.option not in measured:
+            measured.append(search.trial.option)
+        search.measure(search.desired, times[search.desired])
+    assert search.state == "locked" and search.desired == Choice("shm")
+    leads = [Choice(a) for a in ("native", "ring", "tree", "two_tree", "shm")]
+    # tree (4.71 ms) is within 2x of shm (2.37 ms): its two segment sizes are screened; ring
+    # (5.41 ms) and two_tree (6.18 ms, 3.84 ms at 1 MiB segments) are not, and would not have
+    # been shortlisted (beyond RUNNER_UP_WITHIN of shm).
+    assert measured == [*leads, Choice("tree", 256 << 10), Choice("tree", 1 << 20)]
+    assert shortlist(search.values, Choice("native")) == shortlist(times, Choice("native"))
+
+
+def test_windows_left_counts_the_segment_sizes_still_in_the_race(tmp_path: Path) -> None:
+    tuner = StandIn(f"sqlite:///{tmp_path / 't.db'}", tune_warmup=0, tune_samples=1)
+    space, times = _mlp_2mib()
+    search = ClassSearch(tuner, "class", space, Choice("native"))
+    for _ in range(100):  # each algorithm once, unsegmented
+        tuner.pump()
+        if len(search.tried) == 5:
+            break
+        search.start()
+        search.measure(search.desired, times[search.desired])
+    assert set(search.tried) == {Choice(a) for a in ("native", "ring", "tree", "two_tree", "shm")}
+    assert search.windows_left() == 2  # tree's two segment sizes, a window each
 
 
 def test_search_space() -> None:
