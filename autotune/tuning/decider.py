@@ -289,9 +289,10 @@ class Decider:
         lead = None if table is None else table.lead
         self._resumable = table is None or not table.final
         if table is not None and not table.final:
-            # A job that ended before it decided: the search goes on past its fusion sizes, from
-            # its winner so far (`PlanSearch.resume`); its lead is the fusion size that came
-            # close (`provisional`), still to meet the plan again.
+            # A job that ended before it decided: the search goes on from its winner so far
+            # (`PlanSearch.resume`), past its fusion sizes where it had met them all (it stored
+            # its fusion size then: `provisional`); its lead is the fusion size that came close,
+            # still to meet the plan again.
             won = None if stored == self.plan_search.baseline else stored
             near = lead if lead is not None and self._runnable(lead.arm) else None
             _log.info(
@@ -299,7 +300,7 @@ class Decider:
                 "none had won yet" if won is None else won.describe(),
                 "" if near is None else f"; {near.describe()} came close, to meet it again",
             )
-            self.plan_search.resume(won, table.gain, near)
+            self.plan_search.resume(won, table.gain, near, table.fusion_bytes is not None)
             return
         if lead is not None and self._runnable(lead.arm):
             _log.info(
@@ -424,11 +425,13 @@ class Decider:
         Screening needs nothing: its trials are in the studies already."""
         plan_search = self.plan_search
         at = (len(plan_search.history), plan_search.phase)
-        if at == self._provisional_at or plan_search.phase in ("loading", "fusion"):
+        if at == self._provisional_at or plan_search.phase == "loading":
             return
         self._provisional_at = at
         tested = plan_search.phase not in ("screening", "classes")
-        table = provisional(self.table(), plan_search.incumbent, plan_search.fusion_near, tested)
+        table = provisional(
+            self.table(), plan_search.incumbent, plan_search.fusion_near, tested, plan_search.fused
+        )
         self.worker.submit(lambda: self.store().save_table(self.key, self.workload, table))
 
     def store_table(self) -> None:
@@ -478,7 +481,7 @@ class Decider:
         out: dict[int | str, Progress] = {cls: s.progress() for cls, s in self.classes.items()}
         plan_search = self.plan_search
         if self.tuner.tune_fusion:
-            fusion_state = "exploring" if plan_search.phase in ("loading", "fusion") else "locked"
+            fusion_state = "locked" if plan_search.fused else "exploring"
             duels = plan_search.duels("fusion")
             out["fusion"] = Progress(
                 fusion_state, duels, None, plan_search.incumbent.fusion_bytes, duels

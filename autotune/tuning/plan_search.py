@@ -3,12 +3,13 @@
 A plan (`Arm`) is a choice per size class and a fusion size. The baseline is the backend's own
 all-reduce on DDP's own buckets. `PlanSearch` starts from it and moves only to a plan that won a
 paired test against the plan it runs (`autotune.tuning.paired_test`), through the phases:
-``fusion`` (fusion sizes), ``screening`` (per class, on message latency, which only shortlists:
+``screening`` (per class, on message latency, which only shortlists:
 `autotune.tuning.shortlist`), ``classes`` (the classes' fastest choices together, then each
-shortlisted choice that plan does not run, near misses of several classes together, a fusion
-size that came close with the classes' choices: `PlanSearch._refuse`), ``confirm`` (against
-the baseline), ``catch`` (a plan that needs the hook against plain DDP itself,
-`autotune.tuning.plain_check`) and ``locked`` (re-checked against the baseline every
+shortlisted choice that plan does not run, near misses of several classes together),
+``fusion`` (each fusion size, the classes it makes taking the choices of the incumbent's
+nearest classes; one that came close, again with screening's: `autotune.tuning.fusion_stage`),
+``confirm`` (against the baseline), ``catch`` (a plan that needs the hook against plain DDP
+itself, `autotune.tuning.plain_check`) and ``locked`` (re-checked against the baseline every
 ``recheck_every`` iterations; one that lost starts a new round). A job from a stored plan goes
 to ``confirm`` (or ``catch``); one that resumes a job that ended undecided, to ``screening``
 (`PlanSearch.resume`). A round that keeps the baseline remembers its near miss
@@ -30,13 +31,13 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from autotune.plan import BASELINE_CHOICE, Arm, Choice, Gain, NearMiss, size_class
+from autotune.plan import BASELINE_CHOICE, Arm, Choice, Gain, NearMiss
+from autotune.tuning.fusion_stage import FusionStage
 from autotune.tuning.paired_test import FUTILE_FROM, LOOK_EVERY, MIN_PAIRS, Outcome, PairedTest
 
 _log = logging.getLogger("autotune")
 
 __all__ = [
-    "FUSION_AGAIN_BELOW",
     "NEAR_MISS_BELOW",
     "PlanSearch",
 ]
@@ -46,12 +47,6 @@ __all__ = [
 #: baseline. Challengers with nothing to gain end just under 1.00, which this bar leaves out;
 #: a lead that is only noise costs the next job one paired test.
 NEAR_MISS_BELOW = 0.97
-#: A fusion size that lost its paired test is met again with algorithms after the classes
-#: (`PlanSearch._refuse`) if its median ratio was below this and it was not slower beyond
-#: noise: where fusing alone is within noise of the incumbent, being behind or ahead on the
-#: median is a coin's toss, while with screening's algorithm the fused plan may gain most
-#: (docs/TUNER.md, "Fusion sizes met again").
-FUSION_AGAIN_BELOW = 1.1
 #: Pairs in a re-check of a locked plan against the baseline.
 RECHECK_PAIRS = MIN_PAIRS + LOOK_EVERY
 
@@ -89,14 +84,14 @@ class PlanSearch:
         #: one that does not (autotune-nccl's cells, which NCCL runs from a table once autotune
         #: unhooks: `autotune.algorithms.carried`) is locked without the check.
         self.needs_hook = needs_hook or (lambda arm: bool(arm.choices))
-        #: The message sizes a fusion size makes of the job's buckets now (empty: not known yet;
-        #: `autotune.ddp.messages.message_sizes`): a fusion size that makes the incumbent's
-        #: messages is the incumbent, and is not tested.
-        self.messages = messages or (lambda fusion: [])
+        #: The fusion sizes, after the class tests (``messages``: `FusionStage`'s).
+        self.fusion = FusionStage(
+            [f for f in fusion_options if f != baseline.fusion_bytes],
+            messages or (lambda fusion: []),
+        )
         #: Whether ``gain`` is the check's: against plain DDP itself, in pairs of blocks.
         self.against_plain = False
         self.incumbent = baseline
-        self.fusion_options = [f for f in fusion_options if f != baseline.fusion_bytes]
         self.max_pairs = max_pairs
         self.warmup = warmup
         self.recheck_every = recheck_every
@@ -120,11 +115,6 @@ class PlanSearch:
         self.stored: Arm | None = None
         #: This round's closest challenger against the baseline (see the module doc).
         self._lead: NearMiss | None = None
-        #: The fusion sizes that met the incumbent this round (`_same`).
-        self._met: list[int] = []
-        #: This round's fusion size that lost but came close (`_close`), the closest. It meets the
-        #: incumbent once more after the classes (`_refuse`); a job that ends before stores it.
-        self._fusion_near: NearMiss | None = None
         #: Per class, screening's fastest choice this round (the shortlist's first).
         self._screened: dict[int, Choice] = {}
         self._joint_arm: Arm | None = None  # this round's classes' fastest together (`_joint`)
@@ -161,7 +151,12 @@ class PlanSearch:
     def fusion_near(self) -> NearMiss | None:
         """This round's fusion size that came close, until its second meeting has ended: what
         a job that ends undecided stores for the next to meet again (`resume`)."""
-        return self._fusion_near
+        return self.fusion.near
+
+    @property
+    def fused(self) -> bool:
+        """Whether this round's fusion sizes have all met the incumbent (or none is tuned)."""
+        return self.fusion.done
 
     def iterations_left(self, screening: int | None) -> int | None:
         """A rough count of the iterations before the plan is locked (or meets plain DDP): the
@@ -173,8 +168,8 @@ class PlanSearch:
         if self.phase == "loading":
             return None
         n = 0 if self.match is None else self.match.duel.measurements_left()
-        n += len(self._queue) * 2 * (FUTILE_FROM + self.warmup)
-        if self.phase in ("fusion", "screening"):
+        n += (len(self._queue) + len(self.fusion.pending)) * 2 * (FUTILE_FROM + self.warmup)
+        if self.phase == "screening":
             if screening is None:
                 return None
             n += screening
@@ -213,19 +208,25 @@ class PlanSearch:
             self.phase = "confirm"
             self._begin(self.baseline, stored, "confirm")
 
-    def resume(self, won: Arm | None, gain: Gain | None, fusion_near: NearMiss | None) -> None:
-        """Begin where a job that ended undecided stopped, past its fusion sizes: from screening
-        (its trials are in the studies: classes it screened are not screened again), with the
-        plan that had won so far as the incumbent (``won``, None: none had; ``gain``: its step
-        over the baseline's where it had met the baseline), and its fusion size that came close
-        still to meet that plan again (``fusion_near``). Its class tests that were left, or lost
-        and are shortlisted again, run as they would have; the check or confirmation comes
-        after them."""
+    def resume(
+        self,
+        won: Arm | None,
+        gain: Gain | None,
+        fusion_near: NearMiss | None,
+        fused: bool = True,
+    ) -> None:
+        """Begin where a job that ended undecided stopped: from screening (its trials are in the
+        studies: classes it screened are not screened again), with the plan that had won so far
+        as the incumbent (``won``, None: none had; ``gain``: its step over the baseline's where
+        it had met the baseline), and its fusion size that came close still to meet that plan
+        again (``fusion_near``). Its class tests that were left, or lost and are shortlisted
+        again, run as they would have, then the fusion sizes unless it had met them all
+        (``fused``); the check or confirmation comes after them."""
         self.stored = won
-        self._open(fusion=False)
+        self._open(fusion=not fused)
         if won is not None:
             self.incumbent, self.gain = won, gain
-        self._fusion_near = fusion_near
+        self.fusion.near = fusion_near
 
     def measure(self, arm: Arm, step_s: float) -> None:
         """One window's step (MAX over ranks), run under ``arm``."""
@@ -316,7 +317,7 @@ class PlanSearch:
     def freeze(self) -> None:
         """Stop comparing: the incumbent runs from now on (the storage failed)."""
         self.match = None
-        self._queue = []
+        self._queue, self.fusion.pending = [], []
         self._lock()
 
     # -- transitions ---------------------------------------------------------------------
@@ -324,57 +325,54 @@ class PlanSearch:
     def _open(self, fusion: bool = True) -> None:
         self.incumbent, self.gain, self.against_plain = self.baseline, None, False
         self._near, self._lead = {}, None
-        self.phase = "fusion"
-        self._met, self._fusion_near, self._screened = [], None, {}
-        self._joint_arm = None
-        self._queue = [("fusion", f, None) for f in self.fusion_options] if fusion else []
-        self._next()
+        self.phase = "screening"  # the tuner's class searches take over; see `screened`
+        self._screened, self._joint_arm, self._queue = {}, None, []
+        self.fusion.open(fusion)
 
     def _next(self) -> None:
         self._trying = None
+        if self._take():
+            return
+        if self.phase == "classes":
+            if self._combine():
+                return
+            # The fusion sizes meet the classes' winner, with its choices (`FusionStage.plan`).
+            self.phase = "fusion"
+            self._queue = [("fusion", f, None) for f in self.fusion.pending]
+            self.fusion.pending = []
+            if self._take():
+                return
+        if self.phase != "fusion":
+            return
+        again = self.fusion.again(self.incumbent, self._screened)
+        if again is not None:
+            self._begin(self.incumbent, again, "fusion")
+            return
+        # A plan that meets plain DDP next is not confirmed against the baseline first: the
+        # check is that test against a stronger baseline (the hook's cost taken out).
+        checked = self.catch and self.needs_hook(self.incumbent)
+        if self.incumbent != self.baseline and self.gain is None and not checked:
+            self.phase = "confirm"
+            self._begin(self.baseline, self.incumbent, "confirm")
+        else:
+            self._lock()
+
+    def _take(self) -> bool:
+        """Start the paired test of the first challenger queued that is not the incumbent's plan
+        (nor a fusion size's that makes the same messages: `FusionStage.meets`); False if none
+        is left."""
         while self._queue:
             kind, value, choice = self._queue.pop(0)
-            challenger = (
-                self.incumbent.with_fusion(value)
-                if choice is None
-                else self.incumbent.with_class(value, choice)
-            )
-            if challenger != self.incumbent and not self._same(challenger):
-                if choice is None:
-                    self._met.append(value)
-                self._trying = None if choice is None else (value, choice)
-                self._begin(self.incumbent, challenger, kind)
-                return
-        if self.phase == "classes" and (self._combine() or self._refuse()):
-            return
-        if self.phase == "fusion":
-            self.phase = "screening"  # the tuner's class searches take over; see `screened`
-        elif self.phase == "classes":
-            # A plan that meets plain DDP next is not confirmed against the baseline first: the
-            # check is that test against a stronger baseline (the hook's cost taken out).
-            checked = self.catch and self.needs_hook(self.incumbent)
-            if self.incumbent != self.baseline and self.gain is None and not checked:
-                self.phase = "confirm"
-                self._begin(self.baseline, self.incumbent, "confirm")
-            else:
-                self._lock()
-
-    def _same(self, challenger: Arm) -> bool:
-        """Whether a fusion challenger runs the messages of the incumbent, or of a fusion size
-        that met it this round: then it is skipped (it would test the same plan again)."""
-        fusion = challenger.fusion_bytes
-        if fusion == self.incumbent.fusion_bytes:
-            return False
-        made = self.messages(fusion)
-        for other in (self.incumbent.fusion_bytes, *self._met):
-            if made and self.messages(other) == made:
-                _log.info(
-                    "autotune skips %s: it makes the same %d messages as %s",
-                    challenger.describe(),
-                    len(made),
-                    self.incumbent.with_fusion(other).describe(),
-                )
-                return True
+            incumbent = self.incumbent
+            if choice is None:
+                challenger = self.fusion.plan(incumbent, value, incumbent.as_dict())
+                if challenger == incumbent or not self.fusion.meets(incumbent, challenger):
+                    continue
+            elif (challenger := incumbent.with_class(value, choice)) == incumbent:
+                continue
+            self._trying = None if choice is None else (value, choice)
+            self._begin(self.incumbent, challenger, kind)
+            return True
         return False
 
     def _combine(self) -> bool:
@@ -392,39 +390,6 @@ class PlanSearch:
         if combined == self._joint_arm:
             return False  # the classes' fastest together, lost this round: not tested again
         self._begin(self.incumbent, combined, "combined")
-        return True
-
-    def _refuse(self) -> bool:
-        """Start the paired test of this round's fusion near miss again, with algorithms: each
-        class its messages make that the incumbent's do not takes the choice of the nearest
-        class by size, the incumbent's where it has one (it won on the step), else screening's
-        fastest (it was shortlisted).
-
-        On the baseline's all-reduce, fewer, larger messages may gain too little to prove,
-        where with screening's algorithm they gain most (docs/TUNER.md, "Fusion sizes met
-        again"). The near miss is kept until this test ends: a job that ends first stores it."""
-        near = self._fusion_near
-        if near is None or near.arm.fusion_bytes == self.incumbent.fusion_bytes:
-            self._fusion_near = None
-            return False
-        fusion = near.arm.fusion_bytes
-        source = {**self._screened, **self.incumbent.as_dict()}
-        now = {size_class(n) for n in self.messages(self.incumbent.fusion_bytes)}
-        new = {size_class(n) for n in self.messages(fusion)} - now
-        if not source or not new:
-            self._fusion_near = None
-            return False  # nothing to carry, or nowhere: it would run as it lost
-        carried = {
-            cls: source[min(source, key=lambda c: (abs(c.bit_length() - cls.bit_length()), -c))]
-            for cls in new
-        }
-        challenger = Arm.of({**self.incumbent.as_dict(), **carried}, fusion)
-        _log.info(
-            "autotune tries %s again, with algorithms: %s",
-            self.incumbent.with_fusion(fusion).describe(),
-            challenger.describe(),
-        )
-        self._begin(self.incumbent, challenger, "fusion")
         return True
 
     def _begin(self, reference: Arm, challenger: Arm, kind: str, pairs: int = 0) -> None:
@@ -459,8 +424,8 @@ class PlanSearch:
                 self.incumbent, self.gain = self.baseline, None
             self._lock()
             return
-        if m.kind == "fusion" and self.phase == "classes":
-            self._fusion_near = None  # its second meeting is over
+        if m.kind == "fusion":
+            self.fusion.ended(m.challenger, outcome.challenger_won, outcome.gain)
         if outcome.challenger_won:
             self.incumbent = m.challenger
             self.gain = outcome.gain if versus_baseline else None
@@ -468,10 +433,6 @@ class PlanSearch:
             cls, choice = self._trying
             if cls not in self._near or outcome.gain.ratio < self._near[cls][1]:
                 self._near[cls] = (choice, outcome.gain.ratio)
-        elif m.kind == "fusion" and self.phase == "fusion" and _close(outcome.gain):
-            near = self._fusion_near
-            if near is None or outcome.gain.ratio < near.gain.ratio:
-                self._fusion_near = NearMiss(m.challenger, outcome.gain)
         self._next()
 
     def _note_lead(self, challenger: Arm, outcome: Outcome) -> None:
@@ -488,10 +449,3 @@ class PlanSearch:
         first, where the job has it."""
         self.phase = "catch" if self.catch and self.needs_hook(self.incumbent) else "locked"
         self._locked_at = None
-
-
-def _close(gain: Gain) -> bool:
-    """Whether a fusion size that lost came close enough to meet the incumbent again with
-    algorithms (`PlanSearch._refuse`): not slower beyond noise, its median under
-    `FUSION_AGAIN_BELOW`."""
-    return gain.ratio < FUSION_AGAIN_BELOW and gain.low <= 1.0

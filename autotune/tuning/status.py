@@ -158,9 +158,9 @@ def _provisional(verdict: str) -> str:
 #: bucket-size search once unhooked.
 STAGES = {
     "loading": "loading what earlier jobs stored",
-    "fusion": "fusion sizes against DDP's buckets on the step",
     "screening": "screening each message size's algorithms on latency",
     "classes": "paired tests of the shortlisted algorithms on the step",
+    "fusion": "fusion sizes against the classes' winner on the step",
     "confirm": "the plan against the baseline on the step",
     "catch": "the check against plain DDP",
     "buckets": "DDP's bucket-size search",

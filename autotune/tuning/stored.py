@@ -84,14 +84,19 @@ def seeded(seed: Table, cls: int, space: Sequence[Choice]) -> tuple[Choice, floa
 
 
 def provisional(
-    table: Table, incumbent: Arm, fusion_near: NearMiss | None = None, tested: bool = False
+    table: Table,
+    incumbent: Arm,
+    fusion_near: NearMiss | None = None,
+    tested: bool = False,
+    fused: bool = True,
 ) -> Table:
     """What a job stores before it has decided (`Table.final` False), so that one that ends
     first leaves the next a place to resume: the plan that has won so far (``incumbent``, whose
     choices ``table`` holds: `autotune.tuning.decider.Decider.table`; its classes locked, the
     rest exploring, or all locked once the class tests are over: ``tested``), its gain so
-    far, its fusion size, and as its lead the fusion size that came close and has yet to meet
-    the plan again (``fusion_near``: `autotune.tuning.plan_search.PlanSearch.fusion_near`)."""
+    far, its fusion size once every fusion size has met it (``fused``) or one has won (None
+    before: the next job meets them), and as its lead the fusion size that came close and has
+    yet to meet the plan again (``fusion_near``: `autotune.tuning.fusion_stage.FusionStage`)."""
     won = incumbent.as_dict()
     classes = {
         cls: dataclasses.replace(e, state="locked" if tested or cls in won else "exploring")
@@ -100,7 +105,7 @@ def provisional(
     return dataclasses.replace(
         table,
         classes=classes,
-        fusion_bytes=incumbent.fusion_bytes,
+        fusion_bytes=incumbent.fusion_bytes if fused or incumbent.fusion_bytes else None,
         lead=fusion_near,
         final=False,
     )

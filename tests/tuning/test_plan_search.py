@@ -45,7 +45,7 @@ def drive(c: PlanSearch, step_of: object, iterations: int, start: int = 0) -> in
 def test_a_plan_is_locked_only_after_beating_the_baseline_on_the_step() -> None:
     c = plan_search()
     c.start(None)
-    assert c.phase == "fusion"
+    assert c.phase == "screening"
 
     def step(arm: Arm, i: int) -> float:
         return 0.8 if arm.choice(1 << 20) == TREE else 1.0  # fusion changes nothing
@@ -53,9 +53,14 @@ def test_a_plan_is_locked_only_after_beating_the_baseline_on_the_step() -> None:
     drive(c, step, 40)
     assert c.phase == "screening"
     c.screened([(1 << 20, TREE, 0.001)])
-    drive(c, step, 40)
+    drive(c, step, 60)
     assert c.settled and c.incumbent == Arm(((1 << 20, TREE),), 0)
     assert c.gain is not None and c.gain.ratio == pytest.approx(0.8)
+    # The class first, then the fusion size with the class's choice, which changes nothing.
+    assert [(k, a, o.challenger_won) for k, a, o in c.history] == [
+        ("class", Arm(((1 << 20, TREE),), 0), True),
+        ("fusion", Arm(((1 << 20, TREE),), 1 << 20), False),
+    ]
 
 
 def test_latency_alone_never_locks_a_plan_whose_step_is_slower() -> None:
@@ -274,9 +279,10 @@ def test_a_kept_baseline_remembers_the_plan_that_came_close_and_the_next_job_ret
     def first_job(alone: float) -> PlanSearch:
         c = plan_search()
         c.start(None)
-        drive(c, swinging(alone, fused), 40)
         assert c.phase == "screening"
-        c.screened([])
+        c.screened([])  # nothing shortlisted: the fusion sizes meet the baseline
+        assert c.phase == "fusion"
+        drive(c, swinging(alone, fused), 40)
         assert c.settled and c.baseline_kept
         return c
 
@@ -312,22 +318,21 @@ def test_a_kept_baseline_remembers_the_plan_that_came_close_and_the_next_job_ret
 def test_the_lead_is_the_closest_challenger_and_a_won_plan_has_none() -> None:
     cls = 2 << 20
     tree = Arm(((cls, TREE),), 0)
+    fused = Arm((), 1 << 20)
     c = plan_search()
     c.start(None)
-    step = swinging(0.96, Arm((), 1 << 20))
-    drive(c, step, 40)
     c.screened([(cls, TREE, 0.001)])
-    drive(c, swinging(0.955, tree), 80)
+    near_tree, near_fused = swinging(0.955, tree), swinging(0.96, fused)
+    drive(c, lambda arm, i: near_tree(arm, i) if arm == tree else near_fused(arm, i), 80)
     assert c.settled and c.baseline_kept
     assert [(k, round(o.gain.ratio, 3)) for k, _, o in c.history] == [
-        ("fusion", 0.96),
         ("class", 0.955),
+        ("fusion", 0.96),
     ]
     assert c.lead is not None and c.lead.arm == tree
     # A round that locks a plan leaves no lead, whatever came close before it won.
     c = plan_search()
     c.start(None)
-    drive(c, step, 40)
     c.screened([(cls, TREE, 0.001)])
     drive(c, lambda arm, i: 0.8 if arm == tree else 1.0, 80)
     assert c.settled and c.incumbent == tree and c.lead is None
@@ -429,9 +434,9 @@ def test_a_plan_that_needs_no_hook_is_locked_without_the_check_against_plain_ddp
     c.start(None)
     drive(c, lambda arm, i: 1.0, 40)
     c.screened([(1 << 20, cell, 0.001)])
-    drive(c, lambda arm, i: 0.8 if arm == won else 1.0, 40)
+    drive(c, lambda arm, i: 0.8 if arm == won else 1.0, 60)
     assert c.settled and c.phase == "locked" and c.incumbent == won
-    assert [k for k, _, _ in c.history] == ["fusion", "class"]
+    assert [k for k, _, _ in c.history] == ["class", "fusion"]
     # Stored, it is confirmed against the baseline (through the hook), then locked.
     c = search()
     c.start(won)
@@ -446,56 +451,60 @@ def test_the_estimate_of_iterations_left_counts_down_and_is_zero_once_locked() -
     c = plan_search()
     assert c.iterations_left(screening=30) is None  # loading
     c.start(None)
-    assert c.phase == "fusion"
+    assert c.phase == "screening"
     assert c.iterations_left(screening=None) is None
-    # The fusion test under way: 8 pairs (16 iterations) to its max_pairs, then screening's 30.
-    assert c.iterations_left(screening=30) == 2 * 8 + 30
+    # Screening's 30, then the fusion size (1 MiB) at 10 pairs, where one not ahead stops.
+    assert c.iterations_left(screening=30) == 30 + 2 * 10
+    c.screened([])  # nothing shortlisted: the fusion size meets the baseline
+    assert c.phase == "fusion"
+    # The fusion test under way: 8 pairs (16 iterations) to its max_pairs.
+    assert c.iterations_left(screening=None) == 2 * 8
 
     def step(arm: Arm, i: int) -> float:
         return 1.0 + 0.01 * (i % 3)  # nothing to gain: the fusion size loses
 
-    before = c.iterations_left(screening=30)
+    before = c.iterations_left(screening=None)
     drive(c, step, 1)
-    after = c.iterations_left(screening=30)
+    after = c.iterations_left(screening=None)
     assert before is not None and after is not None and after == before - 1
     drive(c, step, 40, start=1)
-    assert c.phase == "screening"
-    assert c.iterations_left(screening=12) == 12
-    c.screened([])  # nothing shortlisted: the baseline is locked
-    assert c.settled and c.iterations_left(screening=None) == 0
+    assert c.settled and c.baseline_kept and c.iterations_left(screening=None) == 0
 
 
-def test_a_search_resumed_after_its_fusion_phase_screens_first() -> None:
-    """A job that ended undecided with the fusion sizes tried and none ahead: the next one
-    starts at screening (`PlanSearch.resume`)."""
-    c = plan_search()
-    c.resume(None, None, None)
-    assert c.phase == "screening" and c.match is None and not c.duels("fusion")
-    c.screened([(1 << 20, TREE, 0.001)])
-    assert c.phase == "classes" and c.match is not None
+def test_a_resumed_search_screens_first_and_meets_the_fusion_sizes_it_had_not() -> None:
+    """A job that ended undecided: the next one starts at screening (`PlanSearch.resume`), and
+    meets the fusion sizes after the classes unless the one before had met them all."""
+    for fused in (True, False):
+        c = plan_search()
+        c.resume(None, None, None, fused)
+        assert c.phase == "screening" and c.match is None and c.fused == fused
+        c.screened([(1 << 20, TREE, 0.001)])
+        assert c.phase == "classes" and c.match is not None
+        drive(c, lambda arm, i: 1.0, 60)
+        assert c.settled and c.fused
+        assert [k for k, _, _ in c.history] == ["class"] + ([] if fused else ["fusion"])
 
 
 def test_a_plan_that_meets_plain_ddp_next_is_not_confirmed_against_the_hooked_baseline() -> None:
-    """A fusion size won, then a class on top of it: its gain over the baseline is not known.
+    """A class won, then a fusion size on top of it: its gain over the baseline is not known.
     Where the check against plain DDP follows, that is the test (against a stronger baseline);
     without it, the plan is confirmed against the baseline through the hook."""
-    fused = Arm((), 1 << 20)
-    both = fused.with_class(1 << 20, TREE)
+    tree = Arm(((1 << 20, TREE),), 0)
+    both = tree.with_fusion(1 << 20)
 
     def step(arm: Arm, i: int) -> float:
-        return {fused: 0.9, both: 0.7}.get(arm, 1.0)
+        return {tree: 0.9, both: 0.7}.get(arm, 1.0)
 
     kinds = {}
     for catch in (True, False):
         c = plan_search(catch=catch)
         c.start(None)
-        drive(c, step, 40)
-        assert c.incumbent == fused
         c.screened([(1 << 20, TREE, 0.001)])
-        drive(c, step, 40)
+        drive(c, step, 60)
+        assert c.phase == ("catch" if catch else "locked") and c.incumbent == both
         kinds[catch] = [k for k, _, _ in c.history]
-    assert kinds[True] == ["fusion", "class"]
-    assert kinds[False] == ["fusion", "class", "confirm"]
+    assert kinds[True] == ["class", "fusion"]
+    assert kinds[False] == ["class", "fusion", "confirm"]
 
 
 def test_a_fusion_size_that_makes_the_same_messages_as_one_met_already_is_skipped() -> None:
@@ -517,12 +526,14 @@ def test_a_fusion_size_that_makes_the_same_messages_as_one_met_already_is_skippe
     for step in (lambda arm, i: 0.8 if arm.fusion_bytes == 4 << 20 else 1.0, lambda a, i: 1.0):
         c = search(known=True)
         c.start(None)
+        c.screened([])
         drive(c, step, 80)
         # 1 MiB makes DDP's own 3 messages; 16 MiB makes 4 MiB's one, whether it won or lost.
         assert [a.fusion_bytes for _, a, _ in c.history] == [4 << 20]
-        assert c.phase == "screening"
+        assert c.settled
     c = search(known=False)  # before the buckets are known, every size is tested
     c.start(None)
+    c.screened([])
     drive(c, lambda arm, i: 1.0, 120)
     assert [a.fusion_bytes for _, a, _ in c.history] == [1 << 20, 4 << 20, 16 << 20]
 
@@ -549,19 +560,21 @@ def buckets_bytes(buckets: list[tuple[int, str]]) -> list[int]:
     return [n for n, _ in buckets]
 
 
-def test_a_fusion_size_that_came_close_meets_the_incumbent_again_with_algorithms(
+def test_the_fusion_sizes_meet_the_classes_winner_with_its_choices(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The example's MLP on one node: fused into one 4 MiB message it is a little faster on the
     baseline's all-reduce (ahead on the median, not beyond noise), and much faster once that
-    message runs the algorithm screening found fastest on DDP's own 1 MiB messages. After the
-    classes, the fusion size that came close meets the incumbent again, with the choice of the
-    nearest class carried to the class it makes: the incumbent's, else screening's."""
+    message runs the algorithm screening found fastest on DDP's own 1 MiB messages. The fusion
+    size meets the incumbent after the class tests, the class it makes taking the choice of the
+    nearest class the incumbent runs; where none won, it meets the baseline's all-reduce, and if
+    it came close, meets the incumbent again with screening's choice."""
     mib = 1 << 20
     buckets = [(mib, "float32")] * 3  # DDP's: three 1 MiB messages; fused at 4 MiB, one of 3 MiB
     fused, tree_on_ddp = Arm((), 4 * mib), Arm(((mib, TREE),), 0)
     carried = Arm(((mib, TREE), (4 * mib, TREE)), 4 * mib)
     carried_alone = Arm(((4 * mib, TREE),), 4 * mib)  # where the 1 MiB class kept the baseline
+    tree_fused = Arm(((mib, TREE),), 4 * mib)  # what fusing tree_on_ddp is, messages unknown
 
     def run(fused_alone: float, tree_alone: float = 0.9, known: bool = True) -> PlanSearch:
         c = PlanSearch(
@@ -582,56 +595,58 @@ def test_a_fusion_size_that_came_close_meets_the_incumbent_again_with_algorithms
                 return fused_alone * swing[k[0] % 4]
             return {tree_on_ddp: tree_alone, carried: 0.7, carried_alone: 0.7}.get(arm, 1.0)
 
-        drive(c, step, 40)
         assert c.phase == "screening" and c.incumbent == Arm()
         c.screened([(mib, TREE, 0.001)])
-        drive(c, step, 200, start=40)
+        drive(c, step, 200)
         assert c.settled
         return c
 
     def tests(c: PlanSearch) -> list[tuple[str, Arm, bool]]:
         return [(k, a, o.challenger_won) for k, a, o in c.history]
 
-    caplog.set_level(logging.INFO, logger="autotune")
+    # The class won: the fusion size meets it with the 1 MiB class's tree carried to 4 MiB.
     assert tests(run(0.96)) == [
-        ("fusion", fused, False),  # ahead on the median, not proven
         ("class", tree_on_ddp, True),
-        ("fusion", carried, True),  # 4 MiB again: the 1 MiB class's tree carried to 4 MiB
+        ("fusion", carried, True),
         ("confirm", carried, True),
     ]
-    # The log tells each paired test's end before what it leads to.
-    said = [" ".join(r.getMessage().split()[:3]) for r in caplog.records]
-    assert said == [
-        "autotune fusion paired",
-        "autotune class paired",
-        "autotune tries 1",  # 1 MiB: tree, fusion 4 MiB again, with algorithms: ...
-        "autotune fusion paired",
-        "autotune confirm paired",
-    ]
-    # The class's tree lost on DDP's buckets: screening's choice is carried all the same (on
-    # one 4 MiB message it may pay where on three 1 MiB ones it did not).
+    # The class's tree lost on DDP's buckets: the fusion size meets the baseline's all-reduce,
+    # comes close, and meets it again with screening's choice carried (on one 4 MiB message it
+    # may pay where on three 1 MiB ones it did not).
+    caplog.set_level(logging.INFO, logger="autotune")
     c = run(0.96, tree_alone=1.0)
     assert tests(c) == [
-        ("fusion", fused, False),
         ("class", tree_on_ddp, False),
+        ("fusion", fused, False),  # ahead on the median, not proven
         ("fusion", carried_alone, True),
     ]
     assert c.incumbent == carried_alone and c.gain is not None  # won against the baseline
+    # The log tells each paired test's end before what it leads to.
+    said = [" ".join(r.getMessage().split()[:3]) for r in caplog.records]
+    assert said == [
+        "autotune class paired",
+        "autotune fusion paired",
+        "autotune tries fusion",  # fusion 4 MiB again, with algorithms: 4 MiB: tree, ...
+        "autotune fusion paired",
+    ]
     # Behind on the median but within noise, it is met again all the same (where fusing alone
     # is within noise, ahead or behind is a coin's toss).
-    assert tests(run(1.01))[2] == ("fusion", carried, True)
-    # One slower beyond noise is not met again; nor one whose messages are not known. The
-    # class's win was against the baseline: locked without a confirmation.
-    for c in (run(1.2), run(0.96, known=False)):
-        assert [k for k, _, _ in c.history] == ["fusion", "class"]
-        assert c.incumbent == tree_on_ddp
+    assert tests(run(1.01, tree_alone=1.0))[2] == ("fusion", carried_alone, True)
+    # One slower beyond noise is not met again: the baseline is kept.
+    c = run(1.2, tree_alone=1.0)
+    assert [k for k, _, _ in c.history] == ["class", "fusion"] and c.baseline_kept
+    # Messages not known: nothing is carried (the fused plan keeps the classes' choices), and
+    # the class's win was against the baseline: locked without a confirmation.
+    c = run(0.96, known=False)
+    assert tests(c) == [("class", tree_on_ddp, True), ("fusion", tree_fused, False)]
+    assert c.incumbent == tree_on_ddp
 
 
 def test_a_job_resumed_before_its_fusion_size_met_again_meets_it_as_the_first_would_have() -> None:
-    """A short job ended after a fusion size came close, before its second meeting: the near
-    miss is what it stores (`PlanSearch.fusion_near`, until that meeting has ended), and the
-    job that resumes it (`PlanSearch.resume`) screens from the studies, runs the class tests
-    against the plan that had won so far, then meets the fusion size again."""
+    """A short job ended after a fusion size came close, before its second meeting had ended:
+    the near miss is what it stores (`PlanSearch.fusion_near`, until that meeting has ended),
+    and the job that resumes it (`PlanSearch.resume`) screens from the studies, runs the class
+    tests against the plan that had won so far, then meets the fusion size again."""
     mib = 1 << 20
     buckets = [(mib, "float32")] * 3  # DDP's: three 1 MiB messages; fused at 4 MiB, one of 3 MiB
     fused, tree_on_ddp = Arm((), 4 * mib), Arm(((mib, TREE),), 0)
@@ -657,13 +672,19 @@ def test_a_job_resumed_before_its_fusion_size_met_again_meets_it_as_the_first_wo
             messages=lambda f: message_sizes(buckets, f),
         )
 
+    # The short job: its class lost, the fusion size came close on the baseline's all-reduce,
+    # and the job ends during its second meeting.
     first = search()
     first.start(None)
-    drive(first, step, 40)
-    assert first.phase == "screening" and first.incumbent == Arm()
+    first.screened([(mib, TREE, 0.001)])
+    end = 0
+    while first.match is None or first.match.challenger != carried_alone:
+        end = drive(first, lambda arm, i: 1.0 if arm == tree_on_ddp else step(arm, i), 1, end)
+        assert end < 200
     near = first.fusion_near  # the job ends here: stored as its lead
     assert near is not None and near.arm == fused and 0.9 < near.gain.ratio < 1.0
     assert near.gain.high >= 1.0  # lost: not beyond noise
+    assert first.fused  # every fusion size has met the incumbent: the next job meets none
 
     def tests(c: PlanSearch) -> list[tuple[str, Arm, bool]]:
         return [(k, a, o.challenger_won) for k, a, o in c.history]
