@@ -94,8 +94,9 @@ class FusionStage:
             return None
         fusion = near.arm.fusion_bytes
         challenger = self.plan(incumbent, fusion, {**screened, **incumbent.as_dict()})
-        if challenger in (near.arm, incumbent.with_fusion(fusion)):
-            self.near = None  # nothing to carry, or as it met the incumbent already: as it lost
+        made = {size_class(n) for n in self.messages(fusion)}
+        if all(challenger.choice(c) == near.arm.choice(c) for c in made):
+            self.near = None  # nothing to carry, or its messages run as they lost: not again
             return None
         _log.info(
             "autotune tries %s again, with algorithms: %s",

@@ -719,3 +719,41 @@ def test_a_job_resumed_before_its_fusion_size_met_again_meets_it_as_the_first_wo
     drive(c, lambda arm, i: 1.0, 60)
     assert tests(c) == [("class", carried_alone, False)]
     assert c.settled and c.incumbent == fused and c.gain == Gain(0.9, 0.85, 0.95, 10)
+
+
+def test_a_near_miss_whose_messages_would_run_as_they_lost_is_not_met_again() -> None:
+    """DDP's six 512 KiB buckets: fused at 1 MiB, three messages, at 4 MiB one of 3 MiB. The
+    class's tree wins, and both fusion sizes meet it with tree carried; 1 MiB comes close, 4
+    MiB wins. Met again, 1 MiB's messages would take tree, as they did: it is not."""
+    kib, mib = 1 << 10, 1 << 20
+    buckets = [(512 * kib, "float32")] * 6
+    tree_on_ddp = Arm(((512 * kib, TREE),), 0)
+    near_plan = Arm(((512 * kib, TREE), (mib, TREE)), mib)
+    fused = Arm(((512 * kib, TREE), (4 * mib, TREE)), 4 * mib)
+    swing = [1.08, 0.92, 0.98, 1.02]
+    k = [0]
+
+    def step(arm: Arm, i: int) -> float:
+        if arm == near_plan:  # around 0.99x tree's: ahead on the median, never beyond noise
+            k[0] += 1
+            return 0.9 * 0.99 * swing[k[0] % 4]
+        return {tree_on_ddp: 0.9, fused: 0.7}.get(arm, 1.0)
+
+    c = PlanSearch(
+        Arm(),
+        fusion_options=(0, mib, 4 * mib),
+        max_pairs=8,
+        warmup=0,
+        recheck_every=0,
+        messages=lambda f: message_sizes(buckets, f),
+    )
+    c.start(None)
+    c.screened([(512 * kib, TREE, 0.001)])
+    drive(c, step, 200)
+    assert c.settled and c.incumbent == fused
+    assert [(k, a, o.challenger_won) for k, a, o in c.history] == [
+        ("class", tree_on_ddp, True),
+        ("fusion", near_plan, False),
+        ("fusion", fused, True),
+        ("confirm", fused, True),
+    ]
