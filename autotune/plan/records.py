@@ -237,6 +237,8 @@ class Table:
     #: Whether the job that stored it had decided (False: it ended while still tuning, and the
     #: next job resumes from it).
     final: bool = True
+    #: Where it had not: the fusion sizes still to meet its plan (the next job meets them).
+    fusion_left: tuple[int, ...] = ()
 
     @property
     def runs_native(self) -> bool:
@@ -258,6 +260,7 @@ class Table:
         described: dict[str, object] = {} if self.model is None else {"model": self.model}
         if not self.final:
             described["final"] = False
+            described["fusion_left"] = list(self.fusion_left)
         return {
             **described,
             "fingerprint": self.fingerprint,
@@ -324,6 +327,13 @@ class Table:
             raise ValueError(f"model: expected a string or null, got {model!r}")
         if not isinstance(final, bool):
             raise ValueError(f"final: expected true or false, got {final!r}")
+        left = data.get("fusion_left", [])
+        if not isinstance(left, list) or any(
+            isinstance(f, bool) or not isinstance(f, int) for f in left
+        ):
+            raise ValueError(f"fusion_left: expected a list of sizes in bytes, got {left!r}")
+        for size in left:
+            check_fusion_bytes(size, "fusion_left")
         return cls(
             classes,
             fusion,
@@ -333,6 +343,7 @@ class Table:
             None if buckets is None else Buckets.from_json(buckets),
             model,
             final,
+            tuple(left),
         )
 
     def nccl_csv(self, n_nodes: int = -1, n_ranks: int = -1) -> str:

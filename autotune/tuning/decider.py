@@ -290,9 +290,8 @@ class Decider:
         self._resumable = table is None or not table.final
         if table is not None and not table.final:
             # A job that ended before it decided: the search goes on from its winner so far
-            # (`PlanSearch.resume`), past its fusion sizes where it had met them all (it stored
-            # its fusion size then: `provisional`); its lead is the fusion size that came close,
-            # still to meet the plan again.
+            # (`PlanSearch.resume`), with the fusion sizes it had left (`provisional`); its lead
+            # is the fusion size that came close, still to meet the plan again.
             won = None if stored == self.plan_search.baseline else stored
             near = lead if lead is not None and self._runnable(lead.arm) else None
             _log.info(
@@ -300,7 +299,8 @@ class Decider:
                 "none had won yet" if won is None else won.describe(),
                 "" if near is None else f"; {near.describe()} came close, to meet it again",
             )
-            self.plan_search.resume(won, table.gain, near, table.fusion_bytes is not None)
+            left = [f for f in table.fusion_left if f in FUSION_OPTIONS and self.tuner.tune_fusion]
+            self.plan_search.resume(won, table.gain, near, left)
             return
         if lead is not None and self._runnable(lead.arm):
             _log.info(
@@ -430,7 +430,11 @@ class Decider:
         self._provisional_at = at
         tested = plan_search.phase not in ("screening", "classes")
         table = provisional(
-            self.table(), plan_search.incumbent, plan_search.fusion_near, tested, plan_search.fused
+            self.table(),
+            plan_search.incumbent,
+            plan_search.fusion_near,
+            tested,
+            plan_search.fusion_left,
         )
         self.worker.submit(lambda: self.store().save_table(self.key, self.workload, table))
 

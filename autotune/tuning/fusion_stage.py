@@ -23,8 +23,9 @@ FUSION_AGAIN_BELOW = 1.1
 
 class FusionStage:
     """One round's fusion sizes, for `autotune.tuning.plan_search.PlanSearch`: those still to meet
-    the incumbent (``pending``), the plan each makes of it (`plan`), those skipped as the same
-    messages (`same`), and the one that lost but came close (``near``), met once more (`again`).
+    the incumbent (``pending``), the plan each makes of it (`plan`; `next` skips one that makes
+    the same messages as the incumbent or a size met already), and the one that lost but came
+    close (``near``), met once more (`again`).
 
     ``messages(fusion)`` gives the message sizes a fusion size makes of the job's buckets now
     (empty: not known yet; `autotune.ddp.messages.message_sizes`)."""
@@ -39,13 +40,31 @@ class FusionStage:
         #: incumbent once more (`again`); a job that ends first stores it.
         self.near: NearMiss | None = None
         self._met: list[int] = []  # the fusion sizes that met the incumbent this round
+        self._meeting: int | None = None  # the fusion size whose first meeting is under way
         self._again = False  # the paired test under way is the near miss's second meeting
 
-    def open(self, fusion: bool = True) -> None:
-        """A new round: every fusion size is to meet the incumbent (none: ``fusion`` False)."""
-        self.pending = list(self.options) if fusion else []
+    def open(self, sizes: Sequence[int] | None = None) -> None:
+        """A new round: every fusion size is to meet the incumbent, or those of ``sizes``."""
+        self.pending = [f for f in self.options if sizes is None or f in sizes]
         self.done = not self.pending
-        self.near, self._met, self._again = None, [], False
+        self.near, self._met, self._meeting, self._again = None, [], None, False
+
+    @property
+    def left(self) -> list[int]:
+        """The fusion sizes that have not met the incumbent yet, the one meeting it included:
+        what a job that ends now leaves the next (`autotune.tuning.stored.provisional`)."""
+        return ([] if self._meeting is None else [self._meeting]) + self.pending
+
+    def next(self, incumbent: Arm) -> Arm | None:
+        """The next fusion size's plan to meet ``incumbent`` (`plan`, with its choices); None
+        once all have met it."""
+        while self.pending:
+            fusion = self.pending.pop(0)
+            challenger = self.plan(incumbent, fusion, incumbent.as_dict())
+            if challenger != incumbent and self._meets(incumbent, challenger):
+                self._meeting = fusion
+                return challenger
+        return None
 
     def plan(self, incumbent: Arm, fusion: int, source: Mapping[int, Choice]) -> Arm:
         """``incumbent`` at ``fusion``: each class its messages make that the incumbent's do not
@@ -62,7 +81,7 @@ class FusionStage:
         }
         return Arm.of({**incumbent.as_dict(), **carried}, fusion)
 
-    def meets(self, incumbent: Arm, challenger: Arm) -> bool:
+    def _meets(self, incumbent: Arm, challenger: Arm) -> bool:
         """Whether ``challenger`` (a fusion size's plan) meets ``incumbent``: not where it runs
         the messages of the incumbent, or of a fusion size that met it this round (it would
         test the same plan again)."""
@@ -109,6 +128,7 @@ class FusionStage:
     def ended(self, challenger: Arm, won: bool, gain: Gain) -> None:
         """A fusion size's paired test ended: its second meeting forgets the near miss; a first
         that lost and came close (`close`) is the near miss, if the closest."""
+        self._meeting = None
         if self._again:
             self._again, self.near = False, None
         elif not won and close(gain) and (self.near is None or gain.ratio < self.near.gain.ratio):

@@ -103,7 +103,7 @@ class PlanSearch:
         self.round = 0
         #: Every finished paired test: (kind, challenger, outcome), oldest first.
         self.history: list[tuple[str, Arm, Outcome]] = []
-        self._queue: list[tuple[str, int, Choice | None]] = []
+        self._queue: list[tuple[int, Choice]] = []  # the class paired tests to come
         #: The class paired test under way: (class, choice).
         self._trying: tuple[int, Choice] | None = None
         #: Per class, its best challenger this round that was ahead on the median and lost:
@@ -157,6 +157,12 @@ class PlanSearch:
     def fused(self) -> bool:
         """Whether this round's fusion sizes have all met the incumbent (or none is tuned)."""
         return self.fusion.done
+
+    @property
+    def fusion_left(self) -> list[int]:
+        """This round's fusion sizes still to meet the incumbent: what a job that ends
+        undecided stores for the next to meet (`resume`)."""
+        return self.fusion.left
 
     def iterations_left(self, screening: int | None) -> int | None:
         """A rough count of the iterations before the plan is locked (or meets plain DDP): the
@@ -213,17 +219,17 @@ class PlanSearch:
         won: Arm | None,
         gain: Gain | None,
         fusion_near: NearMiss | None,
-        fused: bool = True,
+        fusion_left: Sequence[int] = (),
     ) -> None:
         """Begin where a job that ended undecided stopped: from screening (its trials are in the
         studies: classes it screened are not screened again), with the plan that had won so far
         as the incumbent (``won``, None: none had; ``gain``: its step over the baseline's where
         it had met the baseline), and its fusion size that came close still to meet that plan
         again (``fusion_near``). Its class tests that were left, or lost and are shortlisted
-        again, run as they would have, then the fusion sizes unless it had met them all
-        (``fused``); the check or confirmation comes after them."""
+        again, run as they would have, then the fusion sizes it had left (``fusion_left``); the
+        check or confirmation comes after them."""
         self.stored = won
-        self._open(fusion=not fused)
+        self._open(fusion_left)
         if won is not None:
             self.incumbent, self.gain = won, gain
         self.fusion.near = fusion_near
@@ -265,7 +271,7 @@ class PlanSearch:
         if self.phase != "screening":
             return
         ordered = sorted(nominees, key=lambda n: -n[2])
-        self._queue = [("class", cls, choice) for cls, choice, _ in ordered]
+        self._queue = [(cls, choice) for cls, choice, _ in ordered]
         for cls, choice, _ in reversed(ordered):  # each class's largest saving last: kept
             self._screened[cls] = choice
         self.phase = "classes"
@@ -322,7 +328,7 @@ class PlanSearch:
 
     # -- transitions ---------------------------------------------------------------------
 
-    def _open(self, fusion: bool = True) -> None:
+    def _open(self, fusion: Sequence[int] | None = None) -> None:
         self.incumbent, self.gain, self.against_plain = self.baseline, None, False
         self._near, self._lead = {}, None
         self.phase = "screening"  # the tuner's class searches take over; see `screened`
@@ -336,17 +342,15 @@ class PlanSearch:
         if self.phase == "classes":
             if self._combine():
                 return
-            # The fusion sizes meet the classes' winner, with its choices (`FusionStage.plan`).
             self.phase = "fusion"
-            self._queue = [("fusion", f, None) for f in self.fusion.pending]
-            self.fusion.pending = []
-            if self._take():
-                return
         if self.phase != "fusion":
             return
-        again = self.fusion.again(self.incumbent, self._screened)
-        if again is not None:
-            self._begin(self.incumbent, again, "fusion")
+        # The fusion sizes meet the classes' winner, with its choices (`FusionStage.plan`).
+        fused = self.fusion.next(self.incumbent) or self.fusion.again(
+            self.incumbent, self._screened
+        )
+        if fused is not None:
+            self._begin(self.incumbent, fused, "fusion")
             return
         # A plan that meets plain DDP next is not confirmed against the baseline first: the
         # check is that test against a stronger baseline (the hook's cost taken out).
@@ -358,21 +362,15 @@ class PlanSearch:
             self._lock()
 
     def _take(self) -> bool:
-        """Start the paired test of the first challenger queued that is not the incumbent's plan
-        (nor a fusion size's that makes the same messages: `FusionStage.meets`); False if none
-        is left."""
+        """Start the paired test of the first class challenger queued that is not the
+        incumbent's plan; False if none is left."""
         while self._queue:
-            kind, value, choice = self._queue.pop(0)
-            incumbent = self.incumbent
-            if choice is None:
-                challenger = self.fusion.plan(incumbent, value, incumbent.as_dict())
-                if challenger == incumbent or not self.fusion.meets(incumbent, challenger):
-                    continue
-            elif (challenger := incumbent.with_class(value, choice)) == incumbent:
-                continue
-            self._trying = None if choice is None else (value, choice)
-            self._begin(self.incumbent, challenger, kind)
-            return True
+            cls, choice = self._queue.pop(0)
+            challenger = self.incumbent.with_class(cls, choice)
+            if challenger != self.incumbent:
+                self._trying = (cls, choice)
+                self._begin(self.incumbent, challenger, "class")
+                return True
         return False
 
     def _combine(self) -> bool:

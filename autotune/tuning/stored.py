@@ -88,15 +88,15 @@ def provisional(
     incumbent: Arm,
     fusion_near: NearMiss | None = None,
     tested: bool = False,
-    fused: bool = True,
+    fusion_left: Sequence[int] = (),
 ) -> Table:
     """What a job stores before it has decided (`Table.final` False), so that one that ends
     first leaves the next a place to resume: the plan that has won so far (``incumbent``, whose
     choices ``table`` holds: `autotune.tuning.decider.Decider.table`; its classes locked, the
     rest exploring, or all locked once the class tests are over: ``tested``), its gain so
-    far, its fusion size once every fusion size has met it (``fused``) or one has won (None
-    before: the next job meets them), and as its lead the fusion size that came close and has
-    yet to meet the plan again (``fusion_near``: `autotune.tuning.fusion_stage.FusionStage`)."""
+    far, its fusion size and those still to meet it (``fusion_left``: the next job meets
+    them), and as its lead the fusion size that came close and has yet to meet the plan again
+    (``fusion_near``: `autotune.tuning.fusion_stage.FusionStage`)."""
     won = incumbent.as_dict()
     classes = {
         cls: dataclasses.replace(e, state="locked" if tested or cls in won else "exploring")
@@ -105,7 +105,8 @@ def provisional(
     return dataclasses.replace(
         table,
         classes=classes,
-        fusion_bytes=incumbent.fusion_bytes if fused or incumbent.fusion_bytes else None,
+        fusion_bytes=incumbent.fusion_bytes,
         lead=fusion_near,
         final=False,
+        fusion_left=tuple(fusion_left),
     )

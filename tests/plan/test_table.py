@@ -174,6 +174,20 @@ def test_a_table_keeps_the_model_and_whether_it_was_final_and_old_tables_load() 
         Table.from_json({**old, "final": "no"})
 
 
+def test_a_provisional_table_keeps_the_fusion_sizes_its_job_left() -> None:
+    mib = 1 << 20
+    left = Table(TABLE.classes, 0, FP, None, final=False, fusion_left=(4 * mib, 16 * mib))
+    raw = json.loads(json.dumps(left.to_json()))
+    assert raw["fusion_left"] == [4 * mib, 16 * mib]
+    assert Table.from_json(raw) == left
+    # A provisional table stored before it existed: none left (its job had met them first).
+    del raw["fusion_left"]
+    assert Table.from_json(raw).fusion_left == ()
+    for bad in ("4M", [-1], [True]):
+        with pytest.raises(ValueError, match="fusion_left"):
+            Table.from_json({**raw, "fusion_left": bad})
+
+
 def test_show_says_the_model_and_the_step_against_plain_ddp(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

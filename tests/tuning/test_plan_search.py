@@ -471,18 +471,36 @@ def test_the_estimate_of_iterations_left_counts_down_and_is_zero_once_locked() -
     assert c.settled and c.baseline_kept and c.iterations_left(screening=None) == 0
 
 
-def test_a_resumed_search_screens_first_and_meets_the_fusion_sizes_it_had_not() -> None:
+def test_a_resumed_search_screens_first_and_meets_the_fusion_sizes_left() -> None:
     """A job that ended undecided: the next one starts at screening (`PlanSearch.resume`), and
-    meets the fusion sizes after the classes unless the one before had met them all."""
-    for fused in (True, False):
+    after the classes meets the fusion sizes the one before had left."""
+    mib = 1 << 20
+    for left in ([], [mib]):
         c = plan_search()
-        c.resume(None, None, None, fused)
-        assert c.phase == "screening" and c.match is None and c.fused == fused
-        c.screened([(1 << 20, TREE, 0.001)])
+        c.resume(None, None, None, left)
+        assert c.phase == "screening" and c.match is None and c.fused == (not left)
+        assert c.fusion_left == left
+        c.screened([(mib, TREE, 0.001)])
         assert c.phase == "classes" and c.match is not None
         drive(c, lambda arm, i: 1.0, 60)
-        assert c.settled and c.fused
-        assert [k for k, _, _ in c.history] == ["class"] + ([] if fused else ["fusion"])
+        assert c.settled and c.fused and c.fusion_left == []
+        assert [k for k, _, _ in c.history] == ["class"] + (["fusion"] if left else [])
+
+
+def test_a_job_ending_among_the_fusion_sizes_leaves_the_next_those_not_met() -> None:
+    mib = 1 << 20
+    c = PlanSearch(Arm(), fusion_options=(0, mib, 4 * mib), max_pairs=8, warmup=0, recheck_every=0)
+    c.start(None)
+    assert c.fusion_left == [mib, 4 * mib]
+    c.screened([])
+    # 1 MiB meets the baseline: it is left until its paired test ends.
+    assert c.match is not None and c.match.challenger == Arm((), mib)
+    assert c.fusion_left == [mib, 4 * mib]
+    end = 0
+    while c.match is not None and c.match.challenger == Arm((), mib):
+        end = drive(c, lambda arm, i: 1.2 if arm.fusion_bytes else 1.0, 1, end)
+    assert c.match is not None and c.match.challenger == Arm((), 4 * mib)
+    assert c.fusion_left == [4 * mib] and not c.fused
 
 
 def test_a_plan_that_meets_plain_ddp_next_is_not_confirmed_against_the_hooked_baseline() -> None:
