@@ -245,8 +245,8 @@ class HookMetrics(Collector):
         yield settled
         phase = GaugeMetricFamily(
             "autotune_tuner_phase",
-            "1 for the tuner's phase (loading, fusion, screening, classes, confirm, locked), "
-            "0 for the others.",
+            "1 for the tuner's phase (loading, screening, classes, fusion, confirm, catch, "
+            "locked), 0 for the others.",
             labels=[*names, "phase"],
         )
         for name in PHASES:
