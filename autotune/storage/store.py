@@ -390,7 +390,8 @@ def merge_tables(saved: Sequence[tuple[float, Table]]) -> Table:
 
     Per size class the newest locked entry wins (an entry that is not locked only where no entry
     is); the fusion size is the newest locked one, the gain, the lead (`NearMiss`), DDP's bucket
-    size (`Buckets`), the model's description and whether it was final the newest table's. A job
+    size (`Buckets`), the model's description, whether it was final and the fusion sizes it left
+    the newest table's. A job
     judges its plan as a whole, on the step against the baseline, so the latest verdict stands:
     a plan that a later job dropped for the baseline does not come back. (The rule before this
     took the lowest screened latency per class, from the latency-tuned days: it brought a
@@ -410,7 +411,12 @@ def merge_tables(saved: Sequence[tuple[float, Table]]) -> Table:
     merged = Table(classes, fusion, fingerprint)
     if newest is not None:
         merged = dataclasses.replace(
-            merged, gain=newest.gain, lead=newest.lead, model=newest.model, final=newest.final
+            merged,
+            gain=newest.gain,
+            lead=newest.lead,
+            model=newest.model,
+            final=newest.final,
+            fusion_left=newest.fusion_left,
         )
     # The newest job's bucket size, where every class the merge keeps runs without the hook (a
     # class only an older job saw may keep its Python-driven plan, and with it the hook).

@@ -223,6 +223,20 @@ def test_the_lead_is_the_newest_tables_settled_or_not() -> None:
     assert merge_tables([(2.0, kept), (1.0, settled)]).lead == lead
 
 
+def test_a_provisional_plan_keeps_the_fusion_sizes_its_job_left_through_the_storage(
+    tmp_path: Path,
+) -> None:
+    # Merging dropped them: a job that resumed one that ended among its fusion sizes met none.
+    mib = 1 << 20
+    left = Table({1024: entry("shm", 1e-3)}, 0, final=False, fusion_left=(4 * mib, 16 * mib))
+    Store(f"sqlite:///{tmp_path / 'tuning.db'}").save_table("key", "cnn", left)
+    table = Store(f"sqlite:///{tmp_path / 'tuning.db'}").load_table("key", "cnn")
+    assert table is not None and table.fusion_left == (4 * mib, 16 * mib) and not table.final
+    assert (
+        merge_tables([(1.0, left), (2.0, Table({1024: entry("shm", 1e-3)}, 0))]).fusion_left == ()
+    )
+
+
 def test_each_run_stores_its_own_plan_and_reads_its_workloads_merge(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'tuning.db'}"
     a, b = Store(url, run_id="a"), Store(url, run_id="b")
