@@ -361,10 +361,14 @@ def test_a_dead_jobs_trial_fails_and_a_live_jobs_is_left_alone(
 
 
 def _screen(
-    tuner: StandIn, space: list[Choice], latency: Callable[[Choice], float]
+    tuner: StandIn,
+    space: list[Choice],
+    latency: Callable[[Choice], float],
+    search: ClassSearch | None = None,
 ) -> list[Choice]:
-    """Screen ``space`` to the end; the choices in the order they were measured."""
-    search = ClassSearch(tuner, "class", space, space[0])
+    """Screen ``space`` to the end (with ``search``, if given); the choices in the order they
+    were measured."""
+    search = search or ClassSearch(tuner, "class", space, space[0])
     measured: list[Choice] = []
     for _ in range(1000):
         tuner.pump()
@@ -480,16 +484,8 @@ def test_a_class_screens_its_segment_sizes_only_where_they_could_reach_the_short
     space, times = _mlp_2mib()
     search = ClassSearch(tuner, "class", space, Choice("native"))
     assert search.windows_left() == len(space) * 7  # nothing measured: all of them, at most
-    measured: list[Choice] = []
-    for _ in range(1000):
-        tuner.pump()
-        if search.state == "locked":
-            break
-        search.start()
-        if search.trial is not None and search.trial.option not in measured:
-            measured.append(search.trial.option)
-        search.measure(search.desired, times[search.desired])
-    assert search.state == "locked" and search.desired == Choice("shm")
+    measured = _screen(tuner, space, times.__getitem__, search)
+    assert search.desired == Choice("shm")
     leads = [Choice(a) for a in ("native", "ring", "tree", "two_tree", "shm")]
     # tree (4.71 ms) is within 2x of shm (2.37 ms): its two segment sizes are screened; ring
     # (5.41 ms) and two_tree (6.18 ms, 3.84 ms at 1 MiB segments) are not, and would not have
