@@ -101,6 +101,7 @@ class Decider:
             catch=tuner.unhooks,
             needs_hook=tuner.needs_hook,
             messages=lambda fusion: message_sizes(tuner.engine.buckets, fusion),
+            space=tuner.space,
         )
         #: The job's fingerprint and its key in the storage (from the first exchange on).
         self.fingerprint: dict[str, str | int] | None = None

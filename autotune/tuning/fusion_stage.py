@@ -5,6 +5,7 @@ its choices to the classes it fuses, and one that came close meets it again with
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 from autotune.plan import Arm, Choice, Gain, NearMiss, size_class
@@ -28,11 +29,18 @@ class FusionStage:
     close (``near``), met once more (`again`).
 
     ``messages(fusion)`` gives the message sizes a fusion size makes of the job's buckets now
-    (empty: not known yet; `autotune.ddp.messages.message_sizes`)."""
+    (empty: not known yet; `autotune.ddp.messages.message_sizes`), ``space(cls)`` the choices a
+    size class can run (None: any)."""
 
-    def __init__(self, options: Sequence[int], messages: Callable[[int], list[int]]) -> None:
+    def __init__(
+        self,
+        options: Sequence[int],
+        messages: Callable[[int], list[int]],
+        space: Callable[[int], Sequence[Choice]] | None = None,
+    ) -> None:
         self.options = list(options)
         self.messages = messages
+        self.space = space
         self.pending: list[int] = []
         #: Whether this round's fusion sizes have all met the incumbent (or none is tuned).
         self.done = True
@@ -74,12 +82,29 @@ class FusionStage:
         the classes")."""
         now = {size_class(n) for n in self.messages(incumbent.fusion_bytes)}
         new = {size_class(n) for n in self.messages(fusion)} - now
-        carried = {
-            cls: source[min(source, key=lambda c: (abs(c.bit_length() - cls.bit_length()), -c))]
-            for cls in new
-            if source
-        }
+        carried = {}
+        for cls in new if source else ():
+            near = source[min(source, key=lambda c: (abs(c.bit_length() - cls.bit_length()), -c))]
+            fit = self._fit(cls, near)
+            if fit is not None:
+                carried[cls] = fit
         return Arm.of({**incumbent.as_dict(), **carried}, fusion)
+
+    def _fit(self, cls: int, choice: Choice) -> Choice | None:
+        """``choice`` as size class ``cls`` can run it: itself, else its algorithm unsegmented
+        (or at its largest segment) where a segment is no smaller than the class; None where the
+        class cannot run the algorithm (it keeps the baseline's)."""
+        if self.space is None:
+            return choice
+        space = self.space(cls)
+        if choice in space:
+            return choice
+        same = [c for c in space if (c.algorithm, c.wire) == (choice.algorithm, choice.wire)]
+        return max(
+            same,
+            key=lambda c: math.inf if c.segment_bytes is None else c.segment_bytes,
+            default=None,
+        )
 
     def _meets(self, incumbent: Arm, challenger: Arm) -> bool:
         """Whether ``challenger`` (a fusion size's plan) meets ``incumbent``: not where it runs

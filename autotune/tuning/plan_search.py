@@ -75,6 +75,7 @@ class PlanSearch:
         catch: bool = False,
         needs_hook: Callable[[Arm], bool] | None = None,
         messages: Callable[[int], list[int]] | None = None,
+        space: Callable[[int], Sequence[Choice]] | None = None,
     ) -> None:
         self.baseline = baseline
         #: Whether a plan that needs the hook meets plain DDP before it is locked (the job
@@ -84,10 +85,11 @@ class PlanSearch:
         #: one that does not (autotune-nccl's cells, which NCCL runs from a table once autotune
         #: unhooks: `autotune.algorithms.carried`) is locked without the check.
         self.needs_hook = needs_hook or (lambda arm: bool(arm.choices))
-        #: The fusion sizes, after the class tests (``messages``: `FusionStage`'s).
+        #: The fusion sizes, after the class tests (``messages``, ``space``: `FusionStage`'s).
         self.fusion = FusionStage(
             [f for f in fusion_options if f != baseline.fusion_bytes],
             messages or (lambda fusion: []),
+            space,
         )
         #: Whether ``gain`` is the check's: against plain DDP itself, in pairs of blocks.
         self.against_plain = False

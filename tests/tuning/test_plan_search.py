@@ -16,6 +16,7 @@ from autotune.tuning.paired_test import (
 )
 from autotune.tuning.plan_search import NEAR_MISS_BELOW, PlanSearch
 from autotune.tuning.shortlist import shortlist
+from autotune.tuning.space import search_space
 
 FUSION = (0, 1 << 20)
 TREE = Choice("tree")
@@ -775,3 +776,30 @@ def test_a_near_miss_whose_messages_would_run_as_they_lost_is_not_met_again() ->
         ("fusion", fused, True),
         ("confirm", fused, True),
     ]
+
+
+def test_a_choice_carried_to_a_class_that_cannot_run_it_runs_its_algorithm_unsegmented() -> None:
+    """tree in 1 MiB segments won on DDP's one 2 MiB bucket; cut at 1 MiB, its messages fall in
+    the 1 MiB class, whose space has no 1 MiB segment (a segment below the class only): it runs
+    tree unsegmented. Carried as it was, the plan named a choice outside the class's space, and
+    the ranks failed to encode it ("... is not in list")."""
+    mib = 1 << 20
+    tree_seg = Choice("tree", mib)
+    won = Arm(((2 * mib, tree_seg),), 0)
+    c = PlanSearch(
+        Arm(),
+        fusion_options=(0, mib),
+        max_pairs=8,
+        warmup=0,
+        recheck_every=0,
+        messages=lambda f: message_sizes([(2 * mib, "float32")], f),
+        space=lambda cls: search_space(cls, ("native", "tree")),
+    )
+    assert tree_seg not in search_space(mib, ("native", "tree"))
+    c.start(None)
+    c.screened([(2 * mib, tree_seg, 0.001)])
+    end = 0
+    while c.phase == "classes":
+        end = drive(c, lambda arm, i: 0.8 if arm == won else 1.0, 1, end)
+    assert c.incumbent == won and c.match is not None and c.match.kind == "fusion"
+    assert c.match.challenger == Arm(((mib, TREE), (2 * mib, tree_seg)), mib)
