@@ -114,14 +114,18 @@ def check_shared(url: str, results: list[Any]) -> None:
     table = store.load_table(key, workload)
     assert table is not None and table.fusion_bytes is not None
     locked = {cls for cls, e in table.classes.items() if e.state == "locked"}
+    shared = []
     for r in results:
         if r.rank == 0:
             progress = r.value.progress
             assert progress["fusion"].state == "locked", progress
             mine = {k for k, p in progress.items() if p.state == "locked" and k != "fusion"}
             assert mine <= locked, (mine, table)
-            # Each job ran only part of the trials its studies hold: the work was shared.
-            assert any(p.trials_total < p.trials for p in progress.values()), progress
+            shared.append(any(p.trials_total < p.trials for p in progress.values()))
+    # A job ran only part of the trials its studies hold: it took the other's. (Both, most
+    # often; where one job starts screening well ahead it may run every trial itself, and the
+    # later one takes them: a loaded CI machine did that once.)
+    assert any(shared), [r.value.progress for r in results if r.rank == 0]
 
 
 @pytest.mark.distributed
