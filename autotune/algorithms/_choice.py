@@ -3,6 +3,7 @@ it), here below both so that an algorithm can name it without knowing plans."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,11 @@ class Choice:
         """The choice a `label` names (``ring``, ``ring+bf16``), with ``segment_bytes``."""
         algorithm, wire = split_label(label)
         return cls(algorithm, segment_bytes, wire)
+
+    @property
+    def span(self) -> float:
+        """The bytes its segment holds: the whole message (inf) where it runs unsegmented."""
+        return math.inf if self.segment_bytes is None else self.segment_bytes
 
     @property
     def label(self) -> str:

@@ -29,11 +29,6 @@ SEGMENTS_WITHIN = 2.0
 WIRE_SHORTLIST = 3
 
 
-def _span(choice: Choice) -> float:
-    """The bytes a choice's segment holds: the whole message where it runs unsegmented."""
-    return math.inf if choice.segment_bytes is None else choice.segment_bytes
-
-
 class ClassSearch(Search[Choice]):
     """Algorithm x segment for one size class, as readable study parameters.
 
@@ -112,7 +107,7 @@ class ClassSearch(Search[Choice]):
         lead: dict[str, Choice] = {}
         for c in plain:
             held = lead.get(c.algorithm)
-            if held is None or (not self.ranked and _span(c) > _span(held)):
+            if held is None or (not self.ranked and c.span > held.span):
                 lead[c.algorithm] = c
         leads = [c for c in plain[1:] if lead[c.algorithm] == c]
         others = [c for c in plain[1:] if lead[c.algorithm] != c]

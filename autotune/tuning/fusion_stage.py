@@ -5,7 +5,6 @@ its choices to the classes it fuses, and one that came close meets it again with
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Mapping, Sequence
 
 from autotune.plan import Arm, Choice, Gain, NearMiss, size_class
@@ -100,11 +99,7 @@ class FusionStage:
         if choice in space:
             return choice
         same = [c for c in space if (c.algorithm, c.wire) == (choice.algorithm, choice.wire)]
-        return max(
-            same,
-            key=lambda c: math.inf if c.segment_bytes is None else c.segment_bytes,
-            default=None,
-        )
+        return max(same, key=lambda c: c.span, default=None)
 
     def _meets(self, incumbent: Arm, challenger: Arm) -> bool:
         """Whether ``challenger`` (a fusion size's plan) meets ``incumbent``: not where it runs
