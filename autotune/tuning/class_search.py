@@ -101,9 +101,9 @@ class ClassSearch(Search[Choice]):
         """``plain`` (uncompressed, in the space's order) in the order screened, without the
         segment sizes out of the race: its first (the job's choice), each algorithm's lead (its
         first where the space is `ranked`, else its unsegmented run, else its largest segment),
-        then the other segment sizes of each
-        algorithm none of whose choices has screened yet or one has within `SEGMENTS_WITHIN`
-        of the fastest (``values``, or a window that failed it as too slow), closest first."""
+        then the other segment sizes of each algorithm none of whose choices has screened yet or
+        one has within `SEGMENTS_WITHIN` of the fastest (``values``, or a window that failed it
+        as too slow), closest first."""
         lead: dict[str, Choice] = {}
         for c in plain:
             held = lead.get(c.algorithm)

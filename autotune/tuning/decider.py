@@ -300,8 +300,8 @@ class Decider:
                 "none had won yet" if won is None else won.describe(),
                 "" if near is None else f"; {near.describe()} came close, to meet it again",
             )
-            left = [f for f in table.fusion_left if f in FUSION_OPTIONS and self.tuner.tune_fusion]
-            self.plan_search.resume(won, table.gain, near, left)
+            # Sizes this job does not tune are not among the fusion stage's options: left out.
+            self.plan_search.resume(won, table.gain, near, table.fusion_left)
             return
         if lead is not None and self._runnable(lead.arm):
             _log.info(
