@@ -247,6 +247,9 @@ class Tuner:
         self.check_from = None
         if not kept:
             self.unhook_from = self.engine.iteration
+            # DDP's own all-reduce runs from here: the plan says so (`AutotuneState.plan`).
+            self.engine.plan.replace({})
+            self.arm = self.baseline
         if self.decider is not None:
             self.decider.caught(kept, outcome)
 
