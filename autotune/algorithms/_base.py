@@ -81,11 +81,6 @@ class AllReduceAlgorithm(abc.ABC):
 
     #: Registry name, used in errors and metrics.
     name: ClassVar[str]
-    #: Whether screening tries it right after the job's choice, before the space's order: one
-    #: that moves no byte over the backend's transport (`shm`, one pass through one host's shared
-    #: memory), the one to beat wherever it runs, so that racing ends the others early
-    #: (`autotune.tuning.class_search.ClassSearch`).
-    screened_first: ClassVar[bool] = False
     #: Whether ``segment_bytes`` changes what the algorithm does (the tuner searches it only then).
     segmented: ClassVar[bool] = True
     #: Pipeline segment used when the caller gives none.

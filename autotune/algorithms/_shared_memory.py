@@ -124,7 +124,6 @@ class SharedMemoryAllReduce(AllReduceAlgorithm):
     segmented = False
     folds_scale = True
     leaves_result = True
-    screened_first = True
 
     @classmethod
     def offered(cls, group: ProcessGroup, device: torch.device) -> bool:

@@ -9,7 +9,6 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from autotune.algorithms import ALGORITHMS
 from autotune.plan import Choice
 from autotune.tuning.search import Host, Search
 from autotune.tuning.space import choice_of, params_of, suggest_choice, wires_of
@@ -39,12 +38,10 @@ class ClassSearch(Search[Choice]):
     (`autotune.model.Prior`) may order it and leave some out.
 
     A segment size refines an algorithm that is in the race: the job's choice is screened first,
-    then each algorithm once (`AllReduceAlgorithm.screened_first` ones, `shm`, before the
-    rest, where no prior ordered the space), unsegmented (at its largest segment, where the
-    class is larger than its default segment; at its first, where a prior ordered the space:
-    ``ranked``), then the other segment sizes of an algorithm only where one of its choices
-    screened within `SEGMENTS_WITHIN` of the class's fastest, closest first (docs/TUNER.md,
-    "Screening").
+    then each algorithm once, unsegmented (at its largest segment, where the class is larger
+    than its default segment; at its first, where a prior ordered the space: ``ranked``), then
+    the other segment sizes of an algorithm only where one of its choices screened within
+    `SEGMENTS_WITHIN` of the class's fastest, closest first (docs/TUNER.md, "Screening").
 
     Where the space has compressed choices (`Choice.wire`), the uncompressed ones are screened
     first, up to `Config.tune_trials` of them; then each wire dtype on the `WIRE_SHORTLIST`
@@ -103,9 +100,8 @@ class ClassSearch(Search[Choice]):
     def _raced(self, plain: list[Choice], values: Mapping[Choice, float]) -> list[Choice]:
         """``plain`` (uncompressed, in the space's order) in the order screened, without the
         segment sizes out of the race: its first (the job's choice), each algorithm's lead (its
-        first where the space is `ranked`, else its unsegmented run, else its largest segment;
-        where not `ranked`, those `AllReduceAlgorithm.screened_first` before the rest), then the
-        other segment sizes of each algorithm none of whose choices has screened yet or
+        first where the space is `ranked`, else its unsegmented run, else its largest segment),
+        then the other segment sizes of each algorithm none of whose choices has screened yet or
         one has within `SEGMENTS_WITHIN` of the fastest (``values``, or a window that failed it
         as too slow), closest first."""
         lead: dict[str, Choice] = {}
@@ -114,8 +110,6 @@ class ClassSearch(Search[Choice]):
             if held is None or (not self.ranked and c.span > held.span):
                 lead[c.algorithm] = c
         leads = [c for c in plain[1:] if lead[c.algorithm] == c]
-        if not self.ranked:
-            leads.sort(key=lambda c: not _screened_first(c))
         others = [c for c in plain[1:] if lead[c.algorithm] != c]
         best = min(values.values(), default=math.inf)
         standing: dict[str, float] = {}
@@ -131,8 +125,3 @@ class ClassSearch(Search[Choice]):
         wires = wires_of(self.space)
         plain = min(self.tuner.config.tune_trials, sum(c.wire is None for c in self.space))
         return plain + min(WIRE_SHORTLIST, plain) * len(wires)
-
-
-def _screened_first(choice: Choice) -> bool:
-    algorithm = ALGORITHMS.get(choice.algorithm)
-    return algorithm is not None and algorithm.screened_first

@@ -18,7 +18,6 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune import Config
-from autotune.algorithms import ALGORITHMS
 from autotune.plan import Choice
 from autotune.storage import Store
 from autotune.tuning.class_search import SEGMENTS_WITHIN, WIRE_SHORTLIST, ClassSearch
@@ -487,45 +486,12 @@ def test_a_class_screens_its_segment_sizes_only_where_they_could_reach_the_short
     assert search.windows_left() == len(space) * 7  # nothing measured: all of them, at most
     measured = _screen(tuner, space, times.__getitem__, search)
     assert search.desired == Choice("shm")
-    # shm (screened_first) right after the job's choice, then the space's order.
-    leads = [Choice(a) for a in ("native", "shm", "ring", "tree", "two_tree")]
+    leads = [Choice(a) for a in ("native", "ring", "tree", "two_tree", "shm")]
     # tree (4.71 ms) is within 2x of shm (2.37 ms): its two segment sizes are screened; ring
     # (5.41 ms) and two_tree (6.18 ms, 3.84 ms at 1 MiB segments) are not, and would not have
     # been shortlisted (beyond RUNNER_UP_WITHIN of shm).
     assert measured == [*leads, Choice("tree", 256 << 10), Choice("tree", 1 << 20)]
     assert shortlist(search.values, Choice("native")) == shortlist(times, Choice("native"))
-
-
-def test_shm_screened_first_ends_the_others_early(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Racing ends a trial beyond 1.3x the fastest so far after two samples: with `shm` second
-    every other algorithm is that far behind it, where in the space's order (shm last) ring and
-    tree each ran all their samples against native's and each other's."""
-    space, times = _mlp_2mib()
-
-    def windows(url: str) -> tuple[int, list[Choice]]:
-        tuner = StandIn(url, tune_warmup=2, tune_samples=5)
-        search = ClassSearch(tuner, "class", space, Choice("native"))
-        n = [0]
-
-        def latency(c: Choice) -> float:
-            n[0] += 1
-            return times[c]
-
-        measured = _screen(tuner, space, latency, search)
-        assert search.desired == Choice("shm")
-        assert shortlist(search.values, Choice("native")) == shortlist(times, Choice("native"))
-        return n[0], measured
-
-    first, order = windows(f"sqlite:///{tmp_path / 'first.db'}")
-    assert order[:2] == [Choice("native"), Choice("shm")]
-    monkeypatch.setattr(ALGORITHMS["shm"], "screened_first", False)
-    last, order = windows(f"sqlite:///{tmp_path / 'last.db'}")
-    assert order[:2] == [Choice("native"), Choice("ring")] and order[4] == Choice("shm")
-    # native and shm 7 windows each (2 warm-up, 5 samples), the 5 raced ones 4 each; in the
-    # space's order ring and tree were not behind enough to race (7 each): 6 windows more.
-    assert last - first == 6 and first <= 7 + 7 + 5 * 4 + 1
 
 
 def test_windows_left_counts_the_segment_sizes_still_in_the_race(tmp_path: Path) -> None:
