@@ -2,12 +2,10 @@
 
 A plan (`Arm`) is a choice per size class and a fusion size. The baseline is the backend's own
 all-reduce on DDP's own buckets. `PlanSearch` starts from it and moves only to a plan that won a
-paired test against the plan it runs (`autotune.tuning.paired_test`), or that the check against
-plain DDP will test before it is locked, through the phases:
+paired test against the plan it runs (`autotune.tuning.paired_test`), through the phases:
 ``screening`` (per class, on message latency, which only shortlists:
-`autotune.tuning.shortlist`), ``classes`` (the classes' fastest choices together, adopted
-without a test where nothing has won yet and the check against plain DDP will test the plan,
-then each shortlisted choice that plan does not run, near misses of several classes together),
+`autotune.tuning.shortlist`), ``classes`` (the classes' fastest choices together, then each
+shortlisted choice that plan does not run, near misses of several classes together),
 ``fusion`` (each fusion size, the classes it makes taking the choices of the incumbent's
 nearest classes; one that came close, again with screening's: `autotune.tuning.fusion_stage`),
 ``confirm`` (against the baseline), ``catch`` (a plan that needs the hook against plain DDP
@@ -279,44 +277,17 @@ class PlanSearch:
         for cls, choice, _ in reversed(ordered):  # each class's largest saving last: kept
             self._screened[cls] = choice
         self.phase = "classes"
-        if self._adopted() or not self._joint():
+        if not self._joint():
             self._next()
-
-    def _fastest(self) -> tuple[Arm, int]:
-        """The incumbent with the classes' fastest choices, and how many classes that changes."""
-        first = {c: ch for c, ch in self._screened.items() if self.incumbent.choice(c) != ch}
-        return Arm.of({**self.incumbent.as_dict(), **first}, self.incumbent.fusion_bytes), len(
-            first
-        )
-
-    def _adopted(self) -> bool:
-        """Where the incumbent is the baseline and the check against plain DDP will follow,
-        make the classes' fastest choices the incumbent without a paired test against it: that
-        check tests the plan against a stronger baseline than the hooked one, and a plan that
-        loses it leaves the job on plain DDP (docs/TUNER.md, "The classes' fastest, adopted
-        where the check follows"). The other shortlisted choices and the fusion sizes meet it
-        as they would have met a winner. False where none differs, a plan that won a paired
-        test is the incumbent, or no check follows (`_joint` then)."""
-        fastest, changed = self._fastest()
-        if not changed or self.incumbent != self.baseline:
-            return False
-        if not (self.catch and self.needs_hook(fastest)):
-            return False
-        _log.info(
-            "autotune adopts the classes' fastest choices, %s, without a paired test against "
-            "the hooked baseline: the check against plain DDP tests the plan",
-            fastest.describe(),
-        )
-        self.incumbent, self.gain, self._joint_arm = fastest, None, fastest
-        return True
 
     def _joint(self) -> bool:
         """Start the paired test of the classes' fastest choices together, if two or more have
         one. Won, only the other shortlisted choices meet it after; lost, each class meets the
         incumbent alone (docs/TUNER.md, "The classes together first")."""
-        joint, changed = self._fastest()
-        if changed < 2:
+        first = {c: ch for c, ch in self._screened.items() if self.incumbent.choice(c) != ch}
+        if len(first) < 2:
             return False
+        joint = Arm.of({**self.incumbent.as_dict(), **first}, self.incumbent.fusion_bytes)
         self._trying, self._joint_arm = None, joint
         self._begin(self.incumbent, joint, "joint")
         return True
@@ -337,24 +308,15 @@ class PlanSearch:
     def caught(self, kept: bool, outcome: Outcome | None) -> None:
         """The check against plain DDP is over, on every rank alike: ``kept``, the incumbent runs
         on through the hook, its gain the check's where it measured one (``outcome``; None: it
-        could not run, and a plan no paired test of this job has measured meets the hooked
-        baseline instead); else the job runs plain DDP (it has unhooked), and the baseline is
-        kept, with no lead: the round's challengers lost to the plan that lost here."""
+        could not run); else the job runs plain DDP (it has unhooked), and the baseline is kept,
+        with no lead: the round's challengers lost to the plan that lost here."""
         if self.phase != "catch":
             return
         if outcome is not None:
             self.history.append(("catch", self.incumbent, outcome))
-        else:
-            self.catch = False  # it cannot run in this job: later plans are tested as without
         if kept:
             if outcome is not None:
                 self.gain, self.against_plain = outcome.gain, True
-            elif self.gain is None and self.incumbent != self.baseline:
-                # Adopted (`_adopted`) or stored, and never measured in this job: it meets the
-                # hooked baseline instead, as where no check follows.
-                self.phase = "confirm"
-                self._begin(self.baseline, self.incumbent, "confirm")
-                return
         else:
             self.incumbent, self.gain, self._lead = self.baseline, None, None
         self.phase = "locked"

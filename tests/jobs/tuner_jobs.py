@@ -189,8 +189,7 @@ def tune(
     which a loaded machine slows; a fixed count would not; ``then`` more steps run after that
     (the plan settled on: the orders that settle it arrive while an iteration of the plan before
     may still be running). With ``until_won``, training stops (undecided) once every rank has
-    heard that a plan beat the baseline, or awaits the check against plain DDP (a plan
-    adopted untested: `autotune.tuning.plan_search.PlanSearch`)."""
+    heard that a plan beat the baseline."""
     register_injected()
     register("native", SlowNative if slow_native else NativeAllReduce, replace=True)
     if slow_native:
@@ -226,8 +225,7 @@ def tune(
             since_settled += 1
         if until_won:
             state.status()  # the engine settled: every rank has heard the same orders
-            tuner = state.tuner
-            won = tuner is not None and (tuner.gain is not None or tuner.phase == "catch")
+            won = state.tuner is not None and state.tuner.gain is not None
             if everywhere(won):
                 break  # a plan has beaten the baseline, undecided: the job ends here
         steps_run += 1

@@ -56,6 +56,8 @@ class Aside:
     stored_plan: dict[int, str] | None = None
     # `state.status().headline` after each step (`autotune.tuning.status.Status`).
     headlines: list[str] = field(default_factory=list)
+    # `state.plan()` at the end: the algorithm per size class the job names.
+    plan: dict[int, str] = field(default_factory=dict)
 
 
 def beside_plain(
@@ -181,6 +183,7 @@ def beside_plain(
         bucket_kept=None if search is None else search.kept,
         bucket_cap=models[0].bucket_bytes_cap,
         headlines=headlines,
+        plan={cls: c.algorithm for cls, c in state.plan().items()},
     )
     catch = None if unhooking is None else unhooking.catch
     if catch is not None:

@@ -86,6 +86,8 @@ def test_a_plan_slower_than_plain_ddp_is_dropped_and_the_job_steps_aside(tmp_pat
         assert r.catch_kept is False and r.hooks_left == 0 and r.reducer_replaced
         assert r.catch_pairs >= 1  # a pair 3x slower ends a paired test at once
         assert r.calls[-AFTER:] == [0] * AFTER  # no hook since
+        # The plan names what runs since, DDP's own all-reduce (it named the plan that lost).
+        assert r.plan and set(r.plan.values()) == {"native"}, r.plan
         assert r.plain_rel < 1e-5, r.plain_rel
     assert len({r.hooked for r in runs}) == 1, "ranks' parameters diverged"
     verdict = runs[0].verdict

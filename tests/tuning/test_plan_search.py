@@ -259,48 +259,6 @@ def test_the_classes_fastest_choices_meet_the_incumbent_together_first() -> None
     assert c.match is not None and c.match.kind == "class"
 
 
-def test_where_the_check_against_plain_ddp_follows_the_classes_fastest_are_adopted_untested() -> (
-    None
-):
-    """The check against plain DDP tests a plan against a stronger baseline than the hooked
-    one, so where it follows, the classes' fastest choices become the incumbent at once; the
-    runner-up meets them, then the check. The shm choices make the step 0.9 times the
-    baseline's each, the large class's ring 0.95 times."""
-    small, large = 256 << 10, 2 << 20
-    fastest = Arm(((small, SHM), (large, SHM)), 0)
-
-    def step(arm: Arm, i: int) -> float:
-        ratio = {SHM: 0.9, RING: 0.95}
-        return ratio.get(arm.choice(small), 1.0) * ratio.get(arm.choice(large), 1.0)
-
-    def search(catch: bool) -> PlanSearch:
-        c = PlanSearch(
-            Arm(), fusion_options=(0,), max_pairs=8, warmup=0, recheck_every=0, catch=catch
-        )
-        c.start(None)
-        c.screened([(small, SHM, 0.003), (large, SHM, 0.002), (large, RING, 0.0018)])
-        return c
-
-    c = search(catch=True)
-    assert c.incumbent == fastest and c.gain is None and not c.history
-    assert c.match is not None and c.match.kind == "class" and c.match.reference == fastest
-    assert c.match.challenger == fastest.with_class(large, RING)
-    drive(c, step, 100)
-    assert [(k, o.challenger_won) for k, _, o in c.history] == [("class", False)]
-    assert c.phase == "catch" and c.incumbent == fastest  # the check is its test
-    # Without the check, the classes' fastest meet the baseline together first.
-    c = search(catch=False)
-    assert c.incumbent == Arm() and c.match is not None and c.match.kind == "joint"
-    # A plan that won a paired test in an earlier job stays the incumbent: a class's fastest
-    # meets it.
-    c = PlanSearch(Arm(), fusion_options=(0,), max_pairs=8, warmup=0, recheck_every=0, catch=True)
-    won = Arm(((small, SHM),), 0)
-    c.resume(won, Gain(0.9, 0.85, 0.95, 6), None)
-    c.screened([(small, SHM, 0.003), (large, SHM, 0.002)])
-    assert c.incumbent == won and c.match is not None and c.match.kind == "class"
-    assert c.match.challenger == fastest
-
-
 def swinging(alone: float, plan: Arm) -> Callable[[Arm, int], float]:
     """Steps: 1.0 for anything but ``plan``, whose steps swing by -8% to +8% around ``alone``
     (a pair in four above 1 at alone = 0.96: ahead on the median, never beyond noise)."""
@@ -392,17 +350,15 @@ def test_where_the_job_steps_aside_a_plan_that_needs_the_hook_meets_plain_ddp_fi
         drive(c, lambda arm, i: 0.8 if arm == tree else 1.0, 40)
         return c
 
-    c = won_by_tree(catch=False)  # a job that keeps the hook anyway: locked on its class test
-    assert c.settled and [k for k, _, _ in c.history] == ["class", "fusion"]
+    assert won_by_tree(catch=False).settled  # a job that keeps the hook anyway: locked
     c = won_by_tree(catch=True)
     assert c.phase == "catch" and c.incumbent == tree and c.match is None
-    # Screening's fastest, adopted without a class test: the check is its test; the fusion
-    # size met it (and lost: it changes nothing).
-    assert [k for k, _, _ in c.history] == ["fusion"] and c.gain is None
     assert c.steady and not c.settled  # the tuner's windows compare nothing meanwhile
     # Rank 0's windows go on arriving from the plan's blocks: nothing starts, no re-check.
     end = drive(c, lambda arm, i: 0.8 if arm == tree else 1.0, 200, 80)
     assert c.phase == "catch" and c.match is None and c.next_arm() == tree
+    hooked_gain = c.gain
+    assert hooked_gain is not None and hooked_gain.ratio == pytest.approx(0.8)
 
     # Kept: locked, its gain the check's against plain DDP, which later re-checks (against
     # the hooked baseline) do not replace.
@@ -426,28 +382,10 @@ def test_where_the_job_steps_aside_a_plan_that_needs_the_hook_meets_plain_ddp_fi
     c.caught(True, None)  # a stale word after the check against plain DDP changes nothing
     assert c.baseline_kept
 
-    # Not run (the reducer cannot be rebuilt): the plan no paired test measured meets the hooked
-    # baseline instead, and is locked on that test's word; no later plan goes to the check.
+    # Not run (the reducer cannot be rebuilt): locked on the paired tests' word.
     c = won_by_tree(catch=True)
     c.caught(True, None)
-    assert c.phase == "confirm" and c.match is not None and c.match.challenger == tree
-    assert not c.catch
-    drive(c, lambda arm, i: 0.8 if arm == tree else 1.0, 40)
-    assert c.settled and c.incumbent == tree and not c.against_plain
-    assert c.gain is not None and c.gain.ratio == pytest.approx(0.8)
-    # One that lost it: the baseline.
-    c = won_by_tree(catch=True)
-    c.caught(True, None)
-    drive(c, lambda arm, i: 1.2 if arm == tree else 1.0, 40)
-    assert c.settled and c.baseline_kept
-    # A plan that won a paired test in this job is locked on its word.
-    c = plan_search(catch=True)
-    c.resume(tree, Gain(0.8, 0.7, 0.9, 6), None)
-    c.screened([])
-    drive(c, lambda arm, i: 0.8 if arm == tree else 1.0, 40)
-    assert c.phase == "catch"
-    c.caught(True, None)
-    assert c.settled and c.incumbent == tree and c.gain == Gain(0.8, 0.7, 0.9, 6)
+    assert c.settled and c.incumbent == tree and c.gain == hooked_gain and not c.against_plain
 
 
 def test_a_fusion_only_plan_has_no_catch_and_a_stored_hook_plan_goes_straight_to_it() -> None:
@@ -584,7 +522,7 @@ def test_a_plan_that_meets_plain_ddp_next_is_not_confirmed_against_the_hooked_ba
         drive(c, step, 60)
         assert c.phase == ("catch" if catch else "locked") and c.incumbent == both
         kinds[catch] = [k for k, _, _ in c.history]
-    assert kinds[True] == ["fusion"]  # the class adopted untested: the check tests the plan
+    assert kinds[True] == ["class", "fusion"]
     assert kinds[False] == ["class", "fusion", "confirm"]
 
 
@@ -742,21 +680,20 @@ def test_a_job_resumed_before_its_fusion_size_met_again_meets_it_as_the_first_wo
             return 0.96 * swing[k[0] % 4]
         return {tree_on_ddp: 0.9, carried: 0.7, carried_alone: 0.7}.get(arm, 1.0)
 
-    def search(catch: bool = True) -> PlanSearch:
+    def search() -> PlanSearch:
         return PlanSearch(
             Arm(),
             fusion_options=(0, 4 * mib),
             max_pairs=8,
             warmup=0,
             recheck_every=0,
-            catch=catch,
+            catch=True,
             messages=lambda f: message_sizes(buckets, f),
         )
 
-    # The short job (one that keeps the hook: its class meets the baseline): its class lost,
-    # the fusion size came close on the baseline's all-reduce, and the job ends during its
-    # second meeting.
-    first = search(catch=False)
+    # The short job: its class lost, the fusion size came close on the baseline's all-reduce,
+    # and the job ends during its second meeting.
+    first = search()
     first.start(None)
     first.screened([(mib, TREE, 0.001)])
     end = 0
@@ -771,18 +708,14 @@ def test_a_job_resumed_before_its_fusion_size_met_again_meets_it_as_the_first_wo
     def tests(c: PlanSearch) -> list[tuple[str, Arm, bool]]:
         return [(k, a, o.challenger_won) for k, a, o in c.history]
 
-    # None had won: screening, then the fusion size with the class's choice, which the job
-    # adopted untested (the check against plain DDP follows); without the check, the class
-    # test first.
-    for catch, before in ((True, []), (False, [("class", tree_on_ddp, True)])):
-        c = search(catch)
-        c.resume(None, None, near)
-        assert c.phase == "screening" and not c.history and c.fusion_near == near
-        c.screened([(mib, TREE, 0.001)])
-        drive(c, step, 60)
-        assert tests(c)[:2] == [*before, ("fusion", carried, True)]
-        assert c.incumbent == carried and c.fusion_near is None
-        assert c.phase == "catch" if catch else c.settled
+    # None had won: screening, the class tests, then the fusion size with the class's choice.
+    c = search()
+    c.resume(None, None, near)
+    assert c.phase == "screening" and not c.history and c.fusion_near == near
+    c.screened([(mib, TREE, 0.001)])
+    drive(c, step, 60)
+    assert tests(c) == [("class", tree_on_ddp, True), ("fusion", carried, True)]
+    assert c.phase == "catch" and c.incumbent == carried and c.fusion_near is None
 
     # A plan had won (on DDP's buckets): it is the incumbent the class tests and the fusion
     # size meet, kept until that test ends (a job ending during it stores it again).
