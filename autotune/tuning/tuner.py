@@ -247,9 +247,10 @@ class Tuner:
         self.check_from = None
         if not kept:
             self.unhook_from = self.engine.iteration
-            # DDP's own all-reduce runs from here: the plan says so (`AutotuneState.plan`).
+            # DDP's own all-reduce runs from here: the plan says so (`AutotuneState.plan`). The
+            # arm stays: its fusion size is the first bucket size DDP's search tries
+            # (`autotune.tuning.unhooked.bucket_tuner`), as before this line.
             self.engine.plan.replace({})
-            self.arm = self.baseline
         if self.decider is not None:
             self.decider.caught(kept, outcome)
 
