@@ -225,11 +225,14 @@ def test_tune_writes_a_plan_the_hook_starts_from(tmp_path: Path) -> None:
     job = run_local(train, 2, 400, config, False, True, None, True, timeout_s=600)[0]
     assert job.settled, (job.progress, job.duels)
     assert store.trial_count() == trials
-    # No fusion round, no screening: class paired tests (one per class the sweep chose other
-    # than native for), and where two or more won, each against the plan before it, the plan
-    # they make meets the baseline once ("confirm").
+    # No fusion round, no screening: where the sweep chose other than native for two or more
+    # classes, those choices meet the baseline together first ("joint": docs/TUNER.md, "The
+    # classes together first"); else, or where that lost, class paired tests (one per class),
+    # and where two or more won, each against the plan before it, the plan they make meets the
+    # baseline once ("confirm").
     kinds = [kind for kind, _, _ in job.duels]
-    assert set(kinds) <= {"class", "combined", "confirm"}, job.duels
+    assert set(kinds) <= {"joint", "class", "combined", "confirm"}, job.duels
+    assert "joint" not in kinds[1:], job.duels
     assert ("confirm" in kinds) == (kinds.count("class") >= 2), job.duels
     assert all(won for _, _, won in job.duels), job.duels
     assert job.plan and all(c == result.plan.classes[cls].choice for cls, c in job.plan.items())
