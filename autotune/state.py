@@ -10,6 +10,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import warnings
@@ -190,9 +191,12 @@ class AutotuneState:
         return self.engine.plan.table()
 
     def table(self) -> Table:
-        """The plan with what tuning learned about each class (full on rank 0, which tunes)."""
+        """The plan with what tuning learned about each class (full on rank 0, which tunes);
+        `Table.final` says what `status` says (a job still tuning holds a provisional table).
+        ``print()`` it for the lines ``autotune show`` prints."""
         if self.tuner is not None:
-            return self.tuner.table()
+            final = status(self.tuner, self.unhooking).final
+            return dataclasses.replace(self.tuner.table(), final=final)
         plan = self.plan()
         return Table(
             {cls: Entry(c, state="fixed") for cls, c in plan.items()}, self.engine.fusion_bytes

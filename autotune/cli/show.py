@@ -17,7 +17,6 @@ def show(args: argparse.Namespace) -> int:
 
     from autotune.storage import EARLIER, SWEEP, Store, storage_url
     from autotune.util.redact import redact_url
-    from autotune.util.units import format_bytes
 
     seeds = {
         SWEEP: "a sweep's screening: seeds every job's search",
@@ -59,30 +58,14 @@ def show(args: argparse.Namespace) -> int:
         fp = table.fingerprint or {}
         where = ", ".join(f"{k}={v}" for k, v in fp.items())
         workload = name.split("/", 1)[1]
-        if workload in seeds:
+        seed = workload in seeds
+        if seed:
             print(f"plan {name} ({seeds[workload]}): {where}")
         else:
-            fusion = "DDP's buckets" if not table.fusion_bytes else format_bytes(table.fusion_bytes)
             model = "" if table.model is None else f" ({table.model})"
-            print(f"plan {name}{model}: {where}; fusion: {fusion}")
-            print(f"  step: {_step_line(table)}")
-        head = f"{'size class':>10}  {'algorithm':<10} {'segment':>9} {'best':>10}"
-        print(f"  {head} {'trials':>6}  state")
-        for cls, e in sorted(table.classes.items()):
-            seg = format_bytes(e.choice.segment_bytes) if e.choice.segment_bytes else "default"
-            best = f"{e.best_s * 1e3:.2f}ms" if e.best_s is not None else "-"
-            print(
-                f"  {format_bytes(cls):>10}  {e.choice.label:<10} {seg:>9} {best:>10} "
-                f"{e.trials:>6}  {e.state}"
-            )
-        if table.lead is not None:
-            again = "again" if table.final else "again, with the plan's algorithms carried to it"
-            print(
-                f"  ahead but not beyond noise; the next job tests it {again}: "
-                f"{table.lead.describe()}"
-            )
-        if table.buckets is not None:
-            print(f"  unhooked onto {table.buckets.describe()}")
+            print(f"plan {name}{model}: {where}")
+        for line in table.lines(seed=seed):
+            print(f"  {line}")
     if not (args.json or args.nccl_csv):
         return 0
     table = next(iter(tables.values()))  # exactly one, checked above
@@ -103,23 +86,6 @@ def _pick(tables: dict[str, Table], key: str) -> dict[str, Table]:
     """The plans ``key`` names: KEY/WORKLOAD, a fingerprint KEY (every workload's plan under it),
     or a WORKLOAD (under any key)."""
     return {n: t for n, t in tables.items() if key in (n, *n.split("/", 1))}
-
-
-def _step_line(table: Table) -> str:
-    """The stored plan's training step against plain DDP's, as the job that stored it measured
-    it (below 1 faster), and whether that job's decision was final."""
-    from autotune.util.units import count
-
-    gain = table.buckets.gain if table.buckets is not None and table.buckets.gain else table.gain
-    decided = "final" if table.final else "provisional: the next job resumes from it"
-    if gain is None:
-        if table.runs_native:
-            return f"1.00x plain DDP's (its own all-reduce kept), {decided}"
-        return f"not compared with plain DDP, {decided}"
-    return (
-        f"{gain.ratio:.2f}x plain DDP's ({count(gain.pairs, 'pair')}, 95% interval "
-        f"{gain.interval()}), {decided}"
-    )
 
 
 def forget(args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """What runs and what is stored: size classes and the choice for each (`runtime`), the tuned
-table a job stores and shows (`records`), its rows as every table renders them (`render`) and its
-NCCL tuner CSV (`nccl_csv`).
+table a job stores and shows (`table`, its parts in `records`), its rows as every table renders
+them (`render`) and its NCCL tuner CSV (`nccl_csv`).
 
 Example::
 
@@ -10,7 +10,7 @@ Example::
     Choice(algorithm='ring', segment_bytes=1048576, wire=None)
 """
 
-from autotune.plan.records import STATES, Buckets, Entry, Gain, NearMiss, Table, load_table
+from autotune.plan.records import STATES, Buckets, Entry, Gain, NearMiss
 from autotune.plan.render import PLAN_COLUMNS, plan_rows, segment_text
 from autotune.plan.runtime import (
     BASELINE_CHOICE,
@@ -24,6 +24,7 @@ from autotune.plan.runtime import (
     check_segment_bytes,
     size_class,
 )
+from autotune.plan.table import Table, load_table
 
 __all__ = [
     "BASELINE_CHOICE",

@@ -1,6 +1,6 @@
-"""What a job stores and shows: a tuned `Table` (per size class the choice, its screening, its
-state; the fusion size; the measured `Gain`; a near miss, `NearMiss`; DDP's `Buckets`), to and from
-JSON, and the plan file that runs one fixed.
+"""The parts of a tuned table (`autotune.plan.table`): per size class an `Entry` (the choice, its
+screening, its state), the measured `Gain`, a near miss (`NearMiss`) and DDP's `Buckets`, each to
+and from JSON.
 """
 
 from __future__ import annotations
@@ -8,9 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autotune.plan.nccl_csv import nccl_csv
 from autotune.plan.runtime import (
-    BASELINE_CHOICE,
     Arm,
     Choice,
     check_fusion_bytes,
@@ -20,7 +18,16 @@ from autotune.plan.runtime import (
 from autotune.util.names import unknown
 from autotune.util.units import count
 
-__all__ = ["STATES", "Buckets", "Entry", "Gain", "NearMiss", "Table", "load_table"]
+__all__ = [
+    "STATES",
+    "Buckets",
+    "Entry",
+    "Gain",
+    "NearMiss",
+    "choice_json",
+    "read_choice",
+    "read_class",
+]
 
 
 #: What a size class's entry in a tuned table can say about it.
@@ -108,7 +115,7 @@ class NearMiss:
     def to_json(self) -> dict[str, object]:
         return {
             "fusion_bytes": self.arm.fusion_bytes,
-            "choices": {str(cls): _choice_json(c) for cls, c in self.arm.choices},
+            "choices": {str(cls): choice_json(c) for cls, c in self.arm.choices},
             "gain": self.gain.to_json(),
         }
 
@@ -122,7 +129,7 @@ class NearMiss:
         choices = {}
         for key, raw in data["choices"].items():
             where = f"lead, class {key!r}"
-            choices[_read_class(key, where)] = _read_choice(raw, names, where)
+            choices[read_class(key, where)] = read_choice(raw, names, where)
         fusion = data.get("fusion_bytes")
         if fusion is None:
             raise ValueError("lead: fusion_bytes must be an int (bytes), got null")
@@ -182,14 +189,14 @@ class Buckets:
         )
 
 
-def _choice_json(choice: Choice) -> dict[str, object]:
+def choice_json(choice: Choice) -> dict[str, object]:
     out: dict[str, object] = {"algorithm": choice.algorithm, "segment_bytes": choice.segment_bytes}
     if choice.wire is not None:  # a plan stored before compression has no such key
         out["wire"] = choice.wire
     return out
 
 
-def _read_class(key: object, where: str) -> int:
+def read_class(key: object, where: str) -> int:
     """A size class from a table's key: a power of two, as a string."""
     try:
         size = int(str(key))
@@ -200,7 +207,7 @@ def _read_class(key: object, where: str) -> int:
     return size
 
 
-def _read_choice(raw: object, names: list[str], where: str) -> Choice:
+def read_choice(raw: object, names: list[str], where: str) -> Choice:
     """A choice from a table's JSON, with a registered algorithm and a segment a job may run."""
     try:
         if not isinstance(raw, dict):
@@ -218,149 +225,9 @@ def _read_choice(raw: object, names: list[str], where: str) -> Choice:
     return choice
 
 
-@dataclass(frozen=True)
-class Table:
-    """A tuned plan as stored and exported: per size class an entry, the job's fusion size, the
-    plan's measured step over the baseline's (None: not compared), where the baseline was kept,
-    the plan that came closest to beating it (`NearMiss`; None: none came close), and where autotune
-    unhooked, the bucket size DDP kept (`Buckets`; None: DDP's as the job built them)."""
-
-    classes: dict[int, Entry]
-    fusion_bytes: int | None = None
-    fingerprint: dict[str, str | int] | None = None
-    gain: Gain | None = None
-    lead: NearMiss | None = None
-    buckets: Buckets | None = None
-    #: The model the plan was tuned for, in words a person reads (its class and parameter
-    #: count: ``Net, 23,140 parameters``), where the job that stored it knew; None before.
-    model: str | None = None
-    #: Whether the job that stored it had decided (False: it ended while still tuning, and the
-    #: next job resumes from it).
-    final: bool = True
-    #: Where it had not: the fusion sizes still to meet its plan (the next job meets them).
-    fusion_left: tuple[int, ...] = ()
-
-    @property
-    def runs_native(self) -> bool:
-        """Whether every class runs the baseline: only then does a bucket size (`buckets`)
-        apply, by unhooking; a plan with a Python-driven class keeps the hook."""
-        return all(e.choice == BASELINE_CHOICE for e in self.classes.values())
-
-    @property
-    def runs_without_hook(self) -> bool:
-        """Whether DDP runs every class without the hook once autotune unhooks: the baseline,
-        or an algorithm the backend runs from the plan handed to it (`autotune.algorithms.
-        carried`: autotune-nccl's cells, through NCCL's tuner plugin's table). Only then does a
-        bucket size (`buckets`) apply."""
-        from autotune.algorithms import carried
-
-        return all(carried(e.choice) for e in self.classes.values())
-
-    def to_json(self) -> dict[str, object]:
-        described: dict[str, object] = {} if self.model is None else {"model": self.model}
-        if not self.final:
-            described["final"] = False
-            described["fusion_left"] = list(self.fusion_left)
-        return {
-            **described,
-            "fingerprint": self.fingerprint,
-            "fusion_bytes": self.fusion_bytes,
-            "gain": None if self.gain is None else self.gain.to_json(),
-            "lead": None if self.lead is None else self.lead.to_json(),
-            "buckets": None if self.buckets is None else self.buckets.to_json(),
-            "classes": {
-                str(cls): {
-                    **_choice_json(e.choice),
-                    "best_s": e.best_s,
-                    "trials": e.trials,
-                    "state": e.state,
-                }
-                for cls, e in sorted(self.classes.items())
-            },
-        }
-
-    @classmethod
-    def from_json(cls, data: object) -> Table:
-        """Read `to_json`'s form back, checking every value the engine would run with.
-
-        A ValueError says what is wrong and where: nothing in a table can reach the engine
-        unchecked (a negative fusion size once silently turned off the all-reduce).
-        """
-        from autotune.algorithms import available
-
-        if not isinstance(data, dict) or not isinstance(data.get("classes"), dict):
-            raise ValueError("a plan table is a JSON object with a 'classes' object")
-        names = available()
-        classes: dict[int, Entry] = {}
-        for key, raw in data["classes"].items():
-            where = f"class {key!r}"
-            size = _read_class(key, where)
-            choice = _read_choice(raw, names, where)
-            assert isinstance(raw, dict)
-            trials = raw.get("trials", 0)
-            best = raw.get("best_s")
-            state = raw.get("state", "locked")
-            if isinstance(trials, bool) or not isinstance(trials, int) or trials < 0:
-                raise ValueError(f"{where}: trials must be an int >= 0, got {trials!r}")
-            if best is not None and (
-                isinstance(best, bool)
-                or not isinstance(best, (int, float))
-                or not math.isfinite(best)
-                or best < 0
-            ):
-                raise ValueError(f"{where}: best_s must be seconds >= 0 or null, got {best!r}")
-            if state not in STATES:
-                raise ValueError(f"{where}: state must be one of {', '.join(STATES)}: {state!r}")
-            classes[size] = Entry(choice, None if best is None else float(best), trials, state)
-        fusion = data.get("fusion_bytes")
-        check_fusion_bytes(fusion, "fusion_bytes")
-        assert fusion is None or isinstance(fusion, int)
-        fingerprint = data.get("fingerprint")
-        gain, lead, buckets = data.get("gain"), data.get("lead"), data.get("buckets")
-        if buckets is not None and not cls(classes).runs_without_hook:
-            raise ValueError(
-                "buckets: DDP's own bucket size is kept only where every class runs without the "
-                "hook, native or an NCCL cell (autotune applies it by unhooking)"
-            )
-        model, final = data.get("model"), data.get("final", True)
-        if model is not None and not isinstance(model, str):
-            raise ValueError(f"model: expected a string or null, got {model!r}")
-        if not isinstance(final, bool):
-            raise ValueError(f"final: expected true or false, got {final!r}")
-        left = data.get("fusion_left", [])
-        if not isinstance(left, list) or any(
-            isinstance(f, bool) or not isinstance(f, int) for f in left
-        ):
-            raise ValueError(f"fusion_left: expected a list of sizes in bytes, got {left!r}")
-        for size in left:
-            check_fusion_bytes(size, "fusion_left")
-        return cls(
-            classes,
-            fusion,
-            fingerprint if isinstance(fingerprint, dict) else None,
-            None if gain is None else Gain.from_json(gain),
-            None if lead is None else NearMiss.from_json(lead),
-            None if buckets is None else Buckets.from_json(buckets),
-            model,
-            final,
-            tuple(left),
-        )
-
-    def nccl_csv(self, n_nodes: int = -1, n_ranks: int = -1) -> str:
-        """The table as the NCCL example tuner plugin's CSV (`autotune.plan.nccl_csv`)."""
-        return nccl_csv({cls: e.choice for cls, e in self.classes.items()}, n_nodes, n_ranks)
-
-
 def _optional_int(value: object) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"expected an int or null, got {value!r}")
     return value
-
-
-def load_table(path: str) -> Table:
-    """Read a table written by ``autotune show --json``; errors name the file and the problem."""
-    from autotune.util.jsonfile import read_json
-
-    return read_json(path, Table.from_json, "plan file")

@@ -1,15 +1,13 @@
 """A tuned table's cells as every plan table shows them (the CLI, the sweep, the report, the
-summary lines): one row per size class.
+summary lines, ``print(state.table())``): one row per size class.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
+from autotune.plan.records import Entry
 from autotune.plan.runtime import Choice
-
-if TYPE_CHECKING:
-    from autotune.plan.records import Table
 
 __all__ = ["PLAN_COLUMNS", "plan_rows", "segment_text"]
 
@@ -30,9 +28,10 @@ def segment_text(choice: Choice) -> str:
 PLAN_COLUMNS = ("size class", "algorithm", "segment", "median (us)", "trials")
 
 
-def plan_rows(table: Table) -> list[tuple[int, tuple[str, str, str, str, str]]]:
-    """A tuned table's cells, one row per size class (smallest first), as every plan table shows
-    them (`PLAN_COLUMNS`); each renderer lays them out (text, markdown, a figure)."""
+def plan_rows(classes: Mapping[int, Entry]) -> list[tuple[int, tuple[str, str, str, str, str]]]:
+    """A tuned table's cells (its ``classes``), one row per size class (smallest first), as every
+    plan table shows them (`PLAN_COLUMNS`); each renderer lays them out (text, markdown, a
+    figure)."""
     from autotune.util.units import format_bytes
 
     return [
@@ -46,5 +45,5 @@ def plan_rows(table: Table) -> list[tuple[int, tuple[str, str, str, str, str]]]:
                 str(e.trials),
             ),
         )
-        for cls, e in sorted(table.classes.items())
+        for cls, e in sorted(classes.items())
     ]

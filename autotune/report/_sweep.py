@@ -143,7 +143,7 @@ def _plan_table(ax: Axes, result: SweepResult) -> None:
     if result.plan is None:
         ax.set_title("no tuned plan (run the sweep with --tune)", fontsize=9)
         return
-    cells = [list(row[:4]) for _, row in plan_rows(result.plan)]
+    cells = [list(row[:4]) for _, row in plan_rows(result.plan.classes)]
     table = ax.table(
         cellText=cells,
         colLabels=list(PLAN_COLUMNS[:4]),
@@ -167,7 +167,7 @@ def plan_markdown(result: SweepResult) -> str:
         "| " + " | ".join(PLAN_COLUMNS) + " | tuned / best fixed |",
         "|---:|---|---:|---:|---:|---|",
     ]
-    for cls, cells in plan_rows(result.plan):
+    for cls, cells in plan_rows(result.plan.classes):
         r = ratio.get(cls)
         vs = "-" if r is None else f"{r[0]:.2f}x ({r[1]})"
         lines.append("| " + " | ".join(cells) + f" | {vs} |")

@@ -80,7 +80,7 @@ def plan_lines(table: Table, key: str | None, storage: str | None) -> list[str]:
         "its screening of these classes (each choice still meets the job's plan on the step)"
     ]
     lines.append(line(PLAN_COLUMNS))
-    lines += [line(cells) for _, cells in plan_rows(table)]
+    lines += [line(cells) for _, cells in plan_rows(table.classes)]
     return lines
 
 

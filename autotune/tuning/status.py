@@ -183,11 +183,16 @@ def _still_to_run(tuner: Tuner, unhooking: Unhooking | None) -> tuple[tuple[str,
         return ("settling the locked plan on every rank",), 0
     order = list(STAGES)
     ahead = order[order.index(tuner.phase) :] if tuner.phase in order else order
+    only_if = dict(_ONLY_IF)
     if not tuner.unhooks:
         ahead = [a for a in ahead if a not in ("catch", "buckets")]
+    elif tuner.phase != "confirm":
+        # A plan that needs the hook meets plain DDP instead (`PlanSearch`): the same test
+        # against a stronger baseline.
+        only_if["confirm"] = " (if the plan needs no hook)"
     if tuner.phase == "loading":
         ahead = ahead[:1]
-    return tuple(STAGES[a] + _ONLY_IF.get(a, "") for a in ahead), tuner.to_go
+    return tuple(STAGES[a] + only_if.get(a, "") for a in ahead), tuner.to_go
 
 
 def _gain(tuner: Tuner, unhooking: Unhooking | None) -> Gain | None:

@@ -166,6 +166,8 @@ class Tuned:
     workload: str  # the workload its plan is stored under (rank 0's; "" elsewhere)
     #: After each step: `state.status()`'s headline and its phase, on this rank.
     headlines: list[tuple[str, str]] = field(default_factory=list)
+    #: After each step: `Status.final`, and `state.table()`'s `Table.final`.
+    finals: list[tuple[bool, bool]] = field(default_factory=list)
 
 
 def tune(
@@ -209,6 +211,7 @@ def tune(
     steps_run = 0
     states: list[tuple[bool, bool]] = []
     headlines: list[tuple[str, str]] = []
+    finals: list[tuple[bool, bool]] = []
     since_settled: int | None = None  # steps trained once every rank had settled
     for step in range(steps):
         after_flip = flip_at is None or step > flip_at
@@ -239,6 +242,7 @@ def tune(
         states.append((state.locked, state.settled))
         now = state.status()
         headlines.append((now.headline, now.phase))
+        finals.append((now.final, state.table().final))
     assert state.tuner is not None
     rel = 0.0
     if compare:
@@ -268,6 +272,7 @@ def tune(
         ],
         baseline_kept=bool(state.tuner.decider and state.tuner.decider.plan_search.baseline_kept),
         headlines=headlines,
+        finals=finals,
     )
     state.close()
     return result

@@ -86,8 +86,17 @@ def test_show_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert main(["show", "--storage", url]) == 0
     out = capsys.readouterr().out
     assert f"plan {key}/bert: backend=nccl, world_size=16, nodes=2" in out
-    assert "fusion: 4 MiB" in out
-    assert "two_tree" in out and "256 KiB" in out and "1.10ms" in out
+    # The lines under the header are the table's own (`print(state.table())` reads the same);
+    # a segment is "-" where the algorithm has none, as every other plan table says it.
+    assert "\n".join(f"  {line}" for line in str(TABLE).splitlines()) in out
+    assert str(TABLE).splitlines() == [
+        "fusion: 4 MiB; step: not compared with plain DDP, final",
+        "size class algorithm    segment  median (us) trials state",
+        "    64 KiB tree         default        210.0      4 locked",
+        "     1 MiB two_tree     256 KiB       1100.0     10 locked",
+        "    16 MiB ring           4 MiB       9800.0     10 locked",
+        "   256 MiB native             -     120000.0     10 locked",
+    ]
     json_path, csv_path = tmp_path / "p.json", tmp_path / "p.csv"
     assert (
         main(["show", "--storage", url, "--json", str(json_path), "--nccl-csv", str(csv_path)]) == 0
@@ -126,7 +135,7 @@ def test_show_names_the_bucket_size_a_job_stepped_aside_onto(
     assert main(["show", "--storage", url]) == 0
     out = capsys.readouterr().out
     assert "unhooked onto DDP's buckets at 16 MiB (0.81x over 8 pairs of blocks)" in out
-    assert "  step: 0.81x plain DDP's (8 pairs, 95% interval 0.70-0.90x), final" in out
+    assert "; step: 0.81x plain DDP's (8 pairs, 95% interval 0.70-0.90x), final" in out
 
 
 def test_show_wants_a_key_when_exporting_one_of_several(
@@ -206,8 +215,8 @@ def test_show_says_the_model_and_the_step_against_plain_ddp(
     assert main(["show", "--storage", url]) == 0
     out = capsys.readouterr().out
     assert "plan aaa/layout-2acba524efd1 (Net, 23,140 parameters): backend=nccl" in out
-    assert "  step: 0.91x plain DDP's (24 pairs, 95% interval 0.88-0.95x), final" in out
-    assert "  step: 1.00x plain DDP's (its own all-reduce kept), final" in out
+    assert "; step: 0.91x plain DDP's (24 pairs, 95% interval 0.88-0.95x), final" in out
+    assert "; step: 1.00x plain DDP's (its own all-reduce kept), final" in out
 
 
 def test_forget_drops_every_runs_plan_of_a_workload_and_only_that(

@@ -87,3 +87,50 @@ def test_the_decision_names_the_three_cases() -> None:
     assert status(tuning=False).decision == "fixed"
     assert status(final=True).decision == "final"
     assert status().decision == "provisional"
+
+
+@pytest.mark.parametrize(
+    ("unhooks", "phase", "stages"),
+    [
+        # Where the job may unhook, a plan that needs the hook meets plain DDP instead of the
+        # baseline through the hook: the list said the job would run both.
+        (
+            True,
+            "fusion",
+            [
+                "fusion sizes against the classes' winner on the step",
+                "the plan against the baseline on the step (if the plan needs no hook)",
+                "the check against plain DDP (if the plan needs the hook)",
+                "DDP's bucket-size search (if plain DDP is kept)",
+            ],
+        ),
+        (
+            False,
+            "classes",
+            [
+                "paired tests of the shortlisted algorithms on the step",
+                "fusion sizes against the classes' winner on the step",
+                "the plan against the baseline on the step",
+            ],
+        ),
+        # Under way (a stored near miss tried again), it is not an if.
+        (
+            True,
+            "confirm",
+            [
+                "the plan against the baseline on the step",
+                "the check against plain DDP (if the plan needs the hook)",
+                "DDP's bucket-size search (if plain DDP is kept)",
+            ],
+        ),
+    ],
+)
+def test_what_is_still_to_run_names_only_what_may_run(
+    unhooks: bool, phase: str, stages: list[str]
+) -> None:
+    from types import SimpleNamespace
+
+    from autotune.tuning.status import _still_to_run
+
+    tuner = SimpleNamespace(phase=phase, unhooks=unhooks, to_go=40)
+    assert _still_to_run(tuner, None) == (tuple(stages), 40)  # type: ignore[arg-type]

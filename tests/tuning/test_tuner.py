@@ -120,6 +120,9 @@ def test_the_best_algorithm_differs_between_size_classes(tmp_path: Path) -> None
     assert headlines[-1].endswith("x step time: faster with autotune"), headlines[-1]
     assert float(headlines[-1].split("x ")[0]) < 1
     assert not result.baseline_kept
+    # The table says what the status says: it read final while the job still tuned.
+    assert all(status == table for status, table in result.finals), result.finals
+    assert result.finals[0] == (False, False) and result.finals[-1] == (True, True)
 
 
 def test_a_locked_plan_that_loses_its_advantage_falls_back_to_the_baseline(
