@@ -125,8 +125,12 @@ class BucketSearch:
         stored: int | None = None,
         max_pairs: int = MAX_PAIRS,
         lead: int | None = None,
+        as_stored: bool = False,
     ) -> None:
         self.reference = reference
+        #: The job's own buckets kept because a previous job kept them (nothing to test but
+        #: its lead, if any); else, with nothing queued, no candidate changes the layout.
+        self.as_stored = as_stored
         self.stored = stored if stored != reference else None
         self.retry = lead if self.stored is None and lead not in (None, reference) else None
         if self.retry is not None:
@@ -312,7 +316,9 @@ class BucketTuner:
 
         if size and is_own(size):
             retry = lead_bytes if lead_bytes and not is_own(lead_bytes) else None
-            return BucketSearch(self.reference_cap, [], None, self._max_pairs, lead=retry)
+            return BucketSearch(
+                self.reference_cap, [], None, self._max_pairs, lead=retry, as_stored=True
+            )
         candidates = challengers(self.reference_cap, self.total, self._first, head)
         kept = size if size and proven else None
         return BucketSearch(self.reference_cap, candidates, kept, self._max_pairs)

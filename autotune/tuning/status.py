@@ -260,11 +260,12 @@ def _verdict(tuner: Tuner | None, unhooking: Unhooking | None) -> str:
     kept = search.result()
     assert kept is not None
     if kept.gain is None:
-        why = (
-            f"no bucket size beat them over {count(search.pairs, 'pair')} of blocks"
-            if search.history
-            else "as the stored plan says"
-        )
+        if search.history:
+            why = f"no bucket size beat them over {count(search.pairs, 'pair')} of blocks"
+        elif search.as_stored:
+            why = "as the stored plan says"
+        else:  # it said "as the stored plan says" where nothing was stored
+            why = "no neighbouring bucket size makes other buckets of them"
         if kept.lead is not None:
             why += f"; the next job gives {kept.lead.describe()} one more paired test"
         return (

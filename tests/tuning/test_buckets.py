@@ -195,6 +195,30 @@ def test_with_nothing_to_try_the_search_is_over_at_once() -> None:
     assert search.cap() is None and search.kept == MIB and search.result() == Buckets(MIB, None)
 
 
+@pytest.mark.parametrize(
+    ("as_stored", "why"),
+    [
+        (True, "as the stored plan says"),
+        # A first job whose neighbouring sizes all make its own layout: nothing was stored, and
+        # the verdict said it was.
+        (False, "no neighbouring bucket size makes other buckets of them"),
+    ],
+)
+def test_the_verdict_says_why_nothing_was_tested(as_stored: bool, why: str) -> None:
+    from types import SimpleNamespace
+
+    from autotune.tuning.status import _verdict
+
+    search = BucketSearch(MIB, [], as_stored=as_stored)
+    unhooking = SimpleNamespace(at=40, buckets=SimpleNamespace(search=search, done=True))
+    verdict = _verdict(SimpleNamespace(), unhooking)  # type: ignore[arg-type]
+    assert verdict == (
+        f"autotune vs plain DDP: 1.00x step time (DDP's own all-reduce on the job's buckets: "
+        f"{why}); autotune unhooked after iteration 40: DDP runs its own all-reduce, without "
+        "the hook"
+    )
+
+
 def test_the_table_keeps_the_bucket_size_and_refuses_a_bad_one() -> None:
     kept = Buckets(4 * MIB, Gain(0.85, 0.8, 0.9, 12))
     table = Table({}, None, buckets=kept)
