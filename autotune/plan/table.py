@@ -77,6 +77,9 @@ class Table:
         lines = []
         if not seed:
             fusion = format_bytes(self.fusion_bytes) if self.fusion_bytes else "DDP's buckets"
+            if self.fusion_left:  # a provisional table's: the next job meets them
+                left = ", ".join(format_bytes(b) for b in self.fusion_left)
+                fusion += f" so far ({left} still to meet the plan)"
             lines.append(f"fusion: {fusion}; step: {self.step_line()}")
         widths = (10, -10, 9, 12, 6, -9)  # negative: left-aligned
         rows = [(*cells, self.classes[cls].state) for cls, cells in plan_rows(self.classes)]

@@ -189,6 +189,10 @@ def test_a_provisional_table_keeps_the_fusion_sizes_its_job_left() -> None:
     raw = json.loads(json.dumps(left.to_json()))
     assert raw["fusion_left"] == [4 * mib, 16 * mib]
     assert Table.from_json(raw) == left
+    assert left.lines()[0] == (
+        "fusion: DDP's buckets so far (4 MiB, 16 MiB still to meet the plan); step: not compared "
+        "with plain DDP, provisional: the next job resumes from it"
+    )
     # A provisional table stored before it existed: none left (its job had met them first).
     del raw["fusion_left"]
     assert Table.from_json(raw).fusion_left == ()
