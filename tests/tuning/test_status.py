@@ -134,3 +134,36 @@ def test_what_is_still_to_run_names_only_what_may_run(
 
     tuner = SimpleNamespace(phase=phase, unhooks=unhooks, to_go=40)
     assert _still_to_run(tuner, None) == (tuple(stages), 40)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("against_plain", "pairs_of", "against"),
+    [
+        # The paired tests' baseline runs DDP's all-reduce through the hook: a user read such a
+        # gain as over plain DDP, and the check against plain DDP then found none.
+        (False, "iterations", "; against DDP's all-reduce through autotune's hook"),
+        (True, "blocks of 4 timed steps", ""),
+    ],
+)
+def test_the_verdict_says_what_the_gain_was_measured_against(
+    against_plain: bool, pairs_of: str, against: str
+) -> None:
+    from types import SimpleNamespace
+
+    from autotune.plan import Arm, Choice
+    from autotune.tuning.status import tuner_verdict
+
+    plan = Arm(((4 << 20, Choice("shm")),), 0)
+    plan_search = SimpleNamespace(
+        baseline_kept=False,
+        history=[],
+        gain=Gain(0.92, 0.85, 0.98, 26),
+        against_plain=against_plain,
+        incumbent=plan,
+        phase="catch",
+    )
+    tuner = SimpleNamespace(decider=SimpleNamespace(storage_error=None, plan_search=plan_search))
+    assert tuner_verdict(tuner) == (  # type: ignore[arg-type]
+        f"autotune vs plain DDP: 0.92x step time (26 pairs of {pairs_of}, 95% interval "
+        f"0.85-0.98x; plan: 4 MiB: shm{against})"
+    )
