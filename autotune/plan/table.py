@@ -81,8 +81,9 @@ class Table:
                 left = ", ".join(format_bytes(b) for b in self.fusion_left)
                 fusion += f" so far ({left} still to meet the plan)"
             lines.append(f"fusion: {fusion}; step: {self.step_line()}")
-        widths = (10, -10, 9, 12, 6, -9)  # negative: left-aligned
         rows = [(*cells, self.classes[cls].state) for cls, cells in plan_rows(self.classes)]
+        named = max((len(r[1]) for r in rows), default=0)  # hierarchical_two_tree is 21
+        widths = (10, -max(10, named), 9, 12, 6, -9)  # negative: left-aligned
         for cells in ((*PLAN_COLUMNS, "state"), *rows):
             text = (
                 f"{c:<{-w}}" if w < 0 else f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)

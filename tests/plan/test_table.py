@@ -183,8 +183,11 @@ def test_a_table_keeps_the_model_and_whether_it_was_final_and_old_tables_load() 
         Table.from_json({**old, "final": "no"})
 
 
+MIB = 1 << 20
+
+
 def test_a_provisional_table_keeps_the_fusion_sizes_its_job_left() -> None:
-    mib = 1 << 20
+    mib = MIB
     left = Table(TABLE.classes, 0, FP, None, final=False, fusion_left=(4 * mib, 16 * mib))
     raw = json.loads(json.dumps(left.to_json()))
     assert raw["fusion_left"] == [4 * mib, 16 * mib]
@@ -193,6 +196,12 @@ def test_a_provisional_table_keeps_the_fusion_sizes_its_job_left() -> None:
         "fusion: DDP's buckets so far (4 MiB, 16 MiB still to meet the plan); step: not compared "
         "with plain DDP, provisional: the next job resumes from it"
     )
+    # A long name widens its column rather than pushing the rest out of line.
+    wide = Table({MIB: Entry(Choice("hierarchical_two_tree"), 2e-3, 3, "locked")}, 0, FP)
+    assert wide.lines()[1:] == [
+        "size class algorithm               segment  median (us) trials state",
+        "     1 MiB hierarchical_two_tree   default       2000.0      3 locked",
+    ]
     # A provisional table stored before it existed: none left (its job had met them first).
     del raw["fusion_left"]
     assert Table.from_json(raw).fusion_left == ()
