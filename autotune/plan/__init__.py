@@ -11,7 +11,7 @@ Example::
 """
 
 from autotune.plan.records import STATES, Buckets, Entry, Gain, NearMiss
-from autotune.plan.render import PLAN_COLUMNS, plan_rows, segment_text
+from autotune.plan.render import PLAN_COLUMNS, aligned, plan_rows, segment_text
 from autotune.plan.runtime import (
     BASELINE_CHOICE,
     MIN_FUSION_BYTES,
@@ -41,6 +41,7 @@ __all__ = [
     "Plan",
     "Rule",
     "Table",
+    "aligned",
     "check_fusion_bytes",
     "check_segment_bytes",
     "load_table",

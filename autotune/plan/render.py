@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from autotune.plan.records import Entry
 from autotune.plan.runtime import Choice
 
-__all__ = ["PLAN_COLUMNS", "plan_rows", "segment_text"]
+__all__ = ["PLAN_COLUMNS", "aligned", "plan_rows", "segment_text"]
 
 
 def segment_text(choice: Choice) -> str:
@@ -47,3 +47,11 @@ def plan_rows(classes: Mapping[int, Entry]) -> list[tuple[int, tuple[str, str, s
         )
         for cls, e in sorted(classes.items())
     ]
+
+
+def aligned(cells: tuple[str, ...], widths: tuple[int, ...]) -> str:
+    """One text row of a plan table: each cell right-aligned in its width (left-aligned where
+    the width is negative), one space between."""
+    return " ".join(
+        f"{c:<{-w}}" if w < 0 else f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)
+    )

@@ -19,7 +19,7 @@ from autotune.plan.records import (
     read_choice,
     read_class,
 )
-from autotune.plan.render import PLAN_COLUMNS, plan_rows
+from autotune.plan.render import PLAN_COLUMNS, aligned, plan_rows
 from autotune.plan.runtime import BASELINE_CHOICE, check_fusion_bytes
 from autotune.util.units import count, format_bytes
 
@@ -85,10 +85,7 @@ class Table:
         named = max((len(r[1]) for r in rows), default=0)  # hierarchical_two_tree is 21
         widths = (10, -max(10, named), 9, 12, 6, -9)  # negative: left-aligned
         for cells in ((*PLAN_COLUMNS, "state"), *rows):
-            text = (
-                f"{c:<{-w}}" if w < 0 else f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)
-            )
-            lines.append(" ".join(text).rstrip())
+            lines.append(aligned(cells, widths).rstrip())
         if self.lead is not None:
             again = "again" if self.final else "again, with the plan's algorithms carried to it"
             lines.append(

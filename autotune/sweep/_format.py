@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 
 from autotune.comm.topology import Topology
-from autotune.plan import PLAN_COLUMNS, Choice, Table, plan_rows, segment_text
+from autotune.plan import PLAN_COLUMNS, Choice, Table, aligned, plan_rows, segment_text
 from autotune.storage.fingerprint import SWEEP
 from autotune.sweep._result import Row, SweepResult
 from autotune.util.redact import redact_url
@@ -70,9 +70,7 @@ def plan_lines(table: Table, key: str | None, storage: str | None) -> list[str]:
     widths = (10, -10, 9, 12, 6)  # negative: left-aligned
 
     def line(cells: tuple[str, ...]) -> str:
-        return "#  " + " ".join(
-            f"{c:<{-w}}" if w < 0 else f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)
-        )
+        return "#  " + aligned(cells, widths)
 
     where = None if storage is None else redact_url(storage)
     lines = [

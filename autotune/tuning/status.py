@@ -264,7 +264,7 @@ def _verdict(tuner: Tuner | None, unhooking: Unhooking | None) -> str:
             why = f"no bucket size beat them over {count(search.pairs, 'pair')} of blocks"
         elif search.as_stored:
             why = "as the stored plan says"
-        else:  # it said "as the stored plan says" where nothing was stored
+        else:  # nothing stored, and no neighbouring size changes the layout (`challengers`)
             why = "no neighbouring bucket size makes other buckets of them"
         if kept.lead is not None:
             why += f"; the next job gives {kept.lead.describe()} one more paired test"

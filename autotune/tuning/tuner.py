@@ -249,7 +249,7 @@ class Tuner:
             self.unhook_from = self.engine.iteration
             # DDP's own all-reduce runs from here: the plan says so (`AutotuneState.plan`). The
             # arm stays: its fusion size is the first bucket size DDP's search tries
-            # (`autotune.tuning.unhooked.bucket_tuner`), as before this line.
+            # (`autotune.tuning.unhooked.bucket_tuner`).
             self.engine.plan.replace({})
         if self.decider is not None:
             self.decider.caught(kept, outcome)
