@@ -19,6 +19,7 @@ from autotune.util.names import unknown
 from autotune.util.units import count
 
 __all__ = [
+    "LEAD_KINDS",
     "STATES",
     "Buckets",
     "Entry",
@@ -99,25 +100,46 @@ class Gain:
         return cls(values[0], values[1], values[2], pairs)
 
 
+#: `NearMiss.kind`: how a plan came to lead.
+LEAD_KINDS = ("near", "beaten")
+
+
 @dataclass(frozen=True)
 class NearMiss:
-    """A plan that was ahead of the baseline on the step but not beyond noise, when a job kept
-    the baseline: the next job with the same fingerprint tests it against the baseline once more
-    before it unhooks (`autotune.tuning.plan_search`). ``gain`` is what the first job measured."""
+    """A plan for the next job with the same fingerprint to test against the baseline once more,
+    when a job kept the baseline (`autotune.tuning.plan_search`). ``kind`` says why: ``"near"``,
+    it was ahead of the baseline on the step but not beyond noise; ``"beaten"``, it beat the
+    baseline, and lost only to a plan that then lost the check against plain DDP. ``gain`` is
+    what the first job measured against the baseline."""
 
     arm: Arm
     gain: Gain
+    kind: str = "near"
+
+    def __post_init__(self) -> None:
+        if self.kind not in LEAD_KINDS:
+            kinds = ", ".join(LEAD_KINDS)
+            raise ValueError(f"lead: kind must be one of {kinds}, got {self.kind!r}")
 
     def describe(self) -> str:
         """``fusion 16 MiB (0.95x over 24 pairs)``, as the verdict and ``autotune show`` say it."""
         return f"{self.arm.describe()} ({self.gain.over()})"
 
+    def why(self) -> str:
+        """Why the next job tests it again, as ``autotune show`` says it."""
+        if self.kind == "beaten":
+            return "beat the baseline, then lost to a plan that lost the check against plain DDP"
+        return "ahead but not beyond noise"
+
     def to_json(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "fusion_bytes": self.arm.fusion_bytes,
             "choices": {str(cls): choice_json(c) for cls, c in self.arm.choices},
             "gain": self.gain.to_json(),
         }
+        if self.kind != "near":  # a lead stored before kinds has no such key
+            out["kind"] = self.kind
+        return out
 
     @classmethod
     def from_json(cls, data: object) -> NearMiss:
@@ -135,7 +157,8 @@ class NearMiss:
             raise ValueError("lead: fusion_bytes must be an int (bytes), got null")
         check_fusion_bytes(fusion, "lead: fusion_bytes")
         assert isinstance(fusion, int)
-        return cls(Arm.of(choices, fusion), Gain.from_json(data.get("gain")))
+        kind = data.get("kind", "near")
+        return cls(Arm.of(choices, fusion), Gain.from_json(data.get("gain")), kind)
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,7 @@ class Table:
         if self.lead is not None:
             again = "again" if self.final else "again, with the plan's algorithms carried to it"
             lines.append(
-                f"ahead but not beyond noise; the next job tests it {again}: {self.lead.describe()}"
+                f"{self.lead.why()}; the next job tests it {again}: {self.lead.describe()}"
             )
         if self.buckets is not None:
             lines.append(f"unhooked onto {self.buckets.describe()}")

@@ -13,7 +13,8 @@ itself, `autotune.tuning.plain_check`) and ``locked`` (re-checked against the ba
 ``recheck_every`` iterations; one that lost starts a new round). A job from a stored plan goes
 to ``confirm`` (or ``catch``); one that resumes a job that ended undecided, to ``screening``
 (`PlanSearch.resume`). A round that keeps the baseline remembers its near miss
-(`autotune.plan.NearMiss`), which the next job tests once more.
+(`autotune.plan.NearMiss`), or where the check against plain DDP lost, the plan the checked one
+beat: the next job tests it once more.
 
 The tuner drives it once per iteration end::
 
@@ -117,6 +118,9 @@ class PlanSearch:
         self.stored: Arm | None = None
         #: This round's closest challenger against the baseline (see the module doc).
         self._lead: NearMiss | None = None
+        #: This round's last incumbent that had beaten the baseline and then lost to a challenger:
+        #: the next job's lead should the plan that beat it lose the check against plain DDP.
+        self._beaten: NearMiss | None = None
         #: Per class, screening's fastest choice this round (the shortlist's first).
         self._screened: dict[int, Choice] = {}
         self._joint_arm: Arm | None = None  # this round's classes' fastest together (`_joint`)
@@ -308,8 +312,12 @@ class PlanSearch:
     def caught(self, kept: bool, outcome: Outcome | None) -> None:
         """The check against plain DDP is over, on every rank alike: ``kept``, the incumbent runs
         on through the hook, its gain the check's where it measured one (``outcome``; None: it
-        could not run); else the job runs plain DDP (it has unhooked), and the baseline is kept,
-        with no lead: the round's challengers lost to the plan that lost here."""
+        could not run); else the job runs plain DDP (it has unhooked), and the baseline is kept.
+        Its lead is then the plan that had beaten the baseline before the plan that lost here
+        beat it (`_beaten`), if one did and it needs the hook: a test between two plans both
+        ahead of the baseline may be won by the one that is not ahead of plain DDP, and the job,
+        unhooked, runs no other. Else no lead: the round's other challengers lost to the plan
+        that lost here."""
         if self.phase != "catch":
             return
         if outcome is not None:
@@ -318,7 +326,10 @@ class PlanSearch:
             if outcome is not None:
                 self.gain, self.against_plain = outcome.gain, True
         else:
-            self.incumbent, self.gain, self._lead = self.baseline, None, None
+            beaten = self._beaten
+            if beaten is not None and not self.needs_hook(beaten.arm):
+                beaten = None  # it runs without the hook: DDP's bucket-size search meets it
+            self.incumbent, self.gain, self._lead = self.baseline, None, beaten
         self.phase = "locked"
         self._locked_at = None
 
@@ -332,7 +343,7 @@ class PlanSearch:
 
     def _open(self, fusion: Sequence[int] | None = None) -> None:
         self.incumbent, self.gain, self.against_plain = self.baseline, None, False
-        self._near, self._lead = {}, None
+        self._near, self._lead, self._beaten = {}, None, None
         self.phase = "screening"  # the tuner's class searches take over; see `screened`
         self._screened, self._joint_arm, self._queue = {}, None, []
         self.fusion.open(fusion)
@@ -427,6 +438,8 @@ class PlanSearch:
         if m.kind == "fusion":
             self.fusion.ended(m.challenger, outcome.challenger_won, outcome.gain)
         if outcome.challenger_won:
+            if not versus_baseline and self.gain is not None:
+                self._beaten = NearMiss(self.incumbent, self.gain, "beaten")
             self.incumbent = m.challenger
             self.gain = outcome.gain if versus_baseline else None
         elif m.kind == "class" and self._trying is not None and outcome.gain.ratio < 1.0:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from autotune.plan import Gain
+from autotune.plan import Buckets, Gain, NearMiss
 from autotune.tuning.blocks import BLOCKS
 from autotune.tuning.search import Progress
 from autotune.util.units import count, format_bytes
@@ -266,14 +266,23 @@ def _verdict(tuner: Tuner | None, unhooking: Unhooking | None) -> str:
             why = "as the stored plan says"
         else:  # nothing stored, and no neighbouring size changes the layout (`challengers`)
             why = "no neighbouring bucket size makes other buckets of them"
-        if kept.lead is not None:
-            why += f"; the next job gives {kept.lead.describe()} one more paired test"
+        why += _again(kept.lead) + _again(_plan_lead(tuner))
         return (
             "autotune vs plain DDP: 1.00x step time (DDP's own all-reduce on the job's "
             f"buckets: {why}); {after}"
         )
     buckets = f"DDP's own all-reduce in {format_bytes(kept.bucket_bytes)} buckets"
-    return f"{kept.gain.verdict(BLOCKS, buckets)}; {after}"
+    return f"{kept.gain.verdict(BLOCKS, buckets + _again(_plan_lead(tuner)))}; {after}"
+
+
+def _again(lead: NearMiss | Buckets | None) -> str:
+    """What the verdict adds for a lead the next job tests once more."""
+    return "" if lead is None else f"; the next job gives {lead.describe()} one more paired test"
+
+
+def _plan_lead(tuner: Tuner) -> NearMiss | None:
+    """The plan search's lead, where the baseline is kept (rank 0 knows it)."""
+    return None if tuner.decider is None else tuner.decider.plan_search.lead
 
 
 def tuner_verdict(tuner: Tuner) -> str:
@@ -293,7 +302,7 @@ def tuner_verdict(tuner: Tuner) -> str:
         return (
             "autotune vs plain DDP: 1.00x step time (DDP's own all-reduce kept: "
             f"{plan.describe()} beat it through the hook, but ran "
-            f"{outcome.gain.over(BLOCKS)} against plain DDP)"
+            f"{outcome.gain.over(BLOCKS)} against plain DDP{_again(plan_search.lead)})"
         )
     if plan_search.baseline_kept:
         pairs = sum(o.gain.pairs for kind, _, o in plan_search.history if kind != "catch")
@@ -304,13 +313,9 @@ def tuner_verdict(tuner: Tuner) -> str:
                 else "no plan was put forward against it"
             )
             return f"autotune vs plain DDP: 1.00x step time (DDP's own all-reduce kept, {why})"
-        lead = plan_search.lead
-        again = (
-            "" if lead is None else f"; the next job gives {lead.describe()} one more paired test"
-        )
         return (
             "autotune vs plain DDP: 1.00x step time (DDP's own all-reduce kept: no plan "
-            f"beat it over {count(pairs, 'pair')} of iterations{again})"
+            f"beat it over {count(pairs, 'pair')} of iterations{_again(plan_search.lead)})"
         )
     gain = plan_search.gain
     if gain is None:

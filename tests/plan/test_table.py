@@ -123,6 +123,22 @@ def test_show_names_a_stored_lead(tmp_path: Path, capsys: pytest.CaptureFixture[
         "the next job tests it again, with the plan's algorithms carried to it: fusion 4 MiB "
         "(0.96x over 16 pairs)"
     ) in out
+    # A plan that beat the baseline and lost only to a plan that then lost the check against
+    # plain DDP says so, and survives the storage's JSON as such.
+    beaten = NearMiss(Arm(((1 << 20, Choice("shm")),), 0), Gain(0.91, 0.85, 0.97, 10), "beaten")
+    Store(url).save_table("aaa", "bert", Table(TABLE.classes, 0, FP, None, beaten))
+    assert Store(url).load_table("aaa", "bert") == Table(TABLE.classes, 0, FP, None, beaten)
+    assert main(["show", "--storage", url]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "beat the baseline, then lost to a plan that lost the check against plain DDP; the next "
+        "job tests it again: 1 MiB: shm (0.91x over 10 pairs)"
+    ) in out
+    assert "ahead but not beyond noise" not in out
+    with pytest.raises(ValueError, match="kind must be one of near, beaten"):
+        NearMiss.from_json({**beaten.to_json(), "kind": "won"})
+    assert NearMiss.from_json(lead.to_json()) == lead  # a lead stored before kinds: "near"
+    assert "kind" not in lead.to_json()
 
 
 def test_show_names_the_bucket_size_a_job_stepped_aside_onto(

@@ -211,7 +211,7 @@ def test_the_verdict_says_why_nothing_was_tested(as_stored: bool, why: str) -> N
 
     search = BucketSearch(MIB, [], as_stored=as_stored)
     unhooking = SimpleNamespace(at=40, buckets=SimpleNamespace(search=search, done=True))
-    verdict = _verdict(SimpleNamespace(), unhooking)  # type: ignore[arg-type]
+    verdict = _verdict(SimpleNamespace(decider=None), unhooking)  # type: ignore[arg-type]
     assert verdict == (
         f"autotune vs plain DDP: 1.00x step time (DDP's own all-reduce on the job's buckets: "
         f"{why}); autotune unhooked after iteration 40: DDP runs its own all-reduce, without "

@@ -388,6 +388,86 @@ def test_where_the_job_steps_aside_a_plan_that_needs_the_hook_meets_plain_ddp_fi
     assert c.settled and c.incumbent == tree and c.gain == hooked_gain and not c.against_plain
 
 
+def test_where_the_check_loses_the_plan_its_plan_beat_is_the_next_jobs_lead() -> None:
+    """The held-out LSTM's first run (docs/BENCHMARKS.md): its classes' plan beat the baseline,
+    a fusion size on top of it beat that plan, then lost the check against plain DDP, and the
+    job unhooked with no lead, so no later job tried the classes' plan again. Now the plan that
+    had beaten the baseline is stored as the lead, the next job retries it (through the hook,
+    then against plain DDP), and a job retrying a lead stores none for the next."""
+    tree = Arm(((1 << 20, TREE),), 0)
+    both = tree.with_fusion(1 << 20)
+
+    def step(arm: Arm, i: int) -> float:
+        return {tree: 0.9, both: 0.7}.get(arm, 1.0)
+
+    def checked(fusion_wins: bool = True) -> PlanSearch:
+        c = plan_search(catch=True)
+        c.start(None)
+        c.screened([(1 << 20, TREE, 0.001)])
+        drive(c, step if fusion_wins else lambda arm, i: {tree: 0.9}.get(arm, 1.0), 60)
+        assert c.phase == "catch"
+        return c
+
+    lost = Outcome(False, Gain(0.974, 0.93, 1.01, 24), "not beyond noise")
+    c = checked()
+    assert c.incumbent == both and [k for k, _, _ in c.history] == ["class", "fusion"]
+    tree_gain = c.history[0][2].gain
+    c.caught(False, lost)
+    assert c.settled and c.baseline_kept and c.gain is None
+    assert c.lead == NearMiss(tree, tree_gain, "beaten")
+    assert c.lead.gain.ratio == pytest.approx(0.9)
+    # Kept by the check, there is nothing to lead.
+    c = checked()
+    c.caught(True, Outcome(True, Gain(0.75, 0.7, 0.8, 12), "ahead beyond noise"))
+    assert c.incumbent == both and c.lead is None
+    # The plan that lost the check had beaten the baseline itself: nothing it beat to retry.
+    c = checked(fusion_wins=False)
+    assert c.incumbent == tree and [k for k, _, _ in c.history] == ["class", "fusion"]
+    c.caught(False, lost)
+    assert c.baseline_kept and c.lead is None
+    # Beaten twice: the lead is the last plan that met the baseline (a plan that beat only
+    # another challenger has no gain over the baseline to carry).
+    ring = Arm(((1 << 20, Choice("ring")),), 0)
+    c = plan_search(catch=True)
+    c.start(None)
+    c.screened([(1 << 20, TREE, 0.002), (1 << 20, Choice("ring"), 0.001)])
+    steps = {tree: 0.9, ring: 0.8, ring.with_fusion(1 << 20): 0.7}
+    drive(c, lambda arm, i: steps.get(arm, 1.0), 90)
+    assert [(k, a, o.challenger_won) for k, a, o in c.history] == [
+        ("class", tree, True),
+        ("class", ring, True),
+        ("fusion", ring.with_fusion(1 << 20), True),
+    ]
+    c.caught(False, lost)
+    assert c.lead == NearMiss(tree, tree_gain, "beaten")
+    lead = c.lead
+
+    # The next job retries it through the hook, then checks it against plain DDP; lost there
+    # too, it stores no lead: one more test per plan.
+    nxt = plan_search(catch=True)
+    nxt.start(Arm(), lead)
+    assert nxt.match is not None and nxt.match.kind == "retry" and nxt.match.challenger == tree
+    drive(nxt, step, 40)
+    assert nxt.phase == "catch" and nxt.incumbent == tree
+    nxt.caught(False, lost)
+    assert nxt.baseline_kept and nxt.lead is None
+
+
+def test_a_beaten_plan_that_runs_without_the_hook_is_no_lead() -> None:
+    """A fusion size alone (DDP runs it as its bucket size once autotune unhooks) beaten by a
+    plan that then lost the check: DDP's bucket-size search meets that size, so no lead."""
+    fused = Arm((), 1 << 20)
+    tree_fused = Arm(((1 << 20, TREE),), 1 << 20)
+    c = plan_search(catch=True)
+    c.resume(fused, Gain(0.9, 0.85, 0.95, 10), None)  # a short job's fusion size had won
+    c.screened([(1 << 20, TREE, 0.001)])
+    drive(c, lambda arm, i: {fused: 0.9, tree_fused: 0.7}.get(arm, 1.0), 40)
+    assert c.incumbent == tree_fused and c.phase == "catch"
+    assert [(k, a) for k, a, _ in c.history] == [("class", tree_fused)]
+    c.caught(False, Outcome(False, Gain(1.01, 0.95, 1.05, 24), "not ahead"))
+    assert c.baseline_kept and c.lead is None
+
+
 def test_a_fusion_only_plan_has_no_catch_and_a_stored_hook_plan_goes_straight_to_it() -> None:
     fused = Arm((), 1 << 20)
     c = plan_search(catch=True)

@@ -167,3 +167,34 @@ def test_the_verdict_says_what_the_gain_was_measured_against(
         f"autotune vs plain DDP: 0.92x step time (26 pairs of {pairs_of}, 95% interval "
         f"0.85-0.98x; plan: 4 MiB: shm{against})"
     )
+
+
+def test_a_lost_check_names_the_plan_the_next_job_tries_again() -> None:
+    """A plan search whose classes' plan beat the baseline, whose fused plan beat that and then
+    lost the check against plain DDP: the verdict says so, and names the lead."""
+    from types import SimpleNamespace
+
+    from autotune.plan import Arm, Choice
+    from autotune.tuning.paired_test import Outcome
+    from autotune.tuning.plan_search import PlanSearch
+    from autotune.tuning.status import tuner_verdict
+
+    shm = Arm(((4 << 20, Choice("shm")),), 0)
+    fused = shm.with_fusion(16 << 20)
+    c = PlanSearch(
+        Arm(), fusion_options=(0, 16 << 20), max_pairs=8, warmup=0, recheck_every=0, catch=True
+    )
+    c.start(None)
+    c.screened([(4 << 20, Choice("shm"), 0.001)])
+    for _ in range(80):
+        arm = c.next_arm()
+        c.measure(arm, {shm: 0.9, fused: 0.8}.get(arm, 1.0))
+    assert c.phase == "catch" and c.incumbent == fused
+    c.caught(False, Outcome(False, Gain(0.974, 0.93, 1.01, 24), "not beyond noise"))
+    tuner = SimpleNamespace(decider=SimpleNamespace(storage_error=None, plan_search=c))
+    assert tuner_verdict(tuner) == (  # type: ignore[arg-type]
+        "autotune vs plain DDP: 1.00x step time (DDP's own all-reduce kept: 4 MiB: shm, fusion "
+        "16 MiB beat it through the hook, but ran 0.97x over 24 pairs of blocks of 4 timed "
+        "steps against plain DDP; the next job gives 4 MiB: shm (0.90x over 6 pairs) one more "
+        "paired test)"
+    )

@@ -289,12 +289,16 @@ def test_a_stored_baseline_gives_the_plan_that_came_close_one_more_duel(tmp_path
     trials = Store(url).trial_count()
 
     def job_with_lead(
-        algorithm: str, slow_native: bool, run_id: str, buckets: Buckets | None = None
+        algorithm: str,
+        slow_native: bool,
+        run_id: str,
+        buckets: Buckets | None = None,
+        kind: str = "near",
     ) -> Tuned:
-        """A job from the stored baseline with a lead on ``algorithm`` for every class (and
-        the bucket size that the job that stored it unhooked into)."""
+        """A job from the stored baseline with a lead of ``kind`` on ``algorithm`` for every
+        class (and the bucket size that the job that stored it unhooked into)."""
         arm = Arm.of({cls: Choice(algorithm) for cls in kept.classes}, 0)
-        lead = NearMiss(arm, Gain(0.96, 0.9, 1.02, 10))
+        lead = NearMiss(arm, Gain(0.96, 0.9, 1.02, 10), kind)
         table = Table(kept.classes, 0, kept.fingerprint, None, lead, buckets)
         Store(url, run_id=run_id).save_table(*key, table)
         job = {**config, "algorithms": (algorithm,)}
@@ -314,8 +318,10 @@ def test_a_stored_baseline_gives_the_plan_that_came_close_one_more_duel(tmp_path
     assert stored is not None and stored.lead is None
     # A lead that wins it (the baseline slowed): locked, without screening anything again.
     # The stored bucket size goes with the baseline it was kept beside: the table the job
-    # stores keeps the hook's plan and no bucket size (both would not load).
-    won = job_with_lead("quick_ring", True, "seed-2", Buckets(4 << 20, Gain(0.9, 0.85, 0.95, 12)))
+    # stores keeps the hook's plan and no bucket size (both would not load). A lead stored
+    # after a lost check against plain DDP (the plan the checked one beat) is retried alike.
+    bucket_size = Buckets(4 << 20, Gain(0.9, 0.85, 0.95, 12))
+    won = job_with_lead("quick_ring", True, "seed-2", bucket_size, "beaten")
     assert [(kind, won) for kind, _, won in won.duels] == [("retry", True)], won.duels
     assert won.settled and not won.baseline_kept
     assert {cls: c.algorithm for cls, c in won.plan.items() if cls in kept.classes} == {
