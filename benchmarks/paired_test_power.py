@@ -10,8 +10,11 @@ with pairs whose log ratio is normal around the log of the true ratio, with the 
 counts how often each kept the challenger and how many pairs it took:
 
 - ``first``: a first paired test (`autotune.tuning.buckets.bucket_test`, as the job runs it:
-`MAX_PAIRS`,
-  extended to twice that while ahead on the median); the challenger must be faster beyond noise;
+  `MAX_PAIRS`, extended to twice that while ahead on the median); the challenger must be faster
+  beyond noise (the check against plain DDP is such a test);
+- ``first, a near miss retried``: where the first test lost ahead on the median by
+  `NEAR_MISS_BELOW` or more, a second first test (the next job's, for a check's near miss:
+  docs/TUNER.md, "After a lost check"); pairs are both tests' together;
 - ``re-check at N``: a stored size's re-check judged at `MAX_PAIRS` alone (``extend_to`` =
   ``max_pairs``);
 - ``re-check, extended``: the re-check the job runs (``bucket_test(recheck=True)``), which goes
@@ -33,23 +36,30 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autotune.tuning.buckets import MAX_PAIRS, bucket_test
 from autotune.tuning.paired_test import PairedTest
+from autotune.tuning.plan_search import NEAR_MISS_BELOW
 
-RULES = ("first", f"re-check at {MAX_PAIRS}", "re-check, extended")
+RETRIED = "first, a near miss retried"
+RULES = ("first", RETRIED, f"re-check at {MAX_PAIRS}", "re-check, extended")
 
 
 def duel(rule: str) -> PairedTest:
     if rule == f"re-check at {MAX_PAIRS}":  # judged at MAX_PAIRS alone
         return PairedTest(MAX_PAIRS, warmup=0, signed_rank=True, hold=True)
-    return bucket_test(MAX_PAIRS, recheck=rule != "first")
+    return bucket_test(MAX_PAIRS, recheck=rule not in ("first", RETRIED))
 
 
 def run(rule: str, ratio: float, sigma: float, rng: random.Random) -> tuple[bool, int]:
-    """One paired test: whether it kept the challenger, and its pairs."""
+    """One paired test (for `RETRIED`, one or two): whether it kept the challenger, and its
+    pairs."""
     d = duel(rule)
     while d.outcome is None:
         d.measure(False, 1.0)
         d.measure(True, math.exp(rng.gauss(math.log(ratio), sigma)))
-    return d.outcome.challenger_won, len(d.ratios)
+    won, pairs = d.outcome.challenger_won, len(d.ratios)
+    if rule != RETRIED or won or not d.outcome.gain.ratio < NEAR_MISS_BELOW:
+        return won, pairs
+    again, more = run("first", ratio, sigma, rng)
+    return again, pairs + more
 
 
 def main() -> None:

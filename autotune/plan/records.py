@@ -101,7 +101,7 @@ class Gain:
 
 
 #: `NearMiss.kind`: how a plan came to lead.
-LEAD_KINDS = ("near", "beaten")
+LEAD_KINDS = ("near", "beaten", "checked")
 
 
 @dataclass(frozen=True)
@@ -109,8 +109,10 @@ class NearMiss:
     """A plan for the next job with the same fingerprint to test against the baseline once more,
     when a job kept the baseline (`autotune.tuning.plan_search`). ``kind`` says why: ``"near"``,
     it was ahead of the baseline on the step but not beyond noise; ``"beaten"``, it beat the
-    baseline, and lost only to a plan that then lost the check against plain DDP. ``gain`` is
-    what the first job measured against the baseline."""
+    baseline, and lost only to a plan that then lost the check against plain DDP; ``"checked"``,
+    it lost the check against plain DDP ahead on the median, not beyond noise. ``gain`` is what
+    the first job measured: against the baseline in pairs of iterations, or for ``"checked"``,
+    against plain DDP in pairs of blocks."""
 
     arm: Arm
     gain: Gain
@@ -123,12 +125,15 @@ class NearMiss:
 
     def describe(self) -> str:
         """``fusion 16 MiB (0.95x over 24 pairs)``, as the verdict and ``autotune show`` say it."""
-        return f"{self.arm.describe()} ({self.gain.over()})"
+        blocks = "blocks" if self.kind == "checked" else ""
+        return f"{self.arm.describe()} ({self.gain.over(blocks)})"
 
     def why(self) -> str:
         """Why the next job tests it again, as ``autotune show`` says it."""
         if self.kind == "beaten":
             return "beat the baseline, then lost to a plan that lost the check against plain DDP"
+        if self.kind == "checked":
+            return "ahead of plain DDP at the check, but not beyond noise"
         return "ahead but not beyond noise"
 
     def to_json(self) -> dict[str, object]:

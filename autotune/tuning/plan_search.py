@@ -121,6 +121,9 @@ class PlanSearch:
         #: This round's last incumbent that had beaten the baseline and then lost to a challenger:
         #: the next job's lead should the plan that beat it lose the check against plain DDP.
         self._beaten: NearMiss | None = None
+        #: Whether this round searched (screening on): only such a round leaves a lead after a
+        #: lost check, so a stored plan or lead gets one more test, not one per job.
+        self._searched = False
         #: Per class, screening's fastest choice this round (the shortlist's first).
         self._screened: dict[int, Choice] = {}
         self._joint_arm: Arm | None = None  # this round's classes' fastest together (`_joint`)
@@ -313,11 +316,12 @@ class PlanSearch:
         """The check against plain DDP is over, on every rank alike: ``kept``, the incumbent runs
         on through the hook, its gain the check's where it measured one (``outcome``; None: it
         could not run); else the job runs plain DDP (it has unhooked), and the baseline is kept.
-        Its lead is then the plan that had beaten the baseline before the plan that lost here
-        beat it (`_beaten`), if one did and it needs the hook: a test between two plans both
-        ahead of the baseline may be won by the one that is not ahead of plain DDP, and the job,
-        unhooked, runs no other. Else no lead: the round's other challengers lost to the plan
-        that lost here."""
+        Where this round searched, its lead is then the plan that had beaten the baseline before
+        the plan that lost here beat it (`_beaten`), if one did and it needs the hook: a test
+        between two plans both ahead of the baseline may be won by the one that is not ahead of
+        plain DDP, and the job, unhooked, runs no other. Else the plan that lost here, if it was
+        ahead by `NEAR_MISS_BELOW` on the median (not beyond noise), as a near miss of the check.
+        Else no lead: the round's other challengers lost to the plan that lost here."""
         if self.phase != "catch":
             return
         if outcome is not None:
@@ -326,12 +330,21 @@ class PlanSearch:
             if outcome is not None:
                 self.gain, self.against_plain = outcome.gain, True
         else:
-            beaten = self._beaten
-            if beaten is not None and not self.needs_hook(beaten.arm):
-                beaten = None  # it runs without the hook: DDP's bucket-size search meets it
-            self.incumbent, self.gain, self._lead = self.baseline, None, beaten
+            self._lead = self._lead_after_check(outcome) if self._searched else None
+            self.incumbent, self.gain = self.baseline, None
         self.phase = "locked"
         self._locked_at = None
+
+    def _lead_after_check(self, outcome: Outcome | None) -> NearMiss | None:
+        """The next job's lead where the incumbent lost the check against plain DDP (`caught`)."""
+        beaten = self._beaten
+        # One that runs without the hook (a fusion size alone) is what DDP's bucket-size search
+        # meets once unhooked.
+        if beaten is not None and self.needs_hook(beaten.arm):
+            return beaten
+        if outcome is not None and outcome.gain.ratio < NEAR_MISS_BELOW:
+            return NearMiss(self.incumbent, outcome.gain, "checked")
+        return None
 
     def freeze(self) -> None:
         """Stop comparing: the incumbent runs from now on (the storage failed)."""
@@ -344,6 +357,7 @@ class PlanSearch:
     def _open(self, fusion: Sequence[int] | None = None) -> None:
         self.incumbent, self.gain, self.against_plain = self.baseline, None, False
         self._near, self._lead, self._beaten = {}, None, None
+        self._searched = True
         self.phase = "screening"  # the tuner's class searches take over; see `screened`
         self._screened, self._joint_arm, self._queue = {}, None, []
         self.fusion.open(fusion)

@@ -135,6 +135,14 @@ def test_show_names_a_stored_lead(tmp_path: Path, capsys: pytest.CaptureFixture[
         "job tests it again: 1 MiB: shm (0.91x over 10 pairs)"
     ) in out
     assert "ahead but not beyond noise" not in out
+    # A plan that lost the check itself, ahead on the median: its gain is over pairs of blocks.
+    checked = NearMiss(Arm(((1 << 20, Choice("shm")),), 0), Gain(0.95, 0.9, 1.01, 24), "checked")
+    Store(url).save_table("aaa", "bert", Table(TABLE.classes, 0, FP, None, checked))
+    assert main(["show", "--storage", url]) == 0
+    assert (
+        "ahead of plain DDP at the check, but not beyond noise; the next job tests it again: "
+        "1 MiB: shm (0.95x over 24 pairs of blocks)"
+    ) in capsys.readouterr().out
     with pytest.raises(ValueError, match="kind must be one of near, beaten"):
         NearMiss.from_json({**beaten.to_json(), "kind": "won"})
     assert NearMiss.from_json(lead.to_json()) == lead  # a lead stored before kinds: "near"

@@ -453,6 +453,51 @@ def test_where_the_check_loses_the_plan_its_plan_beat_is_the_next_jobs_lead() ->
     assert nxt.baseline_kept and nxt.lead is None
 
 
+def test_a_check_lost_ahead_by_3_percent_leaves_its_plan_as_the_next_jobs_lead() -> None:
+    """A near miss of the check against plain DDP, as of a paired test against the baseline: the
+    next job retries it once. A plan the checked one beat leads before it (a first check of
+    another plan tells more than a second of the same), and a stored plan or a retried lead
+    that loses its check leaves none (one more test, not one per job)."""
+    tree = Arm(((1 << 20, TREE),), 0)
+    both = tree.with_fusion(1 << 20)
+    close = Outcome(False, Gain(0.95, 0.9, 1.01, 24), "not beyond noise")
+
+    def checked(steps: dict[Arm, float]) -> PlanSearch:
+        c = plan_search(catch=True)
+        c.start(None)
+        c.screened([(1 << 20, TREE, 0.001)])
+        drive(c, lambda arm, i: steps.get(arm, 1.0), 60)
+        assert c.phase == "catch"
+        return c
+
+    c = checked({tree: 0.9})
+    c.caught(False, close)
+    assert c.baseline_kept and c.lead == NearMiss(tree, close.gain, "checked")
+    assert c.lead.describe() == "1 MiB: tree (0.95x over 24 pairs of blocks)"
+    # Ahead by less than 3% (or behind): nothing.
+    c = checked({tree: 0.9})
+    c.caught(False, Outcome(False, Gain(0.975, 0.9, 1.03, 24), "not beyond noise"))
+    assert c.lead is None
+    # Beside a plan the checked one beat, that one leads.
+    c = checked({tree: 0.9, both: 0.7})
+    c.caught(False, close)
+    assert c.lead is not None and c.lead.kind == "beaten" and c.lead.arm == tree
+    # The next job: the retry, then its check; lost close again, no lead.
+    lead = NearMiss(tree, close.gain, "checked")
+    nxt = plan_search(catch=True)
+    nxt.start(Arm(), lead)
+    drive(nxt, lambda arm, i: 0.9 if arm == tree else 1.0, 40)
+    assert nxt.phase == "catch"
+    nxt.caught(False, close)
+    assert nxt.baseline_kept and nxt.lead is None
+    # A stored plan checked again, lost close: no lead either.
+    nxt = plan_search(catch=True)
+    nxt.start(tree)
+    assert nxt.phase == "catch"
+    nxt.caught(False, close)
+    assert nxt.baseline_kept and nxt.lead is None
+
+
 def test_a_beaten_plan_that_runs_without_the_hook_is_no_lead() -> None:
     """A fusion size alone (DDP runs it as its bucket size once autotune unhooks) beaten by a
     plan that then lost the check: DDP's bucket-size search meets that size, so no lead."""
