@@ -101,7 +101,8 @@ def test_a_plan_slower_than_plain_ddp_is_dropped_and_the_job_steps_aside(tmp_pat
             f"no gain: plain DDP kept, autotune unhooked after iteration {r.aside_at}"
         )
     assert "provisional" not in verdict, verdict
-    # The next job finds the baseline (no lead: the plan lost to plain DDP itself).
+    # The next job finds the baseline, with no lead: the plan was a stored one, not searched
+    # for, and it lost by far (docs/TUNER.md, "After a lost check").
     assert runs[0].stored_plan is not None and set(runs[0].stored_plan.values()) == {"native"}
     stored = Store(f"sqlite:///{tmp_path / 'tuning.db'}").load_table(
         *next(iter(Store(f"sqlite:///{tmp_path / 'tuning.db'}").tables()))
