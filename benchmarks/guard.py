@@ -20,8 +20,11 @@ commit (and whether the tree had changes), the machine, the date and the command
 from another machine is compared all the same, with a warning: ratios move with the cores and
 memory a machine has.
 
-It is a benchmark, not a test: it times, so CI does not run it. docs/BENCHMARKS.md's step-gain
-table is the record's (tests/benchmarks/test_baseline.py checks they agree).
+Rank 0's autotune log of each model's runs 1 and 2 (screening's values, every paired test, the
+check against plain DDP, unhooking) is kept in `bench-logs/` (`--log-dir`), to read where a
+model kept less than it used to. It is a benchmark, not a test: it times, so CI does not run it.
+docs/BENCHMARKS.md's step-gain table is the record's (tests/integration/test_bench_guard.py
+checks they agree).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from autotune.comm.launch import RankFailure
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = Path(__file__).resolve().parent / "baseline.json"
+LOGS = ROOT / "bench-logs"
 MODELS = ("mlp", "transformer", "convnet")
 WORLD_SIZE = 4
 #: run 3's length: at least this many paired steps, and plain DDP's timed steps adding up to
@@ -152,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", type=Path, default=BASELINE, help="the record to compare with")
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--json", type=Path, default=None, help="also write step_gain's full rows here")
+    p.add_argument(
+        "--log-dir", type=Path, default=LOGS, help="rank 0's autotune log of runs 1 and 2, here"
+    )
     args = p.parse_args(argv)
     record = json.loads(args.baseline.read_text()) if args.baseline.exists() else None
     here = machine()
@@ -171,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         "--breakdown",
     ]
     options = step_gain.parser().parse_args(command)
+    options.log_dir = str(args.log_dir)
     rows, now, failed = [], {}, []
     began = time.perf_counter()
     for model in args.models.split(","):
@@ -201,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(step_gain.breakdown_markdown(rows))
     print(f"\n{len(rows)} models in {(time.perf_counter() - began) / 60:.1f} minutes")
+    print(f"rank 0's autotune logs of runs 1 and 2: {args.log_dir}/")
     flagged = [m for m, f in now.items() if verdict(f, (record or {}).get("models", {}).get(m))]
     if failed:
         print(f"failed: {', '.join(failed)} (above)")

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import statistics
@@ -216,9 +217,16 @@ def _slowest(times: list[float]) -> list[float]:
     return t.tolist()
 
 
-def alone(rank: int, world_size: int, args: argparse.Namespace, storage: str) -> dict[str, Any]:
-    """Runs 1 and 2: autotune by itself; its steps, the step it locked at, its verdict, plan."""
+def alone(
+    rank: int, world_size: int, args: argparse.Namespace, storage: str, run: str = "tune"
+) -> dict[str, Any]:
+    """Runs 1 and 2 (``run``: "tune", "restart"): autotune by itself; its steps, the step it
+    locked at, its verdict, plan. With ``args.log_dir``, rank 0's autotune log (INFO: screening,
+    each paired test, the check, unhooking) goes to a file there, named for the model, the
+    world size and the run."""
     torch.set_num_threads(args.threads)
+    if rank == 0 and args.log_dir:
+        _log_to(Path(args.log_dir) / f"{args.model}-x{world_size}-{run}.log")
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -432,6 +440,16 @@ def _ratio(a: list[float], b: list[float]) -> dict[str, float]:
     return {"median": statistics.median(r), "low": low, "high": high, "n": len(r)}
 
 
+def _log_to(path: Path) -> None:
+    """Send this process's autotune log, from INFO up, to ``path`` (made anew)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, mode="w")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    log = logging.getLogger("autotune")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+
+
 def _for_model(args: argparse.Namespace, model: str) -> None:
     """Point the ranks' arguments at ``model``: the mlp runs in 1 MiB buckets, as the example."""
     args.model = model
@@ -503,8 +521,8 @@ def cell(model: str, world_size: int, args: argparse.Namespace) -> dict[str, Any
     _for_model(args, model)
     with tempfile.TemporaryDirectory() as tmp:
         storage = f"sqlite:///{Path(tmp) / 'tuning.db'}"
-        tune = run_local(alone, world_size, args, storage, **_launch(args))
-        restart = run_local(alone, world_size, args, storage, **_launch(args))[0]
+        tune = run_local(alone, world_size, args, storage, "tune", **_launch(args))
+        restart = run_local(alone, world_size, args, storage, "restart", **_launch(args))[0]
         # Run 3 on a copy of what run 2 left, or on run 2's plan, fixed.
         plan_file = None
         table = Table.from_json(restart["table"])
@@ -669,6 +687,12 @@ def parser() -> argparse.ArgumentParser:
         help="the process group's backend (nccl needs --device cuda)",
     )
     p.add_argument("--json", default=None, help="also write every figure here")
+    p.add_argument(
+        "--log-dir",
+        default=None,
+        help="write rank 0's autotune log of runs 1 and 2 (screening, paired tests, the check) "
+        "here, a file per model, world size and run",
+    )
     p.add_argument(
         "--run-timeout",
         type=float,

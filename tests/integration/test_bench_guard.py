@@ -256,3 +256,44 @@ def test_the_guard_fails_on_a_ratio_worse_than_recorded(
     assert run_guard(monkeypatch, tmp_path, {**everything, "mlp": None})[0] == 1
     out = capsys.readouterr().out
     assert "failed: mlp" in out and "| transformer |" in out
+
+
+def test_the_guard_keeps_rank_0s_log_of_each_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Where a model kept less than before, its screening values and paired tests say why: the
+    guard hands step_gain a directory for rank 0's autotune log of runs 1 and 2, and each run
+    writes its own file there, INFO up."""
+    import logging
+
+    given: list[str] = []
+
+    def cell(model: str, world_size: int, options: Any) -> dict[str, Any]:
+        given.append(options.log_dir)
+        return row(model, 0.9)
+
+    monkeypatch.setattr(step_gain, "cell", cell)
+    monkeypatch.setattr(step_gain, "kept", lambda plan: "16 MiB: shm")
+    logs = tmp_path / "logs"
+    args = ["--baseline", str(tmp_path / "b.json"), "--models", "mlp", "--log-dir", str(logs)]
+    guard.main(args)
+    assert given == [str(logs)]
+    assert f"rank 0's autotune logs of runs 1 and 2: {logs}/" in capsys.readouterr().out
+    assert guard.LOGS == ROOT / "bench-logs"  # the default, git-ignored
+    assert "/bench-logs/" in (ROOT / ".gitignore").read_text().splitlines()
+
+    # What a run does with it (`step_gain.alone` on rank 0): autotune's INFO records, in a file
+    # named for the model, the world size and the run.
+    log = logging.getLogger("autotune")
+    level, handlers = log.level, list(log.handlers)
+    try:
+        step_gain._log_to(logs / "mlp-x4-tune.log")
+        log.info("autotune screening, 4 MiB class: shm 1.00 ms")
+        log.debug("not kept")
+    finally:
+        for h in log.handlers[len(handlers) :]:
+            h.close()
+            log.removeHandler(h)
+        log.setLevel(level)
+    text = (logs / "mlp-x4-tune.log").read_text()
+    assert "autotune screening, 4 MiB class: shm 1.00 ms" in text and "not kept" not in text
