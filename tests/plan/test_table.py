@@ -109,40 +109,41 @@ def test_show_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 def test_show_names_a_stored_lead(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = f"sqlite:///{tmp_path / 'tuning.db'}"
+
+    def shown(lead: NearMiss, final: bool = True) -> str:
+        """What ``autotune show`` prints of a table with ``lead``, stored and read back."""
+        table = Table(TABLE.classes, 0, FP, None, lead, final=final)
+        Store(url).save_table("aaa", "bert", table)
+        assert Store(url).load_table("aaa", "bert") == table
+        assert main(["show", "--storage", url]) == 0
+        return capsys.readouterr().out
+
     lead = NearMiss(Arm(((1 << 20, Choice("tree")),), 16 << 20), Gain(0.953, 0.9, 1.02, 24))
-    Store(url).save_table("aaa", "bert", Table(TABLE.classes, 0, FP, None, lead))
-    assert main(["show", "--storage", url]) == 0
-    out = capsys.readouterr().out
-    assert "the next job tests it again: 1 MiB: tree, fusion 16 MiB (0.95x over 24 pairs)" in out
+    assert (
+        "ahead but not beyond noise; the next job tests it again: 1 MiB: tree, fusion 16 MiB "
+        "(0.95x over 24 pairs)"
+    ) in shown(lead)
     # A provisional table's lead is its fusion size that came close, met again with algorithms.
     near = NearMiss(Arm((), 4 << 20), Gain(0.96, 0.9, 1.02, 16))
-    Store(url).save_table("aaa", "bert", Table(TABLE.classes, 0, FP, None, near, final=False))
-    assert main(["show", "--storage", url]) == 0
-    out = capsys.readouterr().out
     assert (
         "the next job tests it again, with the plan's algorithms carried to it: fusion 4 MiB "
         "(0.96x over 16 pairs)"
-    ) in out
+    ) in shown(near, final=False)
     # A plan that beat the baseline and lost only to a plan that then lost the check against
     # plain DDP says so, and survives the storage's JSON as such.
-    beaten = NearMiss(Arm(((1 << 20, Choice("shm")),), 0), Gain(0.91, 0.85, 0.97, 10), "beaten")
-    Store(url).save_table("aaa", "bert", Table(TABLE.classes, 0, FP, None, beaten))
-    assert Store(url).load_table("aaa", "bert") == Table(TABLE.classes, 0, FP, None, beaten)
-    assert main(["show", "--storage", url]) == 0
-    out = capsys.readouterr().out
+    shm = Arm(((1 << 20, Choice("shm")),), 0)
+    beaten = NearMiss(shm, Gain(0.91, 0.85, 0.97, 10), "beaten")
+    out = shown(beaten)
     assert (
         "beat the baseline, then lost to a plan that lost the check against plain DDP; the next "
         "job tests it again: 1 MiB: shm (0.91x over 10 pairs)"
     ) in out
     assert "ahead but not beyond noise" not in out
     # A plan that lost the check itself, ahead on the median: its gain is over pairs of blocks.
-    checked = NearMiss(Arm(((1 << 20, Choice("shm")),), 0), Gain(0.95, 0.9, 1.01, 24), "checked")
-    Store(url).save_table("aaa", "bert", Table(TABLE.classes, 0, FP, None, checked))
-    assert main(["show", "--storage", url]) == 0
     assert (
         "ahead of plain DDP at the check, but not beyond noise; the next job tests it again: "
         "1 MiB: shm (0.95x over 24 pairs of blocks)"
-    ) in capsys.readouterr().out
+    ) in shown(NearMiss(shm, Gain(0.95, 0.9, 1.01, 24), "checked"))
     with pytest.raises(ValueError, match="kind must be one of near, beaten"):
         NearMiss.from_json({**beaten.to_json(), "kind": "won"})
     assert NearMiss.from_json(lead.to_json()) == lead  # a lead stored before kinds: "near"
