@@ -14,7 +14,7 @@ itself, `autotune.tuning.plain_check`) and ``locked`` (re-checked against the ba
 to ``confirm`` (or ``catch``); one that resumes a job that ended undecided, to ``screening``
 (`PlanSearch.resume`). A round that keeps the baseline remembers its near miss
 (`autotune.plan.NearMiss`), or where the check against plain DDP lost, the plan the checked one
-beat: the next job tests it once more.
+beat, or the checked one if it came close (`PlanSearch.caught`): the next job tests it once more.
 
 The tuner drives it once per iteration end::
 
