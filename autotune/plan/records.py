@@ -100,8 +100,13 @@ class Gain:
         return cls(values[0], values[1], values[2], pairs)
 
 
-#: `NearMiss.kind`: how a plan came to lead.
-LEAD_KINDS = ("near", "beaten", "checked")
+#: `NearMiss.kind`: how a plan came to lead, and why the next job tests it again, as
+#: ``autotune show`` says it.
+LEAD_KINDS = {
+    "near": "ahead but not beyond noise",
+    "beaten": "beat the baseline, then lost to a plan that lost the check against plain DDP",
+    "checked": "ahead of plain DDP at the check, but not beyond noise",
+}
 
 
 @dataclass(frozen=True)
@@ -119,7 +124,7 @@ class NearMiss:
     kind: str = "near"
 
     def __post_init__(self) -> None:
-        if self.kind not in LEAD_KINDS:
+        if not isinstance(self.kind, str) or self.kind not in LEAD_KINDS:
             kinds = ", ".join(LEAD_KINDS)
             raise ValueError(f"lead: kind must be one of {kinds}, got {self.kind!r}")
 
@@ -130,11 +135,7 @@ class NearMiss:
 
     def why(self) -> str:
         """Why the next job tests it again, as ``autotune show`` says it."""
-        if self.kind == "beaten":
-            return "beat the baseline, then lost to a plan that lost the check against plain DDP"
-        if self.kind == "checked":
-            return "ahead of plain DDP at the check, but not beyond noise"
-        return "ahead but not beyond noise"
+        return LEAD_KINDS[self.kind]
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {
