@@ -27,18 +27,53 @@ from torch.nn.parallel import DistributedDataParallel
 from autotune.algorithms import bookkeeping_device
 from autotune.ddp.step_clock import DeviceEvent, device_event
 
-__all__ = ["BLOCK", "BLOCKS", "BLOCK_STEPS", "BLOCK_WARMUP", "BlockTimer"]
+__all__ = [
+    "BLOCK",
+    "BLOCKS",
+    "BLOCK_STEPS",
+    "BLOCK_WARMUP",
+    "CLEAR_BELOW",
+    "CLEAR_STEPS",
+    "BlockTimer",
+    "blocks",
+    "check_steps_for",
+]
 
-#: Timed steps per block; iterations untimed first, on a new reducer; the most a block takes.
+#: Timed steps per block (a `BlockTimer`'s default); iterations untimed first, on a new reducer;
+#: the most a block of the default takes.
 BLOCK_STEPS = 4
 BLOCK_WARMUP = 2
 BLOCK = BLOCK_WARMUP + BLOCK_STEPS
-#: How verdicts and logs name them.
-BLOCKS = f"blocks of {BLOCK_STEPS} timed steps"
+
+
+def blocks(steps: int = BLOCK_STEPS) -> str:
+    """How verdicts and logs name blocks of ``steps`` timed steps."""
+    return f"blocks of {steps} timed steps"
+
+
+BLOCKS = blocks()
+
+#: The check against plain DDP's block size (`check_steps_for`): `CLEAR_STEPS` timed steps
+#: instead of `BLOCK_STEPS` where the plan's step over the hooked baseline's, as the paired tests
+#: that put it in place measured it (`autotune.tuning.plan_search.PlanSearch.estimate`), is
+#: `CLEAR_BELOW` or less. A quarter off is beyond what the hook costs over plain DDP (1-13% of a
+#: small model's step on the CPU VMs: docs/TUNER.md, "Unhooking"), so the check proves such a
+#: plan at its first look either way, and the smaller blocks get there in 24 iterations fewer
+#: (docs/TUNER.md, "The check in blocks of 2 where the gain is clear").
+CLEAR_BELOW = 0.75
+CLEAR_STEPS = 2
+
+
+def check_steps_for(estimate: float | None) -> int:
+    """Timed steps per block of the check against plain DDP, for a plan whose step over the
+    baseline's is ``estimate`` (None: not known): `CLEAR_STEPS` at or below `CLEAR_BELOW`, else
+    `BLOCK_STEPS`."""
+    return CLEAR_STEPS if estimate is not None and estimate <= CLEAR_BELOW else BLOCK_STEPS
 
 
 class BlockTimer:
-    """Times ``ddp``'s iterations, from its forward pre-hook, in blocks of `BLOCK`.
+    """Times ``ddp``'s iterations, from its forward pre-hook, in blocks of ``steps`` timed
+    steps (`BLOCK_STEPS` by default).
 
     On CUDA a step is the GPU's (`autotune.ddp.step_clock`): a CUDA event (``event``: made by
     it, for stand-ins in tests) recorded on the current stream before each forward, the time
@@ -47,9 +82,16 @@ class BlockTimer:
     (`renewed`): the block under way then begins with `BLOCK_WARMUP` untimed iterations."""
 
     def __init__(
-        self, ddp: DistributedDataParallel, event: Callable[[], DeviceEvent] | None = None
+        self,
+        ddp: DistributedDataParallel,
+        event: Callable[[], DeviceEvent] | None = None,
+        steps: int = BLOCK_STEPS,
     ) -> None:
+        if steps < 1:
+            raise ValueError(f"a block needs at least one timed step, got {steps}")
         self._ddp = ddp
+        #: Timed steps per block.
+        self.steps = steps
         self._event = event if event is not None else device_event(_device(ddp))
         self._marks: list[Any] = []  # host seconds, or recorded events
         self._warmup = BLOCK_WARMUP  # the block under way's untimed iterations
@@ -72,7 +114,7 @@ class BlockTimer:
         the block's median step (the slowest rank's; a collective on DDP's group), else None."""
         self._marks.append(self._mark())
         self.iterations += 1
-        if len(self._marks) <= self._warmup + BLOCK_STEPS:
+        if len(self._marks) <= self._warmup + self.steps:
             return None
         marks = self._marks
         steps = self._steps(marks)[self._warmup :]
@@ -86,6 +128,11 @@ class BlockTimer:
         """A new reducer is in place, before the block under way's first forward: that block
         begins with `BLOCK_WARMUP` untimed iterations."""
         self._warmup = BLOCK_WARMUP
+
+    @property
+    def most_iterations(self) -> int:
+        """The iterations a block takes at most: on a new reducer, its untimed ones first."""
+        return BLOCK_WARMUP + self.steps
 
     def _mark(self) -> Any:
         if self._event is None:

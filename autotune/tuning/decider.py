@@ -216,6 +216,7 @@ class Decider:
             plan_search.gain,
             self.tuner.frozen,
             plan_search.iterations_left(self._screening_left()) if self.loaded else None,
+            plan_search.check_steps,
         )
 
     def _screening_left(self) -> int | None:
@@ -313,7 +314,7 @@ class Decider:
             )
         else:
             lead = None
-        self.plan_search.start(stored, lead)
+        self.plan_search.start(stored, lead, None if table is None else table.gain)
 
     def _runnable(self, arm: Arm) -> bool:
         """Whether this job can run ``arm``: its choices, its fusion size (or the baseline's)."""

@@ -4,12 +4,13 @@ The plan search's paired tests run the baseline through the hook, so a plan that
 still be slower than plain DDP, which the job runs once it unhooks (the hook costs a Python call
 and a 1/N pass per bucket). So where a job may unhook, a plan that needs the hook is locked only
 once `PlainCheck` has it beat plain DDP: the job's reducer without the hook (A) against a reducer
-with the hook running the plan (B), in blocks of iterations (`BLOCK` at most), A B B A
+with the hook running the plan (B), in blocks of iterations, A B B A
 (`autotune.tuning.blocks`; each switch rebuilds the reducer and registers the hook again for B),
 judged as a first bucket test (`autotune.tuning.buckets.bucket_test`): B is kept only if it is
 faster beyond noise. Kept, the plan runs through the hook and its gain is this test's; lost, the
-job runs plain DDP from there (and DDP's bucket size is tuned next). Measurements behind this
-rule: docs/TUNER.md and docs/BENCHMARKS.md.
+job runs plain DDP from there (and DDP's bucket size is tuned next). A block is ``steps`` timed
+steps: 4, or 2 where the plan's gain is clear (`autotune.tuning.blocks.check_steps_for`).
+Measurements behind these rules: docs/TUNER.md and docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from torch.nn.parallel import DistributedDataParallel
 
 from autotune.ddp.reducer import rebuild_reducer
-from autotune.tuning.blocks import BLOCK, BLOCKS, BlockTimer
+from autotune.tuning.blocks import BLOCK_STEPS, BlockTimer, blocks
 from autotune.tuning.buckets import bucket_test
 from autotune.tuning.paired_test import Outcome
 
@@ -35,7 +36,8 @@ class PlainCheck:
 
     ``settle()`` waits until the hook's last iteration is handled everywhere in this process
     (the engine idle, the tuner's listeners done); ``rehooked()`` is called after the hook is
-    registered again on a new reducer (the next hooked step spans the blocks without it)."""
+    registered again on a new reducer (the next hooked step spans the blocks without it);
+    ``steps``: timed steps per block."""
 
     def __init__(
         self,
@@ -45,6 +47,7 @@ class PlainCheck:
         settle: Callable[[], None],
         rehooked: Callable[[], None],
         max_pairs: int,
+        steps: int = BLOCK_STEPS,
     ) -> None:
         hooks = list(getattr(ddp, "_comm_hooks", ()))
         if len(hooks) != 1:
@@ -54,7 +57,7 @@ class PlainCheck:
         self._plan = plan
         self._settle = settle
         self._rehooked = rehooked
-        self._timer = BlockTimer(ddp)
+        self._timer = BlockTimer(ddp, steps=steps)
         self._duel = bucket_test(max_pairs)
         #: Whether the reducer now has the hook (it has at the start).
         self.hooked = True
@@ -77,7 +80,7 @@ class PlainCheck:
         `PairedTest.measurements_left`; 0 once over)."""
         if self.over:
             return 0
-        return self._duel.measurements_left() * BLOCK
+        return self._duel.measurements_left() * self._timer.most_iterations
 
     def restart(self) -> None:
         """Begin the block under way again (`BlockTimer.restart`)."""
@@ -132,7 +135,7 @@ class PlainCheck:
             "kept" if outcome.challenger_won else "lost",
             g.ratio,
             g.pairs,
-            BLOCKS,
+            blocks(self._timer.steps),
             g.low,
             g.high,
             outcome.why,

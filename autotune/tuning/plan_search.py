@@ -15,6 +15,8 @@ to ``confirm`` (or ``catch``); one that resumes a job that ended undecided, to `
 (`PlanSearch.resume`). A round that keeps the baseline remembers its near miss
 (`autotune.plan.NearMiss`), or where the check against plain DDP lost, the plan the checked one
 beat, or the checked one if it came close (`PlanSearch.caught`): the next job tests it once more.
+The check runs in blocks of 2 timed steps where the plan's gain is clear, else 4
+(`autotune.tuning.blocks.check_steps_for`).
 
 The tuner drives it once per iteration end::
 
@@ -33,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from autotune.plan import BASELINE_CHOICE, Arm, Choice, Gain, NearMiss
+from autotune.tuning.blocks import BLOCK_STEPS, check_steps_for
 from autotune.tuning.fusion_stage import FusionStage
 from autotune.tuning.paired_test import FUTILE_FROM, LOOK_EVERY, MIN_PAIRS, Outcome, PairedTest
 
@@ -103,6 +106,13 @@ class PlanSearch:
         #: The incumbent's step over the baseline's, from the last paired test between them (None:
         #: the incumbent is the baseline, or they have not met since it changed).
         self.gain: Gain | None = None
+        #: The incumbent's step over the baseline's as the paired tests that put it in place
+        #: measured it: the median of the last one against the baseline, times each later win's
+        #: (None: the incumbent is the baseline, or it is not known). Only what the check's block
+        #: size goes by (`check_steps_for`); ``gain`` is what the status reports.
+        self.estimate: float | None = None
+        #: Timed steps per block of the check against plain DDP, once the plan goes to it.
+        self.check_steps = BLOCK_STEPS
         self.round = 0
         #: Every finished paired test: (kind, challenger, outcome), oldest first.
         self.history: list[tuple[str, Arm, Outcome]] = []
@@ -204,10 +214,14 @@ class PlanSearch:
 
     # -- what rank 0 tells it ------------------------------------------------------------
 
-    def start(self, stored: Arm | None, lead: NearMiss | None = None) -> None:
+    def start(
+        self, stored: Arm | None, lead: NearMiss | None = None, gain: Gain | None = None
+    ) -> None:
         """Begin, from the plan a previous job stored (None: from scratch) and, where that is
-        the baseline, the lead it stored with it."""
+        the baseline, the lead it stored with it; ``gain``: the stored plan's, where it goes
+        straight to the check against plain DDP (its block size: `check_steps_for`)."""
         self.stored = stored
+        self.estimate = None if stored is None or gain is None else gain.ratio
         if stored is None:
             self._open()
         elif stored == self.baseline:
@@ -241,6 +255,7 @@ class PlanSearch:
         self._open(fusion_left)
         if won is not None:
             self.incumbent, self.gain = won, gain
+            self.estimate = None if gain is None else gain.ratio
         self.fusion.near = fusion_near
 
     def measure(self, arm: Arm, step_s: float) -> None:
@@ -331,7 +346,7 @@ class PlanSearch:
                 self.gain, self.against_plain = outcome.gain, True
         else:
             self._lead = self._lead_after_check(outcome) if self._searched else None
-            self.incumbent, self.gain = self.baseline, None
+            self.incumbent, self.gain, self.estimate = self.baseline, None, None
         self.phase = "locked"
         self._locked_at = None
 
@@ -356,6 +371,7 @@ class PlanSearch:
 
     def _open(self, fusion: Sequence[int] | None = None) -> None:
         self.incumbent, self.gain, self.against_plain = self.baseline, None, False
+        self.estimate = None
         self._near, self._lead, self._beaten = {}, None, None
         self._searched = True
         self.phase = "screening"  # the tuner's class searches take over; see `screened`
@@ -445,8 +461,9 @@ class PlanSearch:
         if m.kind in ("confirm", "retry"):
             if outcome.challenger_won:
                 self.incumbent, self.gain = m.challenger, outcome.gain
+                self.estimate = outcome.gain.ratio
             else:
-                self.incumbent, self.gain = self.baseline, None
+                self.incumbent, self.gain, self.estimate = self.baseline, None, None
             self._lock()
             return
         if m.kind == "fusion":
@@ -456,6 +473,8 @@ class PlanSearch:
                 self._beaten = NearMiss(self.incumbent, self.gain, "beaten")
             self.incumbent = m.challenger
             self.gain = outcome.gain if versus_baseline else None
+            ratio, before = outcome.gain.ratio, self.estimate
+            self.estimate = ratio if versus_baseline else None if before is None else before * ratio
         elif m.kind == "class" and self._trying is not None and outcome.gain.ratio < 1.0:
             cls, choice = self._trying
             if cls not in self._near or outcome.gain.ratio < self._near[cls][1]:
@@ -476,3 +495,5 @@ class PlanSearch:
         first, where the job has it."""
         self.phase = "catch" if self.catch and self.needs_hook(self.incumbent) else "locked"
         self._locked_at = None
+        if self.phase == "catch":
+            self.check_steps = check_steps_for(self.estimate)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from autotune.plan import Buckets, Gain, NearMiss
-from autotune.tuning.blocks import BLOCKS
+from autotune.tuning.blocks import BLOCKS, blocks
 from autotune.tuning.search import Progress
 from autotune.util.units import count, format_bytes
 
@@ -302,7 +302,8 @@ def tuner_verdict(tuner: Tuner) -> str:
         return (
             "autotune vs plain DDP: 1.00x step time (DDP's own all-reduce kept: "
             f"{plan.describe()} beat it through the hook, but ran "
-            f"{outcome.gain.over(BLOCKS)} against plain DDP{_again(plan_search.lead)})"
+            f"{outcome.gain.over(blocks(plan_search.check_steps))} against plain DDP"
+            f"{_again(plan_search.lead)})"
         )
     if plan_search.baseline_kept:
         pairs = sum(o.gain.pairs for kind, _, o in plan_search.history if kind != "catch")
@@ -325,4 +326,5 @@ def tuner_verdict(tuner: Tuner) -> str:
         # Not the check's: the paired tests run DDP's all-reduce through the hook, which costs
         # the hook's calls. It read as a gain over plain DDP that the check then did not find.
         what += "; against DDP's all-reduce through autotune's hook"
-    return gain.verdict(BLOCKS if plan_search.against_plain else "iterations", what)
+    unit = blocks(plan_search.check_steps) if plan_search.against_plain else "iterations"
+    return gain.verdict(unit, what)

@@ -34,6 +34,7 @@ from autotune.comm import topology
 from autotune.ddp.events import Event, Failure, IterationDone, IterationEnd
 from autotune.ddp.stats import MessageRecord
 from autotune.plan import Arm, Buckets, Choice, Entry, Gain, Table
+from autotune.tuning.blocks import BLOCK_STEPS
 from autotune.tuning.decider import Decider
 from autotune.tuning.paired_test import Outcome
 from autotune.tuning.search import NOT_MEASURED, Progress
@@ -91,6 +92,9 @@ class Tuner:
         #: against plain DDP ended) do not start another: one is due again only after orders in
         #: another phase.
         self.check_from: int | None = None
+        #: Timed steps per block of that check, from the same orders
+        #: (`autotune.tuning.blocks.check_steps_for`).
+        self.check_steps = BLOCK_STEPS
         self._catch_armed = True
         #: The model in words (`autotune.storage.describe_model`), stored with the plan for
         #: `autotune show`: set by `autotune.register`; else, at the first exchange, what the
@@ -217,6 +221,7 @@ class Tuner:
             self._catch_armed = True
         elif self._catch_armed and self.check_from is None:
             self.check_from, self._catch_armed = effective, False
+            self.check_steps = orders.check_steps
         ddp_runs_it = not self.needs_hook(arm) and (
             self.tune_fusion or arm.fusion_bytes == self.baseline.fusion_bytes
         )

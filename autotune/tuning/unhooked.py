@@ -348,6 +348,7 @@ def catch_hooks(tuner: Tuner, engine: Engine, config: Config) -> PlainCheckHooks
             settle=settle,
             rehooked=engine.forget_step,
             max_pairs=min(MAX_PAIRS, config.max_pairs),
+            steps=tuner.check_steps,
         )
 
     return PlainCheckHooks(

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.plan import Gain, size_class
+from autotune.tuning.blocks import BLOCK_STEPS
 
 __all__ = ["EXPLORING", "LOCKED", "PHASES", "WIDTH", "Orders", "Window", "read", "write"]
 
@@ -30,7 +31,8 @@ _PHASE = _CADENCE + 1
 _GAIN = _PHASE + 1  # ratio, low, high, pairs
 _FROZEN = _GAIN + 4  # 1: tuning stopped, its storage failed (rank 0 says why in its log)
 _TO_GO = _FROZEN + 1  # iterations left, as rank 0 estimates them, + 1 (0: not known)
-WIDTH = _TO_GO + 1
+_CHECK = _TO_GO + 1  # timed steps per block of the check against plain DDP (0: the default's)
+WIDTH = _CHECK + 1
 _UNMEASURED = float("-inf")
 
 EXPLORING, LOCKED = 1, 2
@@ -61,6 +63,9 @@ class Orders:
     #: Iterations before the plan is locked, for the stages known now, as rank 0 estimates them
     #: (`autotune.tuning.plan_search.PlanSearch.iterations_left`; None: not known yet).
     to_go: int | None = None
+    #: Timed steps per block of the check against plain DDP, where the plan goes to it
+    #: (`autotune.tuning.blocks.check_steps_for`).
+    check_steps: int = BLOCK_STEPS
 
 
 def write(window: Window, orders: Orders | None) -> list[float]:
@@ -83,6 +88,7 @@ def write(window: Window, orders: Orders | None) -> list[float]:
             row[_GAIN : _GAIN + 4] = [g.ratio, g.low, g.high, g.pairs]
         row[_FROZEN] = float(orders.frozen)
         row[_TO_GO] = 0.0 if orders.to_go is None else orders.to_go + 1.0
+        row[_CHECK] = orders.check_steps
     return row
 
 
@@ -103,7 +109,8 @@ def read(row: list[float]) -> tuple[Window, Orders | None]:
     phase = PHASES[int(row[_PHASE]) - 1]
     fusion, cadence, frozen = int(row[_FUSION]) - 1, int(row[_CADENCE]), bool(row[_FROZEN])
     to_go = int(row[_TO_GO]) - 1 if row[_TO_GO] else None
-    return window, Orders(codes, states, fusion, cadence, phase, gain, frozen, to_go)
+    check_steps = int(row[_CHECK]) or BLOCK_STEPS
+    return window, Orders(codes, states, fusion, cadence, phase, gain, frozen, to_go, check_steps)
 
 
 def _index(cls: int) -> int:

@@ -11,6 +11,7 @@ makes one of the two slower.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from unhook_jobs import KEEPS_BASELINE, Aside, beside_plain
 from autotune.comm.launch import run_local
 from autotune.plan import Choice, Entry, Gain, Table
 from autotune.storage import Store
-from autotune.tuning.blocks import BLOCKS
+from autotune.tuning.blocks import BLOCK_STEPS, BLOCK_WARMUP, BLOCKS, CLEAR_STEPS, blocks
 
 pytestmark = pytest.mark.distributed
 
@@ -30,18 +31,37 @@ AFTER = 10
 CAP = 800
 
 
-def stored_ring(tmp_path: Path, variant: str = "base") -> dict[str, object]:
+#: The stored plan's gain: 0.9x the hooked baseline's step, not clear
+#: (`autotune.tuning.blocks.CLEAR_BELOW`).
+UNCLEAR = Gain(0.9, 0.85, 0.95, 12)
+
+
+def stored_ring(tmp_path: Path, variant: str = "base", gain: Gain = UNCLEAR) -> dict[str, object]:
     """A storage whose plan for the job's fingerprint runs `ring` for every class (its classes
-    learnt from a first job that keeps the baseline), and the job's settings."""
+    learnt from a first job that keeps the baseline; its gain ``gain``), and the job's
+    settings."""
     url = f"sqlite:///{tmp_path / 'tuning.db'}"
     first = {**KEEPS_BASELINE, "storage": url}
     run_local(beside_plain, 2, variant, 400, "register", first, None, AFTER, timeout_s=600)
     ((key, kept),) = Store(url).tables().items()
     assert kept.classes and kept.runs_native
     classes = {cls: Entry(Choice("ring"), state="locked") for cls in kept.classes}
-    table = Table(classes, 0, kept.fingerprint, Gain(0.9, 0.85, 0.95, 12))
+    table = Table(classes, 0, kept.fingerprint, gain)
     Store(url, run_id="ring-job").save_table(*key, table)
     return {**first, "algorithms": ("ring",), "max_pairs": 6}
+
+
+def plain_runs(calls: list[int]) -> list[int]:
+    """The lengths of the runs of steps without a hook call: the check's blocks of plain DDP."""
+    return [len(list(run)) for c, run in itertools.groupby(calls) if c == 0]
+
+
+def blocks_of(steps: int, pairs: int) -> list[int]:
+    """`plain_runs` of a check in blocks of ``steps`` timed steps decided at ``pairs`` pairs (A B
+    B A: a block on a rebuilt reducer first runs `BLOCK_WARMUP` untimed iterations, the second
+    A of A A none)."""
+    one, two = BLOCK_WARMUP + steps, BLOCK_WARMUP + 2 * steps
+    return [one, *([two] * (pairs // 2 - 1)), one]
 
 
 def catch(settings: dict[str, object], slow: str, variant: str = "base") -> list[Aside]:
@@ -60,7 +80,10 @@ def test_a_plan_faster_than_plain_ddp_keeps_the_hook_with_the_gain_against_plain
         assert r.catch_kept is True, (r.catch_kept, r.refused, r.verdict)
         assert r.aside_at is None and r.hooks_left == 1 and r.reducer_replaced
         assert r.catch_pairs >= 6
-        # Blocks without the hook (no calls), and the hook on every synced step since.
+        # Blocks without the hook (no calls), and the hook on every synced step since: the
+        # stored plan's gain (0.9x) is not clear, so in blocks of 4 timed steps.
+        if variant == "base":
+            assert plain_runs(r.calls) == blocks_of(BLOCK_STEPS, r.catch_pairs), r.calls
         assert 0 in r.calls[:-AFTER]
         assert all(c == 1 for c, s in zip(r.calls[-AFTER:], r.synced[-AFTER:], strict=True) if s)
         # Every iteration all-reduced by one reducer or the other: DDP's training.
@@ -108,3 +131,14 @@ def test_a_plan_slower_than_plain_ddp_is_dropped_and_the_job_steps_aside(tmp_pat
         *next(iter(Store(f"sqlite:///{tmp_path / 'tuning.db'}").tables()))
     )
     assert stored is not None and stored.lead is None
+
+
+def test_a_plan_whose_gain_is_clear_is_checked_in_blocks_of_2_timed_steps(tmp_path: Path) -> None:
+    """Stored 0.7x the hooked baseline's step (`autotune.tuning.blocks.CLEAR_BELOW`): the
+    check's blocks are 2 timed steps, on every rank alike, and the verdict says so."""
+    runs = catch(stored_ring(tmp_path, gain=Gain(0.7, 0.6, 0.8, 6)), slow="plain")
+    for r in runs:
+        assert r.catch_kept is True, (r.catch_kept, r.refused, r.verdict)
+        assert plain_runs(r.calls) == blocks_of(CLEAR_STEPS, r.catch_pairs), r.calls
+    assert len({r.hooked for r in runs}) == 1, "ranks' parameters diverged"
+    assert f"pairs of {blocks(CLEAR_STEPS)}" in runs[0].verdict, runs[0].verdict

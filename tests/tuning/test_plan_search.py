@@ -11,6 +11,7 @@ import pytest
 
 from autotune.ddp.messages import message_sizes
 from autotune.plan import Arm, Choice, Gain, NearMiss
+from autotune.tuning.blocks import BLOCK_STEPS, CLEAR_BELOW, CLEAR_STEPS, check_steps_for
 from autotune.tuning.paired_test import (
     Outcome,
 )
@@ -537,6 +538,47 @@ def test_a_fusion_only_plan_has_no_catch_and_a_stored_hook_plan_goes_straight_to
     assert c.match is not None and c.match.kind == "retry"
     drive(c, lambda arm, i: 0.9 if arm == stored else 1.0, 40)
     assert c.phase == "catch" and c.incumbent == stored
+
+
+def test_the_check_runs_in_blocks_of_2_where_the_plans_gain_is_clear() -> None:
+    """The check's block size goes by the plan's step over the baseline's as its paired tests
+    measured it, multiplied along the wins that put it in place: `CLEAR_STEPS` at `CLEAR_BELOW`
+    or less (the example MLP's classes and fused message, 0.62-0.66x), else `BLOCK_STEPS`."""
+    tree = Arm(((1 << 20, TREE),), 0)
+    both = tree.with_fusion(1 << 20)
+
+    def checked(steps: dict[Arm, float]) -> PlanSearch:
+        c = plan_search(catch=True)
+        c.start(None)
+        c.screened([(1 << 20, TREE, 0.001)])
+        drive(c, lambda arm, i: steps.get(arm, 1.0), 60)
+        assert c.phase == "catch"
+        return c
+
+    # 0.8x the baseline, then the fused plan 0.875x that: 0.7x in all, clear.
+    c = checked({tree: 0.8, both: 0.7})
+    assert [(k, o.challenger_won) for k, _, o in c.history] == [("class", True), ("fusion", True)]
+    assert c.incumbent == both and c.estimate == pytest.approx(0.7)
+    assert c.gain is None  # the status's gain: none has met the baseline since the fusion size
+    assert c.check_steps == CLEAR_STEPS == 2
+    # 0.8x alone (the fusion size lost): not clear.
+    c = checked({tree: 0.8, both: 0.85})
+    assert c.incumbent == tree and c.estimate == pytest.approx(0.8)
+    assert c.check_steps == BLOCK_STEPS == 4
+    # A stored plan goes straight to the check: its stored gain says which (none: not clear).
+    for gain, steps in ((Gain(0.7, 0.6, 0.8, 6), 2), (Gain(0.9, 0.85, 0.95, 12), 4), (None, 4)):
+        c = plan_search(catch=True)
+        c.start(tree, None, gain)
+        assert c.phase == "catch" and c.check_steps == steps, gain
+    # A lead retried: its retry's gain.
+    c = plan_search(catch=True)
+    c.start(Arm(), NearMiss(tree, Gain(0.96, 0.9, 1.02, 10)))
+    drive(c, lambda arm, i: 0.7 if arm == tree else 1.0, 40)
+    assert c.phase == "catch" and c.estimate == pytest.approx(0.7) and c.check_steps == 2
+    # Where the check loses, the baseline carries no estimate.
+    c.caught(False, Outcome(False, Gain(1.02, 0.95, 1.1, 12), "not beyond noise"))
+    assert c.estimate is None
+    assert [check_steps_for(e) for e in (None, 0.5, CLEAR_BELOW, 0.76, 1.0)] == [4, 2, 2, 4, 4]
 
 
 def test_a_plan_that_needs_no_hook_is_locked_without_the_check_against_plain_ddp() -> None:

@@ -137,16 +137,18 @@ def test_what_is_still_to_run_names_only_what_may_run(
 
 
 @pytest.mark.parametrize(
-    ("against_plain", "pairs_of", "against"),
+    ("against_plain", "check_steps", "pairs_of", "against"),
     [
         # The paired tests' baseline runs DDP's all-reduce through the hook: a user read such a
         # gain as over plain DDP, and the check against plain DDP then found none.
-        (False, "iterations", "; against DDP's all-reduce through autotune's hook"),
-        (True, "blocks of 4 timed steps", ""),
+        (False, 4, "iterations", "; against DDP's all-reduce through autotune's hook"),
+        (True, 4, "blocks of 4 timed steps", ""),
+        # The check in its smaller blocks, where the plan's gain was clear.
+        (True, 2, "blocks of 2 timed steps", ""),
     ],
 )
 def test_the_verdict_says_what_the_gain_was_measured_against(
-    against_plain: bool, pairs_of: str, against: str
+    against_plain: bool, check_steps: int, pairs_of: str, against: str
 ) -> None:
     from types import SimpleNamespace
 
@@ -159,6 +161,7 @@ def test_the_verdict_says_what_the_gain_was_measured_against(
         history=[],
         gain=Gain(0.92, 0.85, 0.98, 26),
         against_plain=against_plain,
+        check_steps=check_steps,
         incumbent=plan,
         phase="catch",
     )

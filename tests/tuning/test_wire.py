@@ -58,6 +58,7 @@ def test_rank_zeros_orders_reach_every_rank_beside_the_windows() -> None:
         phase="classes",
         gain=Gain(0.93, 0.91, 0.96, 24),
         to_go=118,
+        check_steps=2,
     )
     window, got = wire.read(
         exchanged(
