@@ -47,6 +47,10 @@ class Table:
     final: bool = True
     #: Where it had not: the fusion sizes still to meet its plan (the next job meets them).
     fusion_left: tuple[int, ...] = ()
+    #: Where it had not: its plan's step over the baseline's as the paired tests that put it in
+    #: place measured it (`autotune.tuning.plan_search.PlanSearch.estimate`; None: not known),
+    #: which the next job's check against plain DDP takes its block size from.
+    estimate: float | None = None
 
     def __str__(self) -> str:
         """`lines`: what ``autotune show`` prints of a stored plan."""
@@ -116,6 +120,8 @@ class Table:
         if not self.final:
             described["final"] = False
             described["fusion_left"] = list(self.fusion_left)
+            if self.estimate is not None:
+                described["estimate"] = self.estimate
         return {
             **described,
             "fingerprint": self.fingerprint,
@@ -189,6 +195,14 @@ class Table:
             raise ValueError(f"fusion_left: expected a list of sizes in bytes, got {left!r}")
         for size in left:
             check_fusion_bytes(size, "fusion_left")
+        estimate = data.get("estimate")
+        if estimate is not None and (
+            isinstance(estimate, bool)
+            or not isinstance(estimate, (int, float))
+            or not math.isfinite(estimate)
+            or estimate <= 0
+        ):
+            raise ValueError(f"estimate: expected a step ratio > 0 or null, got {estimate!r}")
         return cls(
             classes,
             fusion,
@@ -199,6 +213,7 @@ class Table:
             model,
             final,
             tuple(left),
+            None if estimate is None else float(estimate),
         )
 
     def nccl_csv(self, n_nodes: int = -1, n_ranks: int = -1) -> str:

@@ -302,7 +302,7 @@ class Decider:
                 "" if near is None else f"; {near.describe()} came close, to meet it again",
             )
             # Sizes this job does not tune are not among the fusion stage's options: left out.
-            self.plan_search.resume(won, table.gain, near, table.fusion_left)
+            self.plan_search.resume(won, table.gain, near, table.fusion_left, table.estimate)
             return
         if lead is not None and self._runnable(lead.arm):
             _log.info(
@@ -437,6 +437,7 @@ class Decider:
             plan_search.fusion_near,
             tested,
             plan_search.fusion_left,
+            plan_search.estimate,
         )
         self.worker.submit(lambda: self.store().save_table(self.key, self.workload, table))
 

@@ -106,10 +106,9 @@ class PlanSearch:
         #: The incumbent's step over the baseline's, from the last paired test between them (None:
         #: the incumbent is the baseline, or they have not met since it changed).
         self.gain: Gain | None = None
-        #: The incumbent's step over the baseline's as the paired tests that put it in place
-        #: measured it: the median of the last one against the baseline, times each later win's
-        #: (None: the incumbent is the baseline, or it is not known). Only what the check's block
-        #: size goes by (`check_steps_for`); ``gain`` is what the status reports.
+        #: The incumbent's step over the baseline's as its paired tests measured it: the median of
+        #: the last one against the baseline, times each later win's (None: the baseline, or not
+        #: known). What the check's block size goes by (`check_steps_for`), not a reported gain.
         self.estimate: float | None = None
         #: Timed steps per block of the check against plain DDP, once the plan goes to it.
         self.check_steps = BLOCK_STEPS
@@ -243,6 +242,7 @@ class PlanSearch:
         gain: Gain | None,
         fusion_near: NearMiss | None,
         fusion_left: Sequence[int] = (),
+        estimate: float | None = None,
     ) -> None:
         """Begin where a job that ended undecided stopped: from screening (its trials are in the
         studies: classes it screened are not screened again), with the plan that had won so far
@@ -250,12 +250,13 @@ class PlanSearch:
         it had met the baseline), and its fusion size that came close still to meet that plan
         again (``fusion_near``). Its class tests that were left, or lost and are shortlisted
         again, run as they would have, then the fusion sizes it had left (``fusion_left``); the
-        check or confirmation comes after them."""
+        check or confirmation comes after them. ``estimate``: the plan's `estimate` as the job
+        stored it (None: its gain's, where it has one)."""
         self.stored = won
         self._open(fusion_left)
         if won is not None:
             self.incumbent, self.gain = won, gain
-            self.estimate = None if gain is None else gain.ratio
+            self.estimate = estimate if estimate is not None or gain is None else gain.ratio
         self.fusion.near = fusion_near
 
     def measure(self, arm: Arm, step_s: float) -> None:

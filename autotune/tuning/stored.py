@@ -89,6 +89,7 @@ def provisional(
     fusion_near: NearMiss | None = None,
     tested: bool = False,
     fusion_left: Sequence[int] = (),
+    estimate: float | None = None,
 ) -> Table:
     """What a job stores before it has decided (`Table.final` False), so that one that ends
     first leaves the next a place to resume: the plan that has won so far (``incumbent``, whose
@@ -96,7 +97,9 @@ def provisional(
     rest exploring, or all locked once the class tests are over: ``tested``), its gain so
     far, its fusion size and those still to meet it (``fusion_left``: the next job meets
     them), and as its lead the fusion size that came close and has yet to meet the plan again
-    (``fusion_near``: `autotune.tuning.fusion_stage.FusionStage`)."""
+    (``fusion_near``: `autotune.tuning.fusion_stage.FusionStage`), and the plan's ``estimate``
+    (`autotune.tuning.plan_search.PlanSearch.estimate`: the next job's check takes its block
+    size from it)."""
     won = incumbent.as_dict()
     classes = {
         cls: dataclasses.replace(e, state="locked" if tested or cls in won else "exploring")
@@ -109,4 +112,5 @@ def provisional(
         lead=fusion_near,
         final=False,
         fusion_left=tuple(fusion_left),
+        estimate=estimate,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -233,6 +234,16 @@ def test_a_provisional_table_keeps_the_fusion_sizes_its_job_left() -> None:
     for bad in ("4M", [-1], [True]):
         with pytest.raises(ValueError, match="fusion_left"):
             Table.from_json({**raw, "fusion_left": bad})
+    # Its plan's estimate (the next job's check takes its block size from it); none stored by a
+    # final table, nor where not known.
+    rated = dataclasses.replace(left, estimate=0.66)
+    raw = json.loads(json.dumps(rated.to_json()))
+    assert raw["estimate"] == 0.66 and Table.from_json(raw) == rated
+    assert "estimate" not in left.to_json() and Table.from_json(left.to_json()).estimate is None
+    assert "estimate" not in dataclasses.replace(rated, final=True).to_json()
+    for bad in ("0.7", 0, -0.5, float("nan"), True):
+        with pytest.raises(ValueError, match="estimate"):
+            Table.from_json({**raw, "estimate": bad})
 
 
 def test_show_says_the_model_and_the_step_against_plain_ddp(

@@ -575,6 +575,16 @@ def test_the_check_runs_in_blocks_of_2_where_the_plans_gain_is_clear() -> None:
     c.start(Arm(), NearMiss(tree, Gain(0.96, 0.9, 1.02, 10)))
     drive(c, lambda arm, i: 0.7 if arm == tree else 1.0, 40)
     assert c.phase == "catch" and c.estimate == pytest.approx(0.7) and c.check_steps == 2
+    # A job resumed where a short one ended: the estimate it stored, else its stored gain's.
+    for estimate, gain, steps in (
+        (0.66, None, 2),
+        (None, Gain(0.7, 0.6, 0.8, 6), 2),
+        (None, None, 4),
+    ):
+        c = plan_search(catch=True)
+        c.resume(both, gain, None, (), estimate)
+        c.screened([])
+        assert c.phase == "catch" and c.incumbent == both and c.check_steps == steps
     # Where the check loses, the baseline carries no estimate.
     c.caught(False, Outcome(False, Gain(1.02, 0.95, 1.1, 12), "not beyond noise"))
     assert c.estimate is None

@@ -95,7 +95,9 @@ def test_an_undecided_job_stores_its_winner_so_far_as_a_provisional_table() -> N
         1 << 20: Entry(RING, 1e-3, 5, "locked"),  # the winner so far
         2 << 20: Entry(TREE, 2e-3, 4, "exploring"),
     }
-    assert stored.lead is None
+    assert stored.lead is None and stored.estimate is None
+    # The plan's estimate, for the next job's check (`autotune.tuning.blocks.check_steps_for`).
+    assert provisional(table, Arm.of({1 << 20: RING}, 4 << 20), estimate=0.66).estimate == 0.66
     # The fusion size that came close and has yet to meet the plan again is its lead.
     near = NearMiss(Arm((), 16 << 20), Gain(0.96, 0.9, 1.02, 16))
     assert provisional(table, Arm.of({1 << 20: RING}, 0), near).lead == near
