@@ -241,9 +241,9 @@ def test_a_provisional_table_keeps_the_fusion_sizes_its_job_left() -> None:
     assert raw["estimate"] == 0.66 and Table.from_json(raw) == rated
     assert "estimate" not in left.to_json() and Table.from_json(left.to_json()).estimate is None
     assert "estimate" not in dataclasses.replace(rated, final=True).to_json()
-    for bad in ("0.7", 0, -0.5, float("nan"), True):
+    for wrong in ("0.7", 0, -0.5, float("nan"), True):
         with pytest.raises(ValueError, match="estimate"):
-            Table.from_json({**raw, "estimate": bad})
+            Table.from_json({**raw, "estimate": wrong})
 
 
 def test_show_says_the_model_and_the_step_against_plain_ddp(
