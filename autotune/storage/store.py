@@ -389,9 +389,10 @@ def merge_tables(saved: Sequence[tuple[float, Table]]) -> Table:
     sweep's classes with older plans').
 
     Per size class the newest locked entry wins (an entry that is not locked only where no entry
-    is); the fusion size is the newest locked one, the gain, the lead (`NearMiss`), DDP's bucket
-    size (`Buckets`), the model's description, whether it was final and the fusion sizes it left
-    the newest table's. A job
+    is); the fusion size is the newest locked one; everything else is the newest table's (the
+    gain, the lead, DDP's bucket size, the model's description, whether it was final, the fusion
+    sizes it left, its plan's estimate: a field added to `Table` is carried without a line
+    here, where two were once dropped). A job
     judges its plan as a whole, on the step against the baseline, so the latest verdict stands:
     a plan that a later job dropped for the baseline does not come back. (The rule before this
     took the lowest screened latency per class, from the latency-tuned days: it brought a
@@ -407,20 +408,15 @@ def merge_tables(saved: Sequence[tuple[float, Table]]) -> Table:
                 classes[cls] = entry
     fusion = next((t.fusion_bytes for _, t in newest_first if t.fusion_bytes is not None), None)
     fingerprint = next((t.fingerprint for _, t in newest_first if t.fingerprint), None)
-    newest = newest_first[0][1] if newest_first else None
-    merged = Table(classes, fusion, fingerprint)
-    if newest is not None:
-        merged = dataclasses.replace(
-            merged,
-            gain=newest.gain,
-            lead=newest.lead,
-            model=newest.model,
-            final=newest.final,
-            fusion_left=newest.fusion_left,
-        )
+    if not newest_first:
+        return Table(classes, fusion, fingerprint)
+    newest = newest_first[0][1]
+    merged = dataclasses.replace(
+        newest, classes=classes, fusion_bytes=fusion, fingerprint=fingerprint, buckets=None
+    )
     # The newest job's bucket size, where every class the merge keeps runs without the hook (a
     # class only an older job saw may keep its Python-driven plan, and with it the hook).
-    if newest is None or not merged.runs_without_hook:
+    if not merged.runs_without_hook:
         return merged
     return dataclasses.replace(merged, buckets=newest.buckets)
 

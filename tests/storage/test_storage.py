@@ -8,6 +8,7 @@ fingerprint at once failed or left trials running (docs/FAULTS.md has the counts
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import threading
@@ -236,6 +237,11 @@ def test_a_provisional_plan_keeps_the_fusion_sizes_its_job_left_through_the_stor
     Store(f"sqlite:///{tmp_path / 'tuning.db'}").save_table("key", "cnn", left)
     table = Store(f"sqlite:///{tmp_path / 'tuning.db'}").load_table("key", "cnn")
     assert table is not None and table.fusion_left == (4 * mib, 16 * mib) and not table.final
+    # Its plan's estimate too (dropped as well, until a resumed job's check went in blocks of 4
+    # where the short job's would have been 2: docs/TUNER.md).
+    rated = dataclasses.replace(left, estimate=0.66)
+    Store(f"sqlite:///{tmp_path / 'tuning.db'}").save_table("key", "mlp", rated)
+    assert Store(f"sqlite:///{tmp_path / 'tuning.db'}").load_table("key", "mlp") == rated
     assert (
         merge_tables([(1.0, left), (2.0, Table({1024: entry("shm", 1e-3)}, 0))]).fusion_left == ()
     )
