@@ -389,6 +389,17 @@ def test_where_the_job_steps_aside_a_plan_that_needs_the_hook_meets_plain_ddp_fi
     assert c.settled and c.incumbent == tree and c.gain == hooked_gain and not c.against_plain
 
 
+def at_check(steps: dict[Arm, float]) -> PlanSearch:
+    """A search with the check against plain DDP to follow, from empty, `TREE` shortlisted on the
+    1 MiB class, driven with ``steps`` (by plan; any other 1.0) until its plan goes to the check."""
+    c = plan_search(catch=True)
+    c.start(None)
+    c.screened([(1 << 20, TREE, 0.001)])
+    drive(c, lambda arm, i: steps.get(arm, 1.0), 60)
+    assert c.phase == "catch"
+    return c
+
+
 def test_where_the_check_loses_the_plan_its_plan_beat_is_the_next_jobs_lead() -> None:
     """The held-out LSTM's first run (docs/BENCHMARKS.md): its classes' plan beat the baseline,
     a fusion size on top of it beat that plan, then lost the check against plain DDP, and the
@@ -401,16 +412,8 @@ def test_where_the_check_loses_the_plan_its_plan_beat_is_the_next_jobs_lead() ->
     def step(arm: Arm, i: int) -> float:
         return {tree: 0.9, both: 0.7}.get(arm, 1.0)
 
-    def checked(fusion_wins: bool = True) -> PlanSearch:
-        c = plan_search(catch=True)
-        c.start(None)
-        c.screened([(1 << 20, TREE, 0.001)])
-        drive(c, step if fusion_wins else lambda arm, i: {tree: 0.9}.get(arm, 1.0), 60)
-        assert c.phase == "catch"
-        return c
-
     lost = Outcome(False, Gain(0.974, 0.93, 1.01, 24), "not beyond noise")
-    c = checked()
+    c = at_check({tree: 0.9, both: 0.7})
     assert c.incumbent == both and [k for k, _, _ in c.history] == ["class", "fusion"]
     tree_gain = c.history[0][2].gain
     c.caught(False, lost)
@@ -418,11 +421,11 @@ def test_where_the_check_loses_the_plan_its_plan_beat_is_the_next_jobs_lead() ->
     assert c.lead == NearMiss(tree, tree_gain, "beaten")
     assert c.lead.gain.ratio == pytest.approx(0.9)
     # Kept by the check, there is nothing to lead.
-    c = checked()
+    c = at_check({tree: 0.9, both: 0.7})
     c.caught(True, Outcome(True, Gain(0.75, 0.7, 0.8, 12), "ahead beyond noise"))
     assert c.incumbent == both and c.lead is None
     # The plan that lost the check had beaten the baseline itself: nothing it beat to retry.
-    c = checked(fusion_wins=False)
+    c = at_check({tree: 0.9})
     assert c.incumbent == tree and [k for k, _, _ in c.history] == ["class", "fusion"]
     c.caught(False, lost)
     assert c.baseline_kept and c.lead is None
@@ -463,24 +466,16 @@ def test_a_check_lost_ahead_by_3_percent_leaves_its_plan_as_the_next_jobs_lead()
     both = tree.with_fusion(1 << 20)
     close = Outcome(False, Gain(0.95, 0.9, 1.01, 24), "not beyond noise")
 
-    def checked(steps: dict[Arm, float]) -> PlanSearch:
-        c = plan_search(catch=True)
-        c.start(None)
-        c.screened([(1 << 20, TREE, 0.001)])
-        drive(c, lambda arm, i: steps.get(arm, 1.0), 60)
-        assert c.phase == "catch"
-        return c
-
-    c = checked({tree: 0.9})
+    c = at_check({tree: 0.9})
     c.caught(False, close)
     assert c.baseline_kept and c.lead == NearMiss(tree, close.gain, "checked")
     assert c.lead.describe() == "1 MiB: tree (0.95x over 24 pairs of blocks)"
     # Ahead by less than 3% (or behind): nothing.
-    c = checked({tree: 0.9})
+    c = at_check({tree: 0.9})
     c.caught(False, Outcome(False, Gain(0.975, 0.9, 1.03, 24), "not beyond noise"))
     assert c.lead is None
     # Beside a plan the checked one beat, that one leads.
-    c = checked({tree: 0.9, both: 0.7})
+    c = at_check({tree: 0.9, both: 0.7})
     c.caught(False, close)
     assert c.lead is not None and c.lead.kind == "beaten" and c.lead.arm == tree
     # The next job: the retry, then its check; lost close again, no lead.
@@ -547,22 +542,14 @@ def test_the_check_runs_in_blocks_of_2_where_the_plans_gain_is_clear() -> None:
     tree = Arm(((1 << 20, TREE),), 0)
     both = tree.with_fusion(1 << 20)
 
-    def checked(steps: dict[Arm, float]) -> PlanSearch:
-        c = plan_search(catch=True)
-        c.start(None)
-        c.screened([(1 << 20, TREE, 0.001)])
-        drive(c, lambda arm, i: steps.get(arm, 1.0), 60)
-        assert c.phase == "catch"
-        return c
-
     # 0.8x the baseline, then the fused plan 0.875x that: 0.7x in all, clear.
-    c = checked({tree: 0.8, both: 0.7})
+    c = at_check({tree: 0.8, both: 0.7})
     assert [(k, o.challenger_won) for k, _, o in c.history] == [("class", True), ("fusion", True)]
     assert c.incumbent == both and c.estimate == pytest.approx(0.7)
     assert c.gain is None  # the status's gain: none has met the baseline since the fusion size
     assert c.check_steps == CLEAR_STEPS == 2
     # 0.8x alone (the fusion size lost): not clear.
-    c = checked({tree: 0.8, both: 0.85})
+    c = at_check({tree: 0.8, both: 0.85})
     assert c.incumbent == tree and c.estimate == pytest.approx(0.8)
     assert c.check_steps == BLOCK_STEPS == 4
     # A stored plan goes straight to the check: its stored gain says which (none: not clear).
