@@ -5,8 +5,12 @@
   it sees a trial running in the storage (or at `EXPLORE_BY`, whatever it sees): the tuner
   explores, and its running trials are left running in the storage. A fixed step would not do:
   this budget screens in a handful of steps, and how many depends on the machine's load;
-- attempt 1: tunes on from the studies until the plan locks, then rank 0 crashes 10 steps later;
-- attempt 2: starts from the stored plan, locked, and trains to the end.
+- attempt 1: tunes on from the studies until its decision is final (the check against plain DDP
+  included, where its plan needs the hook: the tuner reads settled through the check, and a crash
+  inside it leaves a provisional plan), then rank 0 crashes 10 steps later;
+- attempt 2: starts from the stored plan, locked, and trains `STEPS` steps, and on until its
+  decision is final (a stored plan that needs the hook meets plain DDP again, in blocks whose
+  count a loaded machine may stretch past `STEPS`), at most `CAP`.
 
 Rank 0 writes ``attempt<N>.json`` into the directory given: what the attempt saw.
 """
@@ -26,8 +30,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autotune
+from autotune.testing.settled import everywhere
 
 STEPS = 120
+CAP = 600
 #: The step by which attempt 0 dies, running trial or not (the test then fails, saying so).
 EXPLORE_BY = 60
 
@@ -70,21 +76,26 @@ def main(out: Path) -> None:
     assert storage is not None
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(rank)
-    settled_at = None
-    for step in range(STEPS):
+    settled_at = final_at = None
+    for step in range(CAP):
         x = torch.randn(16, 32, generator=g)
         torch.nn.functional.mse_loss(model(x), torch.tanh(x[:, :4])).backward()
         opt.step()
         opt.zero_grad()
         if settled_at is None and state.tuner.settled:
             settled_at = step
+        if final_at is None and state.status().final:  # the same step on every rank
+            final_at = step
+        # Attempt 1 ends only by its crash (an attempt that exits 0 is not restarted).
+        if attempt != 1 and step >= STEPS - 1 and everywhere(final_at is not None):
+            break
         if rank != 0:
             continue
         if attempt == 0:
             running = running_trials(storage)
             if running or step == EXPLORE_BY:
                 crash(out, attempt, step, settled_at, running)
-        if attempt == 1 and settled_at is not None and step == settled_at + 10:
+        if attempt == 1 and final_at is not None and step == final_at + 10:
             time.sleep(3)  # the worker has written the locked plan (it writes off the step)
             crash(out, attempt, step, settled_at, running_trials(storage))
     plan = {str(cls): choice.algorithm for cls, choice in state.plan().items()}
