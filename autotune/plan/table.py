@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from autotune.plan.nccl_csv import nccl_csv
 from autotune.plan.records import (
@@ -163,12 +164,7 @@ class Table:
             state = raw.get("state", "locked")
             if isinstance(trials, bool) or not isinstance(trials, int) or trials < 0:
                 raise ValueError(f"{where}: trials must be an int >= 0, got {trials!r}")
-            if best is not None and (
-                isinstance(best, bool)
-                or not isinstance(best, (int, float))
-                or not math.isfinite(best)
-                or best < 0
-            ):
+            if best is not None and (not _finite(best) or best < 0):
                 raise ValueError(f"{where}: best_s must be seconds >= 0 or null, got {best!r}")
             if state not in STATES:
                 raise ValueError(f"{where}: state must be one of {', '.join(STATES)}: {state!r}")
@@ -196,12 +192,7 @@ class Table:
         for size in left:
             check_fusion_bytes(size, "fusion_left")
         estimate = data.get("estimate")
-        if estimate is not None and (
-            isinstance(estimate, bool)
-            or not isinstance(estimate, (int, float))
-            or not math.isfinite(estimate)
-            or estimate <= 0
-        ):
+        if estimate is not None and (not _finite(estimate) or estimate <= 0):
             raise ValueError(f"estimate: expected a step ratio > 0 or null, got {estimate!r}")
         return cls(
             classes,
@@ -219,6 +210,11 @@ class Table:
     def nccl_csv(self, n_nodes: int = -1, n_ranks: int = -1) -> str:
         """The table as the NCCL example tuner plugin's CSV (`autotune.plan.nccl_csv`)."""
         return nccl_csv({cls: e.choice for cls, e in self.classes.items()}, n_nodes, n_ranks)
+
+
+def _finite(value: object) -> TypeGuard[int | float]:
+    """Whether a JSON value is a finite number (JSON's true and false are not)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def load_table(path: str) -> Table:

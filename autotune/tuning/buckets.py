@@ -35,7 +35,7 @@ from autotune.ddp.reducer import (
     set_bucket_cap,
 )
 from autotune.plan import Buckets
-from autotune.tuning.blocks import BLOCK, BLOCKS, BlockTimer
+from autotune.tuning.blocks import BLOCKS, BlockTimer
 from autotune.tuning.paired_test import FUTILE_FROM, MIN_PAIRS, Outcome, PairedTest
 from autotune.tuning.plan_search import NEAR_MISS_BELOW
 from autotune.util.units import format_bytes
@@ -278,7 +278,7 @@ class BucketTuner:
         before its first forward, where it learns what a previous job stored."""
         if self.search is None:
             return None
-        return self.search.blocks_left() * BLOCK
+        return self.search.blocks_left() * self._timer.most_iterations
 
     def pre_forward(self) -> bool:
         """Before a forward: time the step that just ended; at a block's end, decide the next
