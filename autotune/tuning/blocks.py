@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from autotune.algorithms import bookkeeping_device
 from autotune.ddp.step_clock import DeviceEvent, device_event
+from autotune.util.units import count
 
 __all__ = [
     "BLOCK",
@@ -48,7 +49,7 @@ BLOCK = BLOCK_WARMUP + BLOCK_STEPS
 
 def blocks(steps: int = BLOCK_STEPS) -> str:
     """How verdicts and logs name blocks of ``steps`` timed steps."""
-    return f"blocks of {steps} timed steps"
+    return f"blocks of {count(steps, 'timed step')}"
 
 
 BLOCKS = blocks()
@@ -58,10 +59,11 @@ BLOCKS = blocks()
 #: that put it in place measured it (`autotune.tuning.plan_search.PlanSearch.estimate`), is
 #: `CLEAR_BELOW` or less. A quarter off is beyond what the hook costs over plain DDP (1-13% of a
 #: small model's step on the CPU VMs: docs/TUNER.md, "Unhooking"), so the check proves such a
-#: plan at its first look either way, and the smaller blocks get there in 24 iterations fewer
-#: (docs/TUNER.md, "The check in blocks of 2 where the gain is clear").
+#: plan at its first look either way, and blocks of one timed step get there in 26 iterations
+#: where blocks of 4 take 62 (docs/TUNER.md, "The check in smaller blocks where the gain is
+#: clear").
 CLEAR_BELOW = 0.75
-CLEAR_STEPS = 2
+CLEAR_STEPS = 1
 
 
 def check_steps_for(estimate: float | None) -> int:

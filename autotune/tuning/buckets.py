@@ -95,16 +95,21 @@ def layout(cap: int, total: int, first_bucket: int | None = None) -> tuple[int, 
     return head, min(cap, total - head)
 
 
-def bucket_test(max_pairs: int = MAX_PAIRS, recheck: bool = False) -> PairedTest:
+def bucket_test(
+    max_pairs: int = MAX_PAIRS, recheck: bool = False, signed_rank: bool = True
+) -> PairedTest:
     """The paired test of one challenger against the reference, in pairs of blocks: a first paired
     test goes on to twice ``max_pairs`` while ahead on the median at all (`EXTEND_BELOW`); a
     re-check of a stored size (``recheck``) is judged on the median at ``max_pairs``, and again at
-    twice that where it was not ahead (``PairedTest(hold=True)``)."""
+    twice that where it was not ahead (``PairedTest(hold=True)``). ``signed_rank``: blocks'
+    medians, whose tails are cut, are judged on Wilcoxon's signed-rank interval; blocks of one
+    timed step are single steps, long-tailed and skewed, and take the sign test as the paired
+    tests of steps do (`PairedTest`)."""
     return PairedTest(
         max_pairs,
         warmup=0,
         extend_to=2 * max_pairs,
-        signed_rank=True,
+        signed_rank=signed_rank,
         hold=recheck,
         promising=EXTEND_BELOW,
     )

@@ -9,7 +9,7 @@ with the hook running the plan (B), in blocks of iterations, A B B A
 judged as a first bucket test (`autotune.tuning.buckets.bucket_test`): B is kept only if it is
 faster beyond noise. Kept, the plan runs through the hook and its gain is this test's; lost, the
 job runs plain DDP from there (and DDP's bucket size is tuned next). A block is ``steps`` timed
-steps: 4, or 2 where the plan's gain is clear (`autotune.tuning.blocks.check_steps_for`).
+steps: 4, or 1 where the plan's gain is clear (`autotune.tuning.blocks.check_steps_for`).
 Measurements behind these rules: docs/TUNER.md and docs/BENCHMARKS.md.
 """
 
@@ -58,7 +58,7 @@ class PlainCheck:
         self._settle = settle
         self._rehooked = rehooked
         self._timer = BlockTimer(ddp, steps=steps)
-        self._duel = bucket_test(max_pairs)
+        self._duel = bucket_test(max_pairs, signed_rank=steps > 1)  # a single step: sign test
         #: Whether the reducer now has the hook (it has at the start).
         self.hooked = True
         #: How the paired test ended (None: not yet, or it stopped: `stopped` says why).

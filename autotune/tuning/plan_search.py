@@ -15,7 +15,7 @@ to ``confirm`` (or ``catch``); one that resumes a job that ended undecided, to `
 (`PlanSearch.resume`). A round that keeps the baseline remembers its near miss
 (`autotune.plan.NearMiss`), or where the check against plain DDP lost, the plan the checked one
 beat, or the checked one if it came close (`PlanSearch.caught`): the next job tests it once more.
-The check runs in blocks of 2 timed steps where the plan's gain is clear, else 4
+The check runs in blocks of 1 timed step where the plan's gain is clear, else 4
 (`autotune.tuning.blocks.check_steps_for`).
 
 The tuner drives it once per iteration end::

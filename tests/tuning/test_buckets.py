@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from autotune.plan import Buckets, Choice, Entry, Gain, Table
-from autotune.tuning.buckets import MAX_PAIRS, BucketSearch, challengers
+from autotune.tuning.buckets import MAX_PAIRS, BucketSearch, bucket_test, challengers
 from autotune.tuning.paired_test import PairedTest
 
 MIB = 1 << 20
@@ -111,6 +111,24 @@ def test_a_size_ahead_but_not_proven_at_its_pairs_goes_on_to_twice_as_many() -> 
             break
     assert hooked.outcome is not None and not hooked.outcome.challenger_won
     assert hooked.outcome.gain.pairs == MAX_PAIRS
+
+
+def test_blocks_of_single_steps_are_judged_on_the_sign_test_not_the_signed_rank() -> None:
+    """Two pairs of ten behind, eight well ahead: Wilcoxon's interval, which reads how far each
+    pair is ahead, calls it faster beyond noise at 10 pairs; the sign test, which counts only
+    which side each pair is on, does not (its upper end is the 9th ratio, 1.05). Single steps'
+    long tails are what the sign test is for (`autotune.tuning.plain_check`: blocks of one)."""
+    ratios = [1.05, 0.7, 0.7, 1.05, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7]
+    tests = {signed_rank: bucket_test(signed_rank=signed_rank) for signed_rank in (True, False)}
+    for test in tests.values():
+        for r in ratios:
+            test.measure(False, 1.0)
+            test.measure(True, r)
+    won = tests[True].outcome
+    assert won is not None and won.challenger_won
+    assert won.gain.pairs == 10 and won.gain.high < 1.0
+    assert tests[False].outcome is None  # undecided at 10 pairs: on to the next look
+    assert tests[False].gain() == Gain(0.7, 0.7, 1.05, 10)
 
 
 def test_a_stored_size_is_tried_first_and_if_it_wins_nothing_else_is() -> None:

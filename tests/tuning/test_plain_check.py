@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 from headlines import assert_never_claims_early
 from unhook_jobs import KEEPS_BASELINE, Aside, beside_plain
 
@@ -22,6 +24,7 @@ from autotune.comm.launch import run_local
 from autotune.plan import Choice, Entry, Gain, Table
 from autotune.storage import Store
 from autotune.tuning.blocks import BLOCK_STEPS, BLOCK_WARMUP, BLOCKS, CLEAR_STEPS, blocks
+from autotune.tuning.plain_check import PlainCheck
 
 pytestmark = pytest.mark.distributed
 
@@ -133,12 +136,31 @@ def test_a_plan_slower_than_plain_ddp_is_dropped_and_the_job_steps_aside(tmp_pat
     assert stored is not None and stored.lead is None
 
 
-def test_a_plan_whose_gain_is_clear_is_checked_in_blocks_of_2_timed_steps(tmp_path: Path) -> None:
+def test_a_plan_whose_gain_is_clear_is_checked_in_blocks_of_1_timed_step(tmp_path: Path) -> None:
     """Stored 0.7x the hooked baseline's step (`autotune.tuning.blocks.CLEAR_BELOW`): the
-    check's blocks are 2 timed steps, on every rank alike, and the verdict says so."""
+    check's blocks are 1 timed step, on every rank alike, and the verdict says so."""
     runs = catch(stored_ring(tmp_path, gain=Gain(0.7, 0.6, 0.8, 6)), slow="plain")
     for r in runs:
         assert r.catch_kept is True, (r.catch_kept, r.refused, r.verdict)
         assert plain_runs(r.calls) == blocks_of(CLEAR_STEPS, r.catch_pairs), r.calls
     assert len({r.hooked for r in runs}) == 1, "ranks' parameters diverged"
     assert f"pairs of {blocks(CLEAR_STEPS)}" in runs[0].verdict, runs[0].verdict
+
+
+@pytest.mark.parametrize(("steps", "signed_rank"), [(1, False), (2, True), (BLOCK_STEPS, True)])
+def test_a_check_in_blocks_of_one_step_is_judged_on_the_sign_test(
+    steps: int, signed_rank: bool
+) -> None:
+    """A block of several steps is their median, its tails cut, judged on Wilcoxon's
+    signed-rank interval; a block of one is a single step, long-tailed and skewed, judged on the
+    sign test as the paired tests of steps are (`autotune.tuning.buckets.bucket_test`)."""
+    ddp = SimpleNamespace(_comm_hooks=[(object(), object())], module=torch.nn.Linear(2, 1))
+    check = PlainCheck(
+        ddp,  # type: ignore[arg-type]
+        plan="ring",
+        settle=lambda: None,
+        rehooked=lambda: None,
+        max_pairs=12,
+        steps=steps,
+    )
+    assert check._duel.signed_rank is signed_rank

@@ -535,7 +535,7 @@ def test_a_fusion_only_plan_has_no_catch_and_a_stored_hook_plan_goes_straight_to
     assert c.phase == "catch" and c.incumbent == stored
 
 
-def test_the_check_runs_in_blocks_of_2_where_the_plans_gain_is_clear() -> None:
+def test_the_check_runs_in_blocks_of_1_timed_step_where_the_plans_gain_is_clear() -> None:
     """The check's block size goes by the plan's step over the baseline's as its paired tests
     measured it, multiplied along the wins that put it in place: `CLEAR_STEPS` at `CLEAR_BELOW`
     or less (the example MLP's classes and fused message, 0.62-0.66x), else `BLOCK_STEPS`."""
@@ -547,13 +547,13 @@ def test_the_check_runs_in_blocks_of_2_where_the_plans_gain_is_clear() -> None:
     assert [(k, o.challenger_won) for k, _, o in c.history] == [("class", True), ("fusion", True)]
     assert c.incumbent == both and c.estimate == pytest.approx(0.7)
     assert c.gain is None  # the status's gain: none has met the baseline since the fusion size
-    assert c.check_steps == CLEAR_STEPS == 2
+    assert c.check_steps == CLEAR_STEPS == 1
     # 0.8x alone (the fusion size lost): not clear.
     c = at_check({tree: 0.8, both: 0.85})
     assert c.incumbent == tree and c.estimate == pytest.approx(0.8)
     assert c.check_steps == BLOCK_STEPS == 4
     # A stored plan goes straight to the check: its stored gain says which (none: not clear).
-    for gain, steps in ((Gain(0.7, 0.6, 0.8, 6), 2), (Gain(0.9, 0.85, 0.95, 12), 4), (None, 4)):
+    for gain, steps in ((Gain(0.7, 0.6, 0.8, 6), 1), (Gain(0.9, 0.85, 0.95, 12), 4), (None, 4)):
         c = plan_search(catch=True)
         c.start(tree, None, gain)
         assert c.phase == "catch" and c.check_steps == steps, gain
@@ -561,11 +561,11 @@ def test_the_check_runs_in_blocks_of_2_where_the_plans_gain_is_clear() -> None:
     c = plan_search(catch=True)
     c.start(Arm(), NearMiss(tree, Gain(0.96, 0.9, 1.02, 10)))
     drive(c, lambda arm, i: 0.7 if arm == tree else 1.0, 40)
-    assert c.phase == "catch" and c.estimate == pytest.approx(0.7) and c.check_steps == 2
+    assert c.phase == "catch" and c.estimate == pytest.approx(0.7) and c.check_steps == 1
     # A job resumed where a short one ended: the estimate it stored, else its stored gain's.
     for estimate, gain, steps in (
-        (0.66, None, 2),
-        (None, Gain(0.7, 0.6, 0.8, 6), 2),
+        (0.66, None, 1),
+        (None, Gain(0.7, 0.6, 0.8, 6), 1),
         (None, None, 4),
     ):
         c = plan_search(catch=True)
@@ -575,7 +575,7 @@ def test_the_check_runs_in_blocks_of_2_where_the_plans_gain_is_clear() -> None:
     # Where the check loses, the baseline carries no estimate.
     c.caught(False, Outcome(False, Gain(1.02, 0.95, 1.1, 12), "not beyond noise"))
     assert c.estimate is None
-    assert [check_steps_for(e) for e in (None, 0.5, CLEAR_BELOW, 0.76, 1.0)] == [4, 2, 2, 4, 4]
+    assert [check_steps_for(e) for e in (None, 0.5, CLEAR_BELOW, 0.76, 1.0)] == [4, 1, 1, 4, 4]
 
 
 def test_a_plan_that_needs_no_hook_is_locked_without_the_check_against_plain_ddp() -> None:

@@ -144,7 +144,7 @@ def test_what_is_still_to_run_names_only_what_may_run(
         (False, 4, "iterations", "; against DDP's all-reduce through autotune's hook"),
         (True, 4, "blocks of 4 timed steps", ""),
         # The check in its smaller blocks, where the plan's gain was clear.
-        (True, 2, "blocks of 2 timed steps", ""),
+        (True, 1, "blocks of 1 timed step", ""),
     ],
 )
 def test_the_verdict_says_what_the_gain_was_measured_against(
