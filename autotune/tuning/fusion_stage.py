@@ -47,20 +47,20 @@ class FusionStage:
         #: incumbent once more (`again`); a job that ends first stores it.
         self.near: NearMiss | None = None
         self._met: list[int] = []  # the fusion sizes that met the incumbent this round
-        self._meeting: int | None = None  # the fusion size whose first meeting is under way
+        self._meeting: list[int] = []  # the fusion sizes whose first meeting is under way
         self._again = False  # the paired test under way is the near miss's second meeting
 
     def open(self, sizes: Sequence[int] | None = None) -> None:
         """A new round: every fusion size is to meet the incumbent, or those of ``sizes``."""
         self.pending = [f for f in self.options if sizes is None or f in sizes]
         self.done = not self.pending
-        self.near, self._met, self._meeting, self._again = None, [], None, False
+        self.near, self._met, self._meeting, self._again = None, [], [], False
 
     @property
     def left(self) -> list[int]:
         """The fusion sizes that have not met the incumbent yet, the one meeting it included:
         what a job that ends now leaves the next (`autotune.tuning.stored.provisional`)."""
-        return ([] if self._meeting is None else [self._meeting]) + self.pending
+        return self._meeting + self.pending
 
     def next(self, incumbent: Arm) -> Arm | None:
         """The next fusion size's plan to meet ``incumbent`` (`plan`, with its choices); None
@@ -69,7 +69,7 @@ class FusionStage:
             fusion = self.pending.pop(0)
             challenger = self.plan(incumbent, fusion, incumbent.as_dict())
             if challenger != incumbent and self._meets(incumbent, challenger):
-                self._meeting = fusion
+                self._meeting.append(fusion)
                 return challenger
         return None
 
@@ -147,12 +147,24 @@ class FusionStage:
 
     def ended(self, challenger: Arm, won: bool, gain: Gain) -> None:
         """A fusion size's paired test ended: its second meeting forgets the near miss; a first
-        that lost and came close (`close`) is the near miss, if the closest."""
-        self._meeting = None
+        that lost and came close (`close`) is the near miss, if the closest. One that won is
+        still meeting until the meeting is over (`settle`): a job that ends first leaves it to
+        the next."""
+        if not won and challenger.fusion_bytes in self._meeting:
+            self._meeting.remove(challenger.fusion_bytes)
         if self._again:
             self._again, self.near = False, None
         elif not won and close(gain) and (self.near is None or gain.ratio < self.near.gain.ratio):
             self.near = NearMiss(challenger, gain)
+
+    def settle(self, won: Sequence[int]) -> None:
+        """The meeting is over. Of its sizes that won (``won``, the fastest on the median
+        first), the first is the incumbent now; each other meets it next (`next`), with its
+        choices, as it would have had it met the sizes one at a time."""
+        self._meeting = []
+        for fusion in reversed(won[1:]):
+            self._met.remove(fusion)
+            self.pending.insert(0, fusion)
 
 
 def close(gain: Gain) -> bool:

@@ -183,6 +183,12 @@ class PairedTest:
         self._scheduled += 1
         return challenger
 
+    def follow_on(self) -> None:
+        """Go on in this order from iterations another order ran (`autotune.tuning.match`): the
+        next `schedule` is the arm that completes a pair half measured, then A B B A from
+        there."""
+        self._scheduled = 0 if self._unpaired is None else 3 if self._unpaired[0] else 1
+
     def measure(self, challenger: bool, step_s: float) -> Outcome | None:
         """One iteration's step (MAX over ranks) under the challenger or the incumbent."""
         if self.outcome is not None:

@@ -7,7 +7,8 @@ paired test against the plan it runs (`autotune.tuning.paired_test`), through th
 `autotune.tuning.shortlist`), ``classes`` (the classes' fastest choices together, then each
 shortlisted choice that plan does not run, near misses of several classes together),
 ``fusion`` (each fusion size, the classes it makes taking the choices of the incumbent's
-nearest classes; one that came close, again with screening's: `autotune.tuning.fusion_stage`),
+nearest classes, two at once sharing the incumbent's iterations: `autotune.tuning.match`; one
+that came close, again with screening's: `autotune.tuning.fusion_stage`),
 ``confirm`` (against the baseline), ``catch`` (a plan that needs the hook against plain DDP
 itself, `autotune.tuning.plain_check`) and ``locked`` (re-checked against the baseline every
 ``recheck_every`` iterations; one that lost starts a new round). A job from a stored plan goes
@@ -30,16 +31,13 @@ The phases, as a diagram, and why each exists: docs/TUNER.md.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from autotune.plan import BASELINE_CHOICE, Arm, Choice, Gain, NearMiss
 from autotune.tuning.blocks import BLOCK_STEPS, check_steps_for
 from autotune.tuning.fusion_stage import FusionStage
+from autotune.tuning.match import Match, Rival
 from autotune.tuning.paired_test import FUTILE_FROM, LOOK_EVERY, MIN_PAIRS, Outcome, PairedTest
-
-_log = logging.getLogger("autotune")
 
 __all__ = [
     "NEAR_MISS_BELOW",
@@ -53,16 +51,6 @@ __all__ = [
 NEAR_MISS_BELOW = 0.97
 #: Pairs in a re-check of a locked plan against the baseline.
 RECHECK_PAIRS = MIN_PAIRS + LOOK_EVERY
-
-
-@dataclass
-class _Match:
-    """A paired test under way: ``reference`` (A) against ``challenger`` (B)."""
-
-    reference: Arm
-    challenger: Arm
-    duel: PairedTest
-    kind: str  # "fusion", "joint", "class", "combined", "confirm", "retry" or "recheck"
 
 
 class PlanSearch:
@@ -102,7 +90,9 @@ class PlanSearch:
         self.warmup = warmup
         self.recheck_every = recheck_every
         self.phase = "loading"
-        self.match: _Match | None = None
+        self.match: Match | None = None
+        #: The tests of the match under way that have ended while another goes on.
+        self._ended: list[tuple[Arm, Outcome]] = []
         #: The incumbent's step over the baseline's, from the last paired test between them (None:
         #: the incumbent is the baseline, or they have not met since it changed).
         self.gain: Gain | None = None
@@ -191,7 +181,7 @@ class PlanSearch:
         which stages remain beside it. 0 once settled; None while loading."""
         if self.phase == "loading":
             return None
-        n = 0 if self.match is None else self.match.duel.measurements_left()
+        n = 0 if self.match is None else self.match.measurements_left()
         n += (len(self._queue) + len(self.fusion.pending)) * 2 * (FUTILE_FROM + self.warmup)
         if self.phase == "screening":
             if screening is None:
@@ -205,8 +195,7 @@ class PlanSearch:
     def next_arm(self, screening: Arm | None = None) -> Arm:
         """The plan the next scheduled iteration runs (``screening``: while classes screen)."""
         if self.match is not None:
-            m = self.match
-            return m.challenger if m.duel.schedule() else m.reference
+            return self.match.next_arm()
         if self.phase == "screening" and screening is not None:
             return screening
         return self.incumbent
@@ -264,30 +253,25 @@ class PlanSearch:
         m = self.match
         if m is None:
             return
-        if arm == m.challenger:
-            outcome = m.duel.measure(True, step_s)
-        elif arm == m.reference:
-            outcome = m.duel.measure(False, step_s)
-        else:
-            return  # a window from before the paired test began
-        if outcome is not None:
-            self.match = None
-            self.history.append((m.kind, m.challenger, outcome))
-            g = outcome.gain
-            # Before what it leads to (`_settle`): a fusion size met again says so after it.
-            _log.info(
-                "autotune %s paired test: %s %s, %.3fx the reference's step (%d pairs, 95%% "
-                "interval %.3f-%.3f): %s",
-                m.kind,
-                m.challenger.describe(),
-                outcome.word(m.kind),
-                g.ratio,
-                g.pairs,
-                g.low,
-                g.high,
-                outcome.why,
-            )
-            self._settle(m, outcome)
+        for challenger, outcome in m.measure(arm, step_s):
+            self.history.append((m.kind, challenger, outcome))
+            m.report(challenger, outcome)  # before what it leads to (`_settle`)
+            if m.reference == self.baseline and m.kind not in ("recheck", "retry"):
+                self._note_lead(challenger, outcome)
+            if m.kind == "fusion":
+                self.fusion.ended(challenger, outcome.challenger_won, outcome.gain)
+            self._ended.append((challenger, outcome))
+        if m.over:
+            self.match, ended, self._ended = None, self._ended, []
+            self._settle(m, *self._best(m, ended))
+
+    def _best(self, m: Match, ended: list[tuple[Arm, Outcome]]) -> tuple[Arm, Outcome]:
+        """Of a match's ended tests, the one it leads to: the challenger that won, the faster
+        on the median where two did (the other meets it next: `FusionStage.settle`)."""
+        won = sorted(ended, key=lambda e: (not e[1].challenger_won, e[1].gain.ratio))
+        if m.kind == "fusion":
+            self.fusion.settle([c.fusion_bytes for c, o in won if o.challenger_won])
+        return won[0]
 
     def screened(self, nominees: Sequence[tuple[int, Choice, float]]) -> None:
         """The class searches are done: (class, a choice, latency it saves), up to two choices
@@ -364,7 +348,7 @@ class PlanSearch:
 
     def freeze(self) -> None:
         """Stop comparing: the incumbent runs from now on (the storage failed)."""
-        self.match = None
+        self.match, self._ended = None, []
         self._queue, self.fusion.pending = [], []
         self._lock()
 
@@ -389,12 +373,13 @@ class PlanSearch:
             self.phase = "fusion"
         if self.phase != "fusion":
             return
-        # The fusion sizes meet the classes' winner, with its choices (`FusionStage.plan`).
+        # The fusion sizes meet the classes' winner, with its choices (`FusionStage.plan`), two
+        # at once where two are left: they share its iterations (`autotune.tuning.match`).
         fused = self.fusion.next(self.incumbent) or self.fusion.again(
             self.incumbent, self._screened
         )
         if fused is not None:
-            self._begin(self.incumbent, fused, "fusion")
+            self._begin(self.incumbent, fused, "fusion", also=self.fusion.next(self.incumbent))
             return
         # A plan that meets plain DDP next is not confirmed against the baseline first: the
         # check is that test against a stronger baseline (the hook's cost taken out).
@@ -434,18 +419,25 @@ class PlanSearch:
         self._begin(self.incumbent, combined, "combined")
         return True
 
-    def _begin(self, reference: Arm, challenger: Arm, kind: str, pairs: int = 0) -> None:
+    def _begin(
+        self, reference: Arm, challenger: Arm, kind: str, pairs: int = 0, also: Arm | None = None
+    ) -> None:
         """A paired test of ``max_pairs`` (or ``pairs``); a search's may go on to twice that for a
-        promising challenger (`autotune.tuning.paired_test`), a re-check is kept short."""
+        promising challenger (`autotune.tuning.paired_test`), a re-check is kept short. ``also``:
+        a second challenger, tested beside the first against the same reference."""
         max_pairs = max(pairs or self.max_pairs, MIN_PAIRS)
         extend_to = None if kind == "recheck" else 2 * max_pairs
-        duel = PairedTest(max_pairs, warmup=self.warmup, extend_to=extend_to)
-        self.match = _Match(reference, challenger, duel, kind)
+        rivals = [
+            Rival(arm, PairedTest(max_pairs, warmup=self.warmup, extend_to=extend_to))
+            for arm in (challenger, also)
+            if arm is not None
+        ]
+        self.match = Match(reference, rivals, kind)
 
-    def _settle(self, m: _Match, outcome: Outcome) -> None:
+    def _settle(self, m: Match, challenger: Arm, outcome: Outcome) -> None:
+        """A match is over: ``challenger``'s test, the one it leads to (`_best`), moves the
+        search on."""
         versus_baseline = m.reference == self.baseline
-        if versus_baseline and m.kind not in ("recheck", "retry"):
-            self._note_lead(m.challenger, outcome)
         if m.kind == "recheck":
             second, self._second_look = self._second_look, False
             if outcome.gain.ratio < 1.0:  # still faster: the re-check is cheap, not a proof
@@ -461,18 +453,16 @@ class PlanSearch:
             return
         if m.kind in ("confirm", "retry"):
             if outcome.challenger_won:
-                self.incumbent, self.gain = m.challenger, outcome.gain
+                self.incumbent, self.gain = challenger, outcome.gain
                 self.estimate = outcome.gain.ratio
             else:
                 self.incumbent, self.gain, self.estimate = self.baseline, None, None
             self._lock()
             return
-        if m.kind == "fusion":
-            self.fusion.ended(m.challenger, outcome.challenger_won, outcome.gain)
         if outcome.challenger_won:
             if not versus_baseline and self.gain is not None:
                 self._beaten = NearMiss(self.incumbent, self.gain, "beaten")
-            self.incumbent = m.challenger
+            self.incumbent = challenger
             self.gain = outcome.gain if versus_baseline else None
             ratio, before = outcome.gain.ratio, self.estimate
             self.estimate = ratio if versus_baseline else None if before is None else before * ratio

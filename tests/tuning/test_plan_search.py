@@ -653,19 +653,57 @@ def test_a_resumed_search_screens_first_and_meets_the_fusion_sizes_left() -> Non
 
 
 def test_a_job_ending_among_the_fusion_sizes_leaves_the_next_those_not_met() -> None:
+    """Two fusion sizes meet the incumbent together: each is left (`PlanSearch.fusion_left`)
+    until its test has lost, or the meeting is over. One that won while the other goes on is
+    still left: a job that ends then has not taken it."""
     mib = 1 << 20
+    sizes = [mib, 4 * mib, 16 * mib]
+    for one_mib, left_after in ((1.2, [4 * mib, 16 * mib]), (0.8, sizes)):
+        c = PlanSearch(Arm(), fusion_options=(0, *sizes), max_pairs=8, warmup=0, recheck_every=0)
+        c.start(None)
+        assert c.fusion_left == sizes
+        c.screened([])
+        assert c.match is not None
+        assert [r.challenger for r in c.match.rivals] == [Arm((), mib), Arm((), 4 * mib)]
+        assert c.fusion_left == sizes
+
+        def step(arm: Arm, i: int, one_mib: float = one_mib) -> float:
+            return one_mib if arm.fusion_bytes == mib else 1.0  # 4 MiB changes nothing
+
+        end = 0
+        while not c.history:
+            end = drive(c, step, 1, end)
+        # 1 MiB decided at the first look; 4 MiB, within noise, goes on alone.
+        assert [(a.fusion_bytes, o.challenger_won) for _, a, o in c.history] == [
+            (mib, one_mib < 1.0)
+        ]
+        assert c.match is not None and c.match.rivals[0].challenger == Arm((), 4 * mib)
+        assert c.fusion_left == left_after and not c.fused
+        while len(c.history) < 2:
+            end = drive(c, step, 1, end)
+        # 4 MiB lost: what 1 MiB's test said is taken; 16 MiB meets the incumbent next.
+        assert c.incumbent == (Arm((), mib) if one_mib < 1.0 else Arm())
+        assert c.fusion_left == [16 * mib]
+
+
+def test_of_two_fusion_sizes_that_won_together_the_faster_is_kept_and_the_other_meets_it() -> None:
+    """1 MiB 0.8x the baseline's step, 4 MiB 0.7x: both win their tests at the first look. The
+    faster on the median becomes the incumbent and the other meets it next, as it would have
+    had the sizes met the incumbent one at a time; there it loses."""
+    mib = 1 << 20
+    one, four = Arm((), mib), Arm((), 4 * mib)
     c = PlanSearch(Arm(), fusion_options=(0, mib, 4 * mib), max_pairs=8, warmup=0, recheck_every=0)
     c.start(None)
-    assert c.fusion_left == [mib, 4 * mib]
     c.screened([])
-    # 1 MiB meets the baseline: it is left until its paired test ends.
-    assert c.match is not None and c.match.challenger == Arm((), mib)
-    assert c.fusion_left == [mib, 4 * mib]
-    end = 0
-    while c.match is not None and c.match.challenger == Arm((), mib):
-        end = drive(c, lambda arm, i: 1.2 if arm.fusion_bytes else 1.0, 1, end)
-    assert c.match is not None and c.match.challenger == Arm((), 4 * mib)
-    assert c.fusion_left == [4 * mib] and not c.fused
+    drive(c, lambda arm, i: {one: 0.8, four: 0.7}.get(arm, 1.0), 60)
+    assert [(k, a, o.challenger_won, o.gain.pairs) for k, a, o in c.history] == [
+        ("fusion", four, True, 6),
+        ("fusion", one, True, 6),
+        ("fusion", one, False, 6),  # 0.8 / 0.7: slower than the fused plan beyond noise
+    ]
+    assert c.history[2][2].gain.ratio == pytest.approx(0.8 / 0.7)
+    assert c.settled and c.incumbent == four and c.fusion_left == []
+    assert c.gain is not None and c.gain.ratio == pytest.approx(0.7)  # its test's: vs baseline
 
 
 def test_a_plan_that_meets_plain_ddp_next_is_not_confirmed_against_the_hooked_baseline() -> None:
@@ -718,7 +756,8 @@ def test_a_fusion_size_that_makes_the_same_messages_as_one_met_already_is_skippe
     c.start(None)
     c.screened([])
     drive(c, lambda arm, i: 1.0, 120)
-    assert [a.fusion_bytes for _, a, _ in c.history] == [1 << 20, 4 << 20, 16 << 20]
+    # 1 and 4 MiB together (4 MiB's test, second in their order, ends an iteration sooner).
+    assert [a.fusion_bytes for _, a, _ in c.history] == [4 << 20, 1 << 20, 16 << 20]
 
 
 def test_message_sizes_follow_the_engines_fusion_and_pieces() -> None:
@@ -936,8 +975,8 @@ def test_a_near_miss_whose_messages_would_run_as_they_lost_is_not_met_again() ->
     assert c.settled and c.incumbent == fused
     assert [(k, a, o.challenger_won) for k, a, o in c.history] == [
         ("class", tree_on_ddp, True),
+        ("fusion", fused, True),  # the two met it together; 4 MiB decided first
         ("fusion", near_plan, False),
-        ("fusion", fused, True),
         ("confirm", fused, True),
     ]
 
