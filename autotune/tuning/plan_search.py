@@ -175,14 +175,16 @@ class PlanSearch:
     def iterations_left(self, screening: int | None) -> int | None:
         """A rough count of the iterations before the plan is locked (or meets plain DDP): the
         paired test under way to its ``max_pairs``, each one queued at `FUTILE_FROM` pairs (where
-        a challenger that is not ahead stops), and where screening is still to come or under
-        way, its windows left (``screening``; None: not known yet, and so is this). Stages not
-        known yet (the paired tests screening will put forward) are not in it: a status says
-        which stages remain beside it. 0 once settled; None while loading."""
+        a challenger that is not ahead stops; the fusion sizes two at a time, three iterations
+        for a pair of each), and where screening is still to come or under way, its windows left
+        (``screening``; None: not known yet, and so is this). Stages not known yet (the paired
+        tests screening will put forward) are not in it: a status says which stages remain
+        beside it. 0 once settled; None while loading."""
         if self.phase == "loading":
             return None
         n = 0 if self.match is None else self.match.measurements_left()
-        n += (len(self._queue) + len(self.fusion.pending)) * 2 * (FUTILE_FROM + self.warmup)
+        each, fused = FUTILE_FROM + self.warmup, len(self.fusion.pending)  # an arm's, to the stop
+        n += len(self._queue) * 2 * each + (fused // 2) * 3 * each + (fused % 2) * 2 * each
         if self.phase == "screening":
             if screening is None:
                 return None

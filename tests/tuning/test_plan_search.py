@@ -636,6 +636,21 @@ def test_the_estimate_of_iterations_left_counts_down_and_is_zero_once_locked() -
     assert c.settled and c.baseline_kept and c.iterations_left(screening=None) == 0
 
 
+def test_the_estimate_counts_two_fusion_sizes_as_sharing_the_incumbents_iterations() -> None:
+    """Three fusion sizes to come: two meet the incumbent together (three iterations for a pair of
+    each, to 10 pairs: 30), the third alone (20). Under way, the two at once count down to
+    their 8 pairs each as 16 + 8 iterations (`autotune.tuning.match.Match.measurements_left`)."""
+    mib = 1 << 20
+    c = PlanSearch(
+        Arm(), fusion_options=(0, mib, 4 * mib, 16 * mib), max_pairs=8, warmup=0, recheck_every=0
+    )
+    c.start(None)
+    assert c.iterations_left(screening=30) == 30 + 3 * 10 + 2 * 10
+    c.screened([])
+    assert c.match is not None and len(c.match.rivals) == 2
+    assert c.iterations_left(screening=None) == 16 + 8 + 2 * 10
+
+
 def test_a_resumed_search_screens_first_and_meets_the_fusion_sizes_left() -> None:
     """A job that ended undecided: the next one starts at screening (`PlanSearch.resume`), and
     after the classes meets the fusion sizes the one before had left."""
