@@ -42,6 +42,8 @@ class Match:
         self.reference = reference
         self.rivals = rivals
         self.kind = kind
+        #: The challengers whose test has ended, with how, in the order they ended.
+        self.ended: list[tuple[Arm, Outcome]] = []
         self._turn = 0  # the next iteration's place in the order of two challengers
 
     @property
@@ -81,10 +83,12 @@ class Match:
                 ended.append((rival.challenger, outcome))
         if ended and len(self.rivals) == 1:
             self.duel.follow_on()  # alone now, in its own order
+        self.ended += ended
         return ended
 
     @property
     def over(self) -> bool:
+        """Whether every challenger's test has ended (`ended` holds them all)."""
         return not self.rivals
 
     def measurements_left(self) -> int:

@@ -91,8 +91,6 @@ class PlanSearch:
         self.recheck_every = recheck_every
         self.phase = "loading"
         self.match: Match | None = None
-        #: The tests of the match under way that have ended while another goes on.
-        self._ended: list[tuple[Arm, Outcome]] = []
         #: The incumbent's step over the baseline's, from the last paired test between them (None:
         #: the incumbent is the baseline, or they have not met since it changed).
         self.gain: Gain | None = None
@@ -262,15 +260,14 @@ class PlanSearch:
                 self._note_lead(challenger, outcome)
             if m.kind == "fusion":
                 self.fusion.ended(challenger, outcome.challenger_won, outcome.gain)
-            self._ended.append((challenger, outcome))
         if m.over:
-            self.match, ended, self._ended = None, self._ended, []
-            self._settle(m, *self._best(m, ended))
+            self.match = None
+            self._settle(m, *self._best(m))
 
-    def _best(self, m: Match, ended: list[tuple[Arm, Outcome]]) -> tuple[Arm, Outcome]:
+    def _best(self, m: Match) -> tuple[Arm, Outcome]:
         """Of a match's ended tests, the one it leads to: the challenger that won, the faster
         on the median where two did (the other meets it next: `FusionStage.settle`)."""
-        won = sorted(ended, key=lambda e: (not e[1].challenger_won, e[1].gain.ratio))
+        won = sorted(m.ended, key=lambda e: (not e[1].challenger_won, e[1].gain.ratio))
         if m.kind == "fusion":
             self.fusion.settle([c.fusion_bytes for c, o in won if o.challenger_won])
         return won[0]
@@ -350,7 +347,7 @@ class PlanSearch:
 
     def freeze(self) -> None:
         """Stop comparing: the incumbent runs from now on (the storage failed)."""
-        self.match, self._ended = None, []
+        self.match = None
         self._queue, self.fusion.pending = [], []
         self._lock()
 

@@ -40,6 +40,7 @@ def test_two_tests_of_six_pairs_take_nine_iterations_each_not_twelve() -> None:
         iterations += 1
         ended += m.measure(arm, STEP[arm])
     assert iterations == 18
+    assert m.ended == ended  # the match keeps every test that ended, in order
     outcomes = dict(ended)
     assert not outcomes[B1].challenger_won and outcomes[B1].gain.ratio == pytest.approx(1.2)
     assert outcomes[B2].challenger_won and outcomes[B2].gain.ratio == pytest.approx(0.8)
