@@ -4,8 +4,10 @@
 "shm"). Each ordered pair of ranks has a pipe, a FIFO in the window's directory, unlinked once
 both its ends are open: at the barrier a rank writes one byte into each peer's pipe and reads one
 from each of its own. One byte per pair per barrier, in order, so a peer that runs ahead to the
-next barrier leaves its byte queued for it. A rank that dies closes its ends: its pipe then
-reads empty, a `PeerError` naming it at once rather than after the timeout.
+next barrier leaves its byte queued for it; `exchange` is the barrier with a short record of the
+caller's in place of the byte (`shm` says there where each rank's input is). A rank that dies
+closes its ends: its pipe then reads empty, a `PeerError` naming it at once rather than after
+the timeout.
 """
 
 from __future__ import annotations
@@ -84,12 +86,21 @@ class PipeBarrier:
         """Return once every rank of ``comm`` has called `wait` as often as this rank has.
         Raises `PeerError` where a peer is gone or the timeout passes first: ``comm``'s, else
         its group's, as the gloo barrier this replaced waited."""
+        self.exchange(comm, what, b"\0")
+
+    def exchange(self, comm: Comm, what: str, record: bytes) -> dict[int, bytes]:
+        """`wait`, sending ``record`` to every peer instead of a byte: each peer's record, by
+        group rank. Every rank passes a record of the same length at the same barrier (at most
+        `select.PIPE_BUF` bytes, so that it is written whole or not at all)."""
+        if not 0 < len(record) <= select.PIPE_BUF:
+            raise ValueError(f"a barrier's record is 1 to {select.PIPE_BUF} bytes: {len(record)}")
         for peer, fd in self._writes.items():
             try:
-                os.write(fd, b"\0")
+                os.write(fd, record)
             except BrokenPipeError as exc:  # its read end is closed: the peer is gone
                 raise _gone(comm, what, peer) from exc
         waiting = dict(zip(self._reads.values(), self._reads, strict=True))  # fd -> peer
+        got = {peer: b"" for peer in self._reads}
         poller = select.poll()
         for fd in waiting:
             poller.register(fd, select.POLLIN)
@@ -107,10 +118,15 @@ class PipeBarrier:
                     peer=comm.global_rank(min(waiting.values())),
                 )
             for fd, _ in ready:
-                peer = waiting.pop(fd)
-                poller.unregister(fd)
-                if not os.read(fd, 1):  # end of file: every writer (the peer) closed it
+                peer = waiting[fd]
+                data = os.read(fd, len(record) - len(got[peer]))
+                if not data:  # end of file: every writer (the peer) closed it
                     raise _gone(comm, what, peer)
+                got[peer] += data
+                if len(got[peer]) == len(record):
+                    del waiting[fd]
+                    poller.unregister(fd)
+        return got
 
     def close(self) -> None:
         """Close this rank's ends of the pipes (its peers' next `wait` then raises)."""

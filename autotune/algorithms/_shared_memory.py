@@ -4,7 +4,10 @@ Each rank copies its buffer into its slot of a window in ``/dev/shm`` that every
 group maps. Of N > 2 ranks, each then sums its 1/N share of the elements from every slot into
 the window's result and copies the whole result back, with two barriers to say "written" and
 "summed"; of 2, both sum the whole from the two slots after the first barrier alone. Either way
-in rank order, so all ranks end bitwise identical. Barriers go through pipes between the ranks
+in rank order, so all ranks end bitwise identical. Where the caller takes the sum in the window
+(DDP's buckets, through the hook), a rank's input need not be copied at all: its memory is moved
+into shared memory where it is, once, and its peers sum their shares straight from it
+(`autotune.algorithms._exposed`). Barriers go through pipes between the ranks
 (`autotune.algorithms._pipes`), not through gloo. The scheme of NCCL's SHM transport and of
 DeepSpeed's CPU all-reduce; its figures: docs/ALGORITHMS.md, "shm".
 
@@ -31,7 +34,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+from autotune.algorithms import _exposed
 from autotune.algorithms._base import AllReduceAlgorithm
+from autotune.algorithms._exposed import COPIED, Exposed, exact, sum_scaled
 from autotune.algorithms._pipes import PipeBarrier
 from autotune.algorithms._transport import split
 from autotune.comm import topology
@@ -65,8 +70,9 @@ class _Window:
     """``regions`` regions of ``slot_bytes`` each, mapped from the file that was at ``path``
     (unlinked once every rank had mapped it), and the group's ``barrier``. Of N > 2 ranks: a
     slot per rank, then `RESULT_SLOTS` slots' worth of results, which messages take in turn
-    (``cursor``: where the next one's goes, in bytes); of 2: two pairs of slots, which messages
-    take in turns (``turns`` so far)."""
+    (``cursor``: where the next one's goes, in bytes), and ``exposed``, the ranks' inputs shared
+    where they are (None where the ranks cannot open each other's); of 2: two pairs of slots,
+    which messages take in turns (``turns`` so far)."""
 
     base: torch.Tensor  # uint8, regions * slot_bytes
     regions: int
@@ -75,6 +81,7 @@ class _Window:
     barrier: PipeBarrier
     turns: int = 0
     cursor: int = 0
+    exposed: Exposed | None = None
 
     def view(self, dtype: torch.dtype) -> torch.Tensor:
         return self.base.view(dtype).view(self.regions, -1)
@@ -189,6 +196,11 @@ class SharedMemoryAllReduce(AllReduceAlgorithm):
         area = window.results(comm.size, buf.dtype)
         nbytes = buf.numel() * buf.element_size()
         leave = _leaves(window, comm.size, nbytes, comm.leave_within)
+        if leave and window.exposed is not None and exact(comm.scale, buf.dtype):
+            at = window.take(nbytes, window.results_bytes(comm.size)) // buf.element_size()
+            comm.traffic.result = area[at : at + buf.numel()]
+            self._sum_in_place(buf, comm, window, window.exposed, comm.traffic.result)
+            return
         taken = nbytes if leave else min(nbytes, step * buf.element_size())
         at = window.take(taken, window.results_bytes(comm.size)) // buf.element_size()
         result = area[at : at + taken // buf.element_size()]
@@ -208,6 +220,52 @@ class SharedMemoryAllReduce(AllReduceAlgorithm):
                 part.copy_(out)
         if leave:
             comm.traffic.result = result
+
+    def _sum_in_place(
+        self, buf: torch.Tensor, comm: Comm, window: _Window, exposed: Exposed, out: torch.Tensor
+    ) -> None:
+        """`_sum_shares` for a message whose sum the caller takes in the window, in one turn:
+        each rank says at the first barrier where its input is (`Exposed.record`), in place or
+        copied into its slot, and each sums its share from there. (The owner's memory is read
+        until the second barrier, which every rank passes only once every share is summed.)"""
+        slots = window.view(buf.dtype)[: comm.size]
+        n, scale = buf.numel(), comm.scale
+        mine = COPIED
+        if slots[comm.rank].data_ptr() != buf.data_ptr():  # not staged there already
+            mine = exposed.record(buf, _room)
+            if mine == COPIED:
+                slot = slots[comm.rank, :n]
+                if scale is None:
+                    slot.copy_(buf)
+                else:
+                    torch.mul(buf, scale, out=slot)
+        comm.traffic.bytes_sent += n * buf.element_size()
+        comm.traffic.messages_sent += 1
+        began = time.perf_counter()
+        theirs = window.barrier.exchange(
+            comm, "waiting for the other ranks' writes in shared memory", mine
+        )
+        waited = time.perf_counter() - began
+        comm.traffic.wait_s += waited
+        if comm.traffic.first_wait_s is None:
+            comm.traffic.first_wait_s = waited
+        lo, hi = split(0, n, comm.size)[comm.rank]
+        if hi > lo:  # in rank order, as `_sum_shares` sums: each operand scaled or not yet
+            operands: list[tuple[torch.Tensor, float | None]] = []
+            for rank in range(comm.size):
+                record = mine if rank == comm.rank else theirs[rank]
+                if record == COPIED:
+                    operands.append((slots[rank, lo:hi], None))
+                elif rank == comm.rank:
+                    operands.append((buf[lo:hi], scale))
+                else:
+                    source = exposed.source(rank, record)
+                    assert source is not None
+                    size = buf.element_size()
+                    operands.append((source[lo * size : hi * size].view(buf.dtype), scale))
+            sum_scaled(out[lo:hi], operands)
+        _wait(comm, window, "waiting for the other ranks' sums in shared memory")
+        exposed.done()
 
 
 def _leaves(window: _Window, size: int, nbytes: int, leave_within: int | None) -> bool:
@@ -279,10 +337,22 @@ def _window(comm: Comm) -> _Window:
         )
     base, path = _share(comm, regions * slot)
     barrier = PipeBarrier.open(comm, f"{path}-pipe")
-    window = _Window(base, regions, slot, path, barrier)
+    exposed = _exposes(comm, barrier) if comm.size > 2 else None
+    window = _Window(base, regions, slot, path, barrier, exposed=exposed)
     with _lock:
         _windows[name] = window
     return window
+
+
+def _exposes(comm: Comm, barrier: PipeBarrier) -> Exposed | None:
+    """Whether the ranks can read each other's inputs where they are (`Exposed`): each shares a
+    small probe holding its rank and opens every peer's. Collective; the same on every rank."""
+    probe = torch.tensor([comm.rank], dtype=torch.int64)
+    mine = Exposed().record(probe, lambda: 1 << 62)  # 8 bytes: room or not, it asks nothing else
+    theirs = barrier.exchange(comm, "checking the ranks' shared memory", mine)
+    ok = _exposed.check(mine, theirs, {peer: peer for peer in theirs})
+    everyone = comm.smallest(int(ok), "checking the ranks' shared memory")
+    return Exposed() if everyone else None
 
 
 def _name(prefix: str, comm: Comm) -> str:

@@ -93,6 +93,9 @@ class Trained:
     #: The largest relative difference of an averaged gradient from DDP's, over the steps that
     #: synchronise, each from the same parameters (`train_pair`).
     grad_rel: float = 0.0
+    #: How many of this rank's buffers `shm` moved into shared memory, to be summed where they
+    #: are (DDP's buckets, from the second iteration: `autotune.algorithms._exposed`).
+    moved: int = 0
 
 
 def train_pair(
@@ -120,6 +123,7 @@ def train_pair(
             raise
         return Trained(algorithm, variant.name, [], [], 0, 0, set(), [], str(exc))
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in models]
+    moved = _moved()
     g = torch.Generator().manual_seed(100 + rank)
     grad_rel = 0.0
     hooked, plain = (list(m.parameters()) for m in models)
@@ -164,7 +168,15 @@ def train_pair(
         {r.algorithm for r in records},
         sorted(state.plan()),
         grad_rel=grad_rel,
+        moved=_moved() - moved,
     )
+
+
+def _moved() -> int:
+    """How many of this rank's buffers `shm`'s windows have moved into shared memory so far."""
+    from autotune.algorithms import _shared_memory as shm
+
+    return sum(w.exposed.moved() for w in shm._windows.values() if w.exposed is not None)
 
 
 def train_all(

@@ -1,0 +1,201 @@
+"""A rank's input shared with its peers on the host where it is, so they read it there.
+
+`shm` copies each rank's input into the rank's slot of a shared window, for its peers to read.
+Where the input is memory that lives on (DDP's gradient buckets: the same tensors every
+iteration), that copy can go once and for all: the storage under it is moved into shared memory
+in place, by torch's own `share_memory_` mechanism, which swaps the memory under every tensor and
+view of that storage (DDP's views of the bucket follow it), and the peers map it through
+``/proc/<pid>/fd``, the way a process opens another's file descriptor. At the window's first
+barrier a rank then sends a `Record` of where its input is instead of copying it; a peer maps
+that storage the first time it sees it and sums its share straight from it.
+
+Each rank decides for itself, each message: where its input cannot be shared so (memory another
+mechanism shares already, ``/dev/shm`` short of room, an old torch), it copies into its slot as
+before and its record says so. Whether peers can open each other's descriptors at all (one PID
+namespace, ``/proc`` readable) is checked once per window (`check`), on every rank together.
+
+The storage moved stays in ``/dev/shm`` (an unlinked file: nothing is left there when the
+process ends) for as long as its owner keeps it; a peer's mapping keeps a storage its owner has
+freed (DDP rebuilds its buckets once, after the first iteration) until the peer has not read it
+for `IDLE_MESSAGES` messages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import cast
+
+import torch
+
+__all__ = ["COPIED", "RECORD_BYTES", "Exposed", "exact", "sum_scaled"]
+
+#: A record: in place or copied, then where (the owner's pid and descriptor, the file's inode,
+#: the storage's bytes, the input's offset in it, in bytes).
+_RECORD = struct.Struct("<B3xiiQQQ")
+RECORD_BYTES = _RECORD.size
+_COPIED, _IN_PLACE = 0, 1
+#: A peer's storage not read for this many messages is unmapped: its owner has most likely freed
+#: it (DDP reads every bucket every iteration), and the mapping would keep it in ``/dev/shm``.
+IDLE_MESSAGES = 1024
+#: Memory is moved into ``/dev/shm`` only where twice its size is free there.
+ROOM_FACTOR = 2
+
+
+@dataclass
+class _Mine:
+    """A storage of this rank's that it moved into shared memory."""
+
+    nbytes: int
+    fd: int  # torch's (its MapAllocator keeps it open while the storage lives)
+    ino: int
+
+
+@dataclass
+class _Mapped:
+    """A peer's storage, mapped here."""
+
+    base: torch.Tensor  # uint8, the whole storage
+    used: int  # the message that last read it
+
+
+class Exposed:
+    """This rank's storages moved into shared memory, and its peers' mapped here."""
+
+    def __init__(self) -> None:
+        self._mine: dict[int, _Mine] = {}  # by the storage's data pointer
+        self._theirs: dict[tuple[int, int], _Mapped] = {}  # by (peer, inode)
+        self._messages = 0
+
+    def record(self, buf: torch.Tensor, room: Callable[[], int]) -> bytes:
+        """The record of where this rank's input ``buf`` (flat, contiguous, on CPU) is for its
+        peers: in place, after moving its storage into shared memory where it was not yet
+        (``room()``: bytes free in ``/dev/shm``); or `COPIED` where it cannot be shared so, and
+        the caller copies it into its slot."""
+        storage = buf.untyped_storage()
+        mine = self._mine.get(storage.data_ptr())
+        if mine is not None and not _still(storage, mine):
+            del self._mine[storage.data_ptr()]  # freed; other memory at the same address now
+            mine = None
+        if mine is None:
+            mine = self._move(storage, room)
+            if mine is None:
+                return COPIED
+        offset = buf.data_ptr() - storage.data_ptr()
+        return _RECORD.pack(_IN_PLACE, os.getpid(), mine.fd, mine.ino, mine.nbytes, offset)
+
+    def _move(self, storage: torch.UntypedStorage, room: Callable[[], int]) -> _Mine | None:
+        share = getattr(storage, "_share_fd_cpu_", None)
+        if storage.is_shared() or share is None or ROOM_FACTOR * storage.nbytes() > room():
+            return None  # shared by something else (torch.multiprocessing ...), or no room
+        try:
+            fd, nbytes = share()  # moves it, copying it once, under every view of it
+        except RuntimeError:
+            return None  # /dev/shm filled up meanwhile: torch reserves it first (no SIGBUS)
+        mine = _Mine(int(nbytes), int(fd), os.fstat(fd).st_ino)
+        self._mine[storage.data_ptr()] = mine
+        return mine
+
+    def source(self, peer: int, record: bytes) -> torch.Tensor | None:
+        """Peer ``peer``'s input as its ``record`` says where: its storage (uint8, flat) from the
+        input's first byte on, mapped here the first time; None where the peer copied it into
+        its slot. Raises `RuntimeError` where the record names a file this rank cannot open."""
+        kind, pid, fd, ino, nbytes, offset = _RECORD.unpack(record)
+        if kind == _COPIED:
+            return None
+        mapped = self._theirs.get((peer, ino))
+        if mapped is None:
+            mapped = _Mapped(_map(pid, fd, ino, nbytes), self._messages)
+            self._theirs[(peer, ino)] = mapped
+        mapped.used = self._messages
+        return mapped.base[offset:]
+
+    def done(self) -> None:
+        """A message is done: unmap the peers' storages not read for `IDLE_MESSAGES`."""
+        self._messages += 1
+        idle = [k for k, m in self._theirs.items() if self._messages - m.used > IDLE_MESSAGES]
+        for key in idle:
+            del self._theirs[key]
+
+    def mapped(self) -> int:
+        """How many of the peers' storages are mapped here."""
+        return len(self._theirs)
+
+    def moved(self) -> int:
+        """How many of this rank's storages it moved into shared memory (and still knows of)."""
+        return len(self._mine)
+
+
+#: What a rank sends where it copied its input into its slot.
+COPIED = _RECORD.pack(_COPIED, 0, 0, 0, 0, 0)
+
+
+def sum_scaled(out: torch.Tensor, operands: list[tuple[torch.Tensor, float | None]]) -> None:
+    """``out`` = the sum of ``operands``, each times its scale (None: as it is), in order. With
+    a scale `exact` allows, bitwise what scaling each first would give."""
+    (a, scale_a), (b, scale_b) = operands[0], operands[1]
+    if scale_a is None:
+        torch.add(a, b, alpha=1 if scale_b is None else scale_b, out=out)
+    elif scale_b is None:
+        torch.add(b, a, alpha=scale_a, out=out)  # a + b and b + a are bitwise the same
+    else:
+        torch.mul(a, scale_a, out=out)
+        out.add_(b, alpha=scale_b)
+    for operand, scale in operands[2:]:
+        out.add_(operand, alpha=1 if scale is None else scale)
+
+
+def exact(scale: float | None, dtype: torch.dtype) -> bool:
+    """Whether a sum may scale its operands as it adds them, bitwise as scaling them first: by
+    a power of two, exact in float32, float64 and bfloat16 (but for a product below the normal
+    range, some 1e-38 in float32); not in float16, where gradients are often that small."""
+    if scale is None:
+        return True
+    return dtype in (torch.float32, torch.float64, torch.bfloat16) and math.frexp(scale)[0] == 0.5
+
+
+def _still(storage: torch.UntypedStorage, mine: _Mine) -> bool:
+    """Whether ``storage`` is still the one this rank moved (the address may be reused)."""
+    if not storage.is_shared() or storage.nbytes() != mine.nbytes:
+        return False
+    try:
+        return os.fstat(mine.fd).st_ino == mine.ino
+    except OSError:
+        return False
+
+
+def _map(pid: int, fd: int, ino: int, nbytes: int) -> torch.Tensor:
+    """Process ``pid``'s file ``fd`` (inode ``ino``, ``nbytes`` long), mapped here, shared."""
+    path = f"/proc/{pid}/fd/{fd}"
+    try:
+        own = os.open(path, os.O_RDWR)
+    except OSError as exc:
+        raise RuntimeError(f"could not open a peer's shared memory at {path}: {exc}") from exc
+    try:
+        if os.fstat(own).st_ino != ino:
+            raise RuntimeError(
+                f"{path} is not the peer's shared memory (another process has its pid here)"
+            )
+        storage = torch.UntypedStorage.from_file(f"/proc/self/fd/{own}", shared=True, nbytes=nbytes)
+    finally:
+        os.close(own)
+    return torch.empty(0, dtype=torch.uint8).set_(cast(torch.UntypedStorage, storage))
+
+
+def check(mine: bytes, theirs: dict[int, bytes], expected: dict[int, int]) -> bool:
+    """Whether every peer's probe (``theirs``: its record of a small storage that holds its
+    rank, ``expected``) maps here and holds what it should; ``mine``: this rank's own record,
+    `COPIED` where its probe could not be shared."""
+    if mine == COPIED:
+        return False
+    probe = Exposed()
+    with contextlib.suppress(RuntimeError, OSError):
+        got = {p: probe.source(p, r) for p, r in theirs.items()}
+        return all(
+            s is not None and int(s[:8].view(torch.int64)[0]) == expected[p] for p, s in got.items()
+        )
+    return False
