@@ -248,6 +248,15 @@ class AllReduceAlgorithm(abc.ABC):
         rank calls it, for the same messages: it may be collective."""
         return None
 
+    def gather(
+        self, group: ProcessGroup, parts: list[torch.Tensor], flat: torch.Tensor, scale: float
+    ) -> None:
+        """Write the concatenation of ``parts``, each times ``scale``, into ``flat`` (of
+        `stage`), the caller's gather before it `start`s on ``flat``. An algorithm that can read
+        the parts where they are may keep them instead and fill ``flat`` in that `start` only
+        where it must (`shm`)."""
+        gathered(parts, flat, scale)
+
     def _start(self, buf: torch.Tensor, comm: Comm, segment_elems: int) -> Pending:
         """Begin reducing ``buf``; by default run `_run` to the end, return a finished Pending.
 
@@ -326,3 +335,16 @@ def _check_same_call(tensor: torch.Tensor, segment_bytes: int, name: str, comm: 
                 f"has numel={numel}, dtype={SUPPORTED_DTYPES[dtype_index]}, segment_bytes={seg} "
                 "(and the algorithm names must match)"
             )
+
+
+def gathered(parts: list[torch.Tensor], flat: torch.Tensor, scale: float | None) -> None:
+    """Write the concatenation of ``parts`` (flat), each times ``scale`` (None: as they are),
+    into ``flat``: one pass over each."""
+    offset = 0
+    for part in parts:
+        n = part.numel()
+        if scale is None:
+            flat[offset : offset + n].copy_(part)
+        else:
+            torch.mul(part, scale, out=flat[offset : offset + n])
+        offset += n

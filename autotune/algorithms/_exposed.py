@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import select
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,18 +33,31 @@ from typing import cast
 
 import torch
 
-__all__ = ["COPIED", "RECORD_BYTES", "Exposed", "exact", "sum_scaled"]
+__all__ = ["MAX_PARTS", "Deferred", "Exposed", "copied", "exact", "record_bytes", "sum_share"]
 
-#: A record: in place or copied, then where (the owner's pid and descriptor, the file's inode,
-#: the storage's bytes, the input's offset in it, in bytes).
-_RECORD = struct.Struct("<B3xiiQQQ")
-RECORD_BYTES = _RECORD.size
+#: A record: in place or copied, the owner's pid, how many parts; then per part where it is
+#: (the storage's descriptor at its owner, the file's inode, the storage's bytes, the part's
+#: offset in it, in bytes). Every rank's record of a message is as long: its parts are as many.
+_HEAD = struct.Struct("<B3xiI")
+_PART = struct.Struct("<i4xQQQ")
 _COPIED, _IN_PLACE = 0, 1
+#: The most parts a message is sent in place in: its record fits a pipe's atomic write.
+MAX_PARTS = (select.PIPE_BUF - _HEAD.size) // _PART.size
 #: A peer's storage not read for this many messages is unmapped: its owner has most likely freed
 #: it (DDP reads every bucket every iteration), and the mapping would keep it in ``/dev/shm``.
 IDLE_MESSAGES = 1024
 #: Memory is moved into ``/dev/shm`` only where twice its size is free there.
 ROOM_FACTOR = 2
+
+
+def record_bytes(parts: int) -> int:
+    """The length of a message's record, for a message of ``parts`` parts."""
+    return _HEAD.size + parts * _PART.size
+
+
+def copied(parts: int) -> bytes:
+    """The record of a rank that copied its message of ``parts`` parts into its slot."""
+    return _HEAD.pack(_COPIED, 0, parts).ljust(record_bytes(parts), b"\0")
 
 
 @dataclass
@@ -71,22 +85,25 @@ class Exposed:
         self._theirs: dict[tuple[int, int], _Mapped] = {}  # by (peer, inode)
         self._messages = 0
 
-    def record(self, buf: torch.Tensor, room: Callable[[], int]) -> bytes:
-        """The record of where this rank's input ``buf`` (flat, contiguous, on CPU) is for its
-        peers: in place, after moving its storage into shared memory where it was not yet
-        (``room()``: bytes free in ``/dev/shm``); or `COPIED` where it cannot be shared so, and
-        the caller copies it into its slot."""
-        storage = buf.untyped_storage()
-        mine = self._mine.get(storage.data_ptr())
-        if mine is not None and not _still(storage, mine):
-            del self._mine[storage.data_ptr()]  # freed; other memory at the same address now
-            mine = None
-        if mine is None:
-            mine = self._move(storage, room)
+    def record(self, parts: list[torch.Tensor], room: Callable[[], int]) -> bytes:
+        """The record of where this rank's message, the concatenation of ``parts`` (each flat,
+        contiguous, on CPU), is for its peers: in place, after moving each part's storage into
+        shared memory where it was not yet (``room()``: bytes free in ``/dev/shm``); or
+        `copied` where one cannot be shared so, and the caller copies them into its slot."""
+        entries = []
+        for part in parts:
+            storage = part.untyped_storage()
+            mine = self._mine.get(storage.data_ptr())
+            if mine is not None and not _still(storage, mine):
+                del self._mine[storage.data_ptr()]  # freed; other memory at the address now
+                mine = None
             if mine is None:
-                return COPIED
-        offset = buf.data_ptr() - storage.data_ptr()
-        return _RECORD.pack(_IN_PLACE, os.getpid(), mine.fd, mine.ino, mine.nbytes, offset)
+                mine = self._move(storage, room)
+                if mine is None:
+                    return copied(len(parts))
+            offset = part.data_ptr() - storage.data_ptr()
+            entries.append(_PART.pack(mine.fd, mine.ino, mine.nbytes, offset))
+        return _HEAD.pack(_IN_PLACE, os.getpid(), len(parts)) + b"".join(entries)
 
     def _move(self, storage: torch.UntypedStorage, room: Callable[[], int]) -> _Mine | None:
         share = getattr(storage, "_share_fd_cpu_", None)
@@ -100,19 +117,24 @@ class Exposed:
         self._mine[storage.data_ptr()] = mine
         return mine
 
-    def source(self, peer: int, record: bytes) -> torch.Tensor | None:
-        """Peer ``peer``'s input as its ``record`` says where: its storage (uint8, flat) from the
-        input's first byte on, mapped here the first time; None where the peer copied it into
-        its slot. Raises `RuntimeError` where the record names a file this rank cannot open."""
-        kind, pid, fd, ino, nbytes, offset = _RECORD.unpack(record)
+    def sources(self, peer: int, record: bytes) -> list[torch.Tensor] | None:
+        """Peer ``peer``'s parts as its ``record`` says where: each its storage (uint8, flat)
+        from the part's first byte on, mapped here the first time; None where the peer copied
+        them into its slot. Raises `RuntimeError` where the record names a file this rank
+        cannot open."""
+        kind, pid, count = _HEAD.unpack_from(record)
         if kind == _COPIED:
             return None
-        mapped = self._theirs.get((peer, ino))
-        if mapped is None:
-            mapped = _Mapped(_map(pid, fd, ino, nbytes), self._messages)
-            self._theirs[(peer, ino)] = mapped
-        mapped.used = self._messages
-        return mapped.base[offset:]
+        out = []
+        for i in range(count):
+            fd, ino, nbytes, offset = _PART.unpack_from(record, _HEAD.size + i * _PART.size)
+            mapped = self._theirs.get((peer, ino))
+            if mapped is None:
+                mapped = _Mapped(_map(pid, fd, ino, nbytes), self._messages)
+                self._theirs[(peer, ino)] = mapped
+            mapped.used = self._messages
+            out.append(mapped.base[offset:])
+        return out
 
     def done(self) -> None:
         """A message is done: unmap the peers' storages not read for `IDLE_MESSAGES`."""
@@ -130,8 +152,45 @@ class Exposed:
         return len(self._mine)
 
 
-#: What a rank sends where it copied its input into its slot.
-COPIED = _RECORD.pack(_COPIED, 0, 0, 0, 0, 0)
+@dataclass
+class Deferred:
+    """``parts`` a caller gathers, times ``scale``, into the slot at ``slot`` (a data pointer),
+    left to the `start` on that slot that follows (`SharedMemoryAllReduce.gather`)."""
+
+    slot: int
+    parts: list[torch.Tensor]
+    scale: float
+
+
+def sum_share(
+    out: torch.Tensor,
+    sizes: list[int],
+    scale: float | None,
+    share: tuple[int, int],
+    slots: torch.Tensor,
+    sources: dict[int, list[torch.Tensor] | None],
+) -> None:
+    """Sum this rank's ``share`` (elements lo to hi) of a message of parts of ``sizes``
+    elements into ``out`` (the whole message's result), in rank order: from each rank's
+    ``sources``, its parts as bytes from each part's first on (times ``scale``), or, where None,
+    its row of ``slots`` (scaled already). Part by part, so that a part's operands are views."""
+    lo, hi = share
+    size = out.element_size()
+    begin = 0
+    for i, numel in enumerate(sizes):
+        end = begin + numel
+        a, b = max(begin, lo), min(end, hi)
+        if b > a:
+            operands: list[tuple[torch.Tensor, float | None]] = []
+            for rank in range(len(sources)):
+                source = sources[rank]
+                if source is None:
+                    operands.append((slots[rank, a:b], None))
+                else:
+                    there = source[i][(a - begin) * size : (b - begin) * size]
+                    operands.append((there.view(out.dtype), scale))
+            sum_scaled(out[a:b], operands)
+        begin = end
 
 
 def sum_scaled(out: torch.Tensor, operands: list[tuple[torch.Tensor, float | None]]) -> None:
@@ -189,13 +248,14 @@ def _map(pid: int, fd: int, ino: int, nbytes: int) -> torch.Tensor:
 def check(mine: bytes, theirs: dict[int, bytes], expected: dict[int, int]) -> bool:
     """Whether every peer's probe (``theirs``: its record of a small storage that holds its
     rank, ``expected``) maps here and holds what it should; ``mine``: this rank's own record,
-    `COPIED` where its probe could not be shared."""
-    if mine == COPIED:
+    `copied` where its probe could not be shared."""
+    if mine == copied(1):
         return False
     probe = Exposed()
     with contextlib.suppress(RuntimeError, OSError):
-        got = {p: probe.source(p, r) for p, r in theirs.items()}
+        got = {p: probe.sources(p, r) for p, r in theirs.items()}
         return all(
-            s is not None and int(s[:8].view(torch.int64)[0]) == expected[p] for p, s in got.items()
+            s is not None and int(s[0][:8].view(torch.int64)[0]) == expected[p]
+            for p, s in got.items()
         )
     return False

@@ -35,8 +35,8 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from autotune.algorithms import _exposed
-from autotune.algorithms._base import AllReduceAlgorithm
-from autotune.algorithms._exposed import COPIED, Exposed, exact, sum_scaled
+from autotune.algorithms._base import AllReduceAlgorithm, gathered
+from autotune.algorithms._exposed import MAX_PARTS, Deferred, Exposed, exact, sum_share
 from autotune.algorithms._pipes import PipeBarrier
 from autotune.algorithms._transport import split
 from autotune.comm import topology
@@ -82,6 +82,7 @@ class _Window:
     turns: int = 0
     cursor: int = 0
     exposed: Exposed | None = None
+    deferred: Deferred | None = None
 
     def view(self, dtype: torch.dtype) -> torch.Tensor:
         return self.base.view(dtype).view(self.regions, -1)
@@ -196,10 +197,23 @@ class SharedMemoryAllReduce(AllReduceAlgorithm):
         area = window.results(comm.size, buf.dtype)
         nbytes = buf.numel() * buf.element_size()
         leave = _leaves(window, comm.size, nbytes, comm.leave_within)
-        if leave and window.exposed is not None and exact(comm.scale, buf.dtype):
+        deferred, window.deferred = window.deferred, None
+        parts, scale = None, comm.scale
+        if deferred is not None and deferred.slot == buf.data_ptr():
+            parts, scale = deferred.parts, deferred.scale  # a gather left to this (`gather`)
+        elif (
+            leave
+            and buf.numel() <= step
+            and window.exposed is not None
+            and slots[comm.rank].data_ptr() != buf.data_ptr()  # not gathered there already
+            and exact(comm.scale, buf.dtype)
+        ):
+            parts = [buf]
+        if parts is not None:
+            assert window.exposed is not None
             at = window.take(nbytes, window.results_bytes(comm.size)) // buf.element_size()
             comm.traffic.result = area[at : at + buf.numel()]
-            self._sum_in_place(buf, comm, window, window.exposed, comm.traffic.result)
+            self._sum_in_place(parts, scale, comm, window, window.exposed, comm.traffic.result)
             return
         taken = nbytes if leave else min(nbytes, step * buf.element_size())
         at = window.take(taken, window.results_bytes(comm.size)) // buf.element_size()
@@ -221,49 +235,52 @@ class SharedMemoryAllReduce(AllReduceAlgorithm):
         if leave:
             comm.traffic.result = result
 
+    def gather(
+        self, group: ProcessGroup, parts: list[torch.Tensor], flat: torch.Tensor, scale: float
+    ) -> None:
+        """Leave the gather to `start` on ``flat``, where the ranks may read the ``parts`` where
+        they are (`_sum_in_place`); else gather them now."""
+        comm = self.connect(group, torch.device("cpu"))
+        window = _window(comm)
+        if window.exposed is not None and len(parts) <= MAX_PARTS and exact(scale, flat.dtype):
+            window.deferred = Deferred(flat.data_ptr(), parts, scale)
+        else:
+            super().gather(group, parts, flat, scale)
+
     def _sum_in_place(
-        self, buf: torch.Tensor, comm: Comm, window: _Window, exposed: Exposed, out: torch.Tensor
+        self,
+        parts: list[torch.Tensor],
+        scale: float | None,
+        comm: Comm,
+        window: _Window,
+        exposed: Exposed,
+        out: torch.Tensor,
     ) -> None:
         """`_sum_shares` for a message whose sum the caller takes in the window, in one turn:
-        each rank says at the first barrier where its input is (`Exposed.record`), in place or
-        copied into its slot, and each sums its share from there. (The owner's memory is read
-        until the second barrier, which every rank passes only once every share is summed.)"""
-        slots = window.view(buf.dtype)[: comm.size]
-        n, scale = buf.numel(), comm.scale
-        mine = COPIED
-        if slots[comm.rank].data_ptr() != buf.data_ptr():  # not staged there already
-            mine = exposed.record(buf, _room)
-            if mine == COPIED:
-                slot = slots[comm.rank, :n]
-                if scale is None:
-                    slot.copy_(buf)
-                else:
-                    torch.mul(buf, scale, out=slot)
-        comm.traffic.bytes_sent += n * buf.element_size()
+        the concatenation of ``parts``, each times ``scale``. Each rank says at the first
+        barrier where its parts are (`Exposed.record`), in place or gathered into its slot, and
+        each sums its share from there, part by part. (An owner's memory is read until the
+        second barrier, which every rank passes only once every share is summed.)"""
+        size = out.element_size()
+        slots = window.view(out.dtype)[: comm.size]
+        n = out.numel()
+        mine = exposed.record(parts, _room)
+        copied = _exposed.copied(len(parts))
+        if mine == copied:
+            gathered(parts, slots[comm.rank, :n], scale)
+        comm.traffic.bytes_sent += n * size
         comm.traffic.messages_sent += 1
         began = time.perf_counter()
-        theirs = window.barrier.exchange(
-            comm, "waiting for the other ranks' writes in shared memory", mine
-        )
+        what = "waiting for the other ranks' writes in shared memory"
+        records = window.barrier.exchange(comm, what, mine)
         waited = time.perf_counter() - began
         comm.traffic.wait_s += waited
         if comm.traffic.first_wait_s is None:
             comm.traffic.first_wait_s = waited
-        lo, hi = split(0, n, comm.size)[comm.rank]
-        if hi > lo:  # in rank order, as `_sum_shares` sums: each operand scaled or not yet
-            operands: list[tuple[torch.Tensor, float | None]] = []
-            for rank in range(comm.size):
-                record = mine if rank == comm.rank else theirs[rank]
-                if record == COPIED:
-                    operands.append((slots[rank, lo:hi], None))
-                elif rank == comm.rank:
-                    operands.append((buf[lo:hi], scale))
-                else:
-                    source = exposed.source(rank, record)
-                    assert source is not None
-                    size = buf.element_size()
-                    operands.append((source[lo * size : hi * size].view(buf.dtype), scale))
-            sum_scaled(out[lo:hi], operands)
+        sources = {r: exposed.sources(r, record) for r, record in records.items()}
+        sources[comm.rank] = None if mine == copied else [p.view(torch.uint8) for p in parts]
+        share = split(0, n, comm.size)[comm.rank]
+        sum_share(out, [p.numel() for p in parts], scale, share, slots, sources)
         _wait(comm, window, "waiting for the other ranks' sums in shared memory")
         exposed.done()
 
@@ -348,7 +365,7 @@ def _exposes(comm: Comm, barrier: PipeBarrier) -> Exposed | None:
     """Whether the ranks can read each other's inputs where they are (`Exposed`): each shares a
     small probe holding its rank and opens every peer's. Collective; the same on every rank."""
     probe = torch.tensor([comm.rank], dtype=torch.int64)
-    mine = Exposed().record(probe, lambda: 1 << 62)  # 8 bytes: room or not, it asks nothing else
+    mine = Exposed().record([probe], lambda: 1 << 62)  # 8 bytes: room or not, it asks nothing else
     theirs = barrier.exchange(comm, "checking the ranks' shared memory", mine)
     ok = _exposed.check(mine, theirs, {peer: peer for peer in theirs})
     everyone = comm.smallest(int(ok), "checking the ranks' shared memory")

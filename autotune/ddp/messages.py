@@ -280,8 +280,9 @@ def stage(
     """Gather a fused message's ``buckets``, scaled, straight into the memory ``algo`` would copy
     them into (`AllReduceAlgorithm.stage`: `shm`'s slot), where it leaves the sum for the buckets
     to take within ``within`` bytes: one pass over the buckets where a concatenation and the
-    algorithm's copy of it were two. Only a message sent whole (under the fusion size ``limit``)
-    is staged. The staged message, or None where it is not."""
+    algorithm's copy of it were two, and none where the algorithm reads them where they are
+    (`AllReduceAlgorithm.gather`: `shm`'s ranks, where they can). Only a message sent whole
+    (under the fusion size ``limit``) is staged. The staged message, or None where it is not."""
     nbytes = sum(b.nbytes for b in buckets)
     if (
         not algo.leaves_result
@@ -291,11 +292,7 @@ def stage(
     flat = algo.stage(group, nbytes, buckets[0].buffer.dtype, within)
     if flat is None:
         return None
-    offset, scale = 0, 1.0 / world_size
-    for b in buckets:
-        n = b.buffer.numel()
-        torch.mul(b.buffer, scale, out=flat[offset : offset + n])
-        offset += n
+    algo.gather(group, [b.buffer for b in buckets], flat, 1.0 / world_size)
     return flat
 
 

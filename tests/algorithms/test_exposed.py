@@ -155,3 +155,42 @@ def _other_namespace(rank: int, world_size: int) -> dict[str, bool]:
 
 def test_ranks_that_cannot_open_each_others_memory_copy_into_their_slots() -> None:
     assert run_local(_other_namespace, 3) == [{"exact": True, "never tried": True}] * 3
+
+
+def _fused(rank: int, world_size: int, refuse: int | None, parts: int) -> dict[str, object]:
+    if rank == refuse:
+        _exposed.ROOM_FACTOR = 1 << 40
+    algo = get_algorithm("shm")
+    group = p2p_group()
+    g = torch.Generator().manual_seed(rank)
+    sizes = [(97 * k) % 1000 + 1 for k in range(1, parts + 1)]  # uneven: shares cross parts
+    inputs = [torch.randn(n, generator=g) for n in sizes]
+    total = sum(sizes)
+    out: dict[str, object] = {}
+    for round_ in range(2):
+        for x in inputs:
+            x.normal_(generator=g)
+        # As the engine sends a fused message (`autotune.ddp.messages.stage`): the slot, the
+        # parts gathered into it (or left where they are), then the sum left in the window.
+        slot = algo.stage(group, 4 * total, torch.float32, leave_within=4 * total)
+        assert slot is not None
+        algo.gather(group, inputs, slot, 1.0 / world_size)
+        pending = algo.start(slot, group, leave_within=4 * total)
+        assert pending.traffic is not None and pending.traffic.result is not None
+        expected = _reference(torch.cat(inputs), world_size)
+        out[f"bitwise {round_}"] = torch.equal(pending.traffic.result, expected)
+    out["moved"] = all(x.is_shared() for x in inputs)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("refuse", "parts"), [(None, 5), (2, 5), (None, _exposed.MAX_PARTS + 1)],
+    ids=["every rank", "rank 2 gathers", "too many parts"],
+)  # fmt: skip
+def test_a_fused_message_is_summed_from_its_parts_where_they_are(
+    refuse: int | None, parts: int
+) -> None:
+    in_place = parts <= _exposed.MAX_PARTS
+    for rank, out in enumerate(run_local(_fused, 4, refuse, parts)):
+        assert out["bitwise 0"] is True and out["bitwise 1"] is True, out
+        assert out["moved"] is (in_place and rank != refuse)
