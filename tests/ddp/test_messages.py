@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from autotune.algorithms import Pending, Traffic
+from autotune.algorithms._base import gathered
 from autotune.ddp.messages import (
     Bucket,
     Message,
@@ -97,6 +98,13 @@ class Staging:
         self.asked.append((group, nbytes, dtype, within))
         return self.slot[: nbytes // 4]
 
+    def gather(
+        self, group: Any, parts: list[torch.Tensor], flat: torch.Tensor, scale: float
+    ) -> None:
+        # As the base class does (`shm` may leave it to its start instead).
+        self.asked.append(("gather", len(parts), scale))
+        gathered(parts, flat, scale)
+
 
 def test_a_whole_message_is_gathered_scaled_into_the_algorithms_memory() -> None:
     algo = Staging()
@@ -104,7 +112,7 @@ def test_a_whole_message_is_gathered_scaled_into_the_algorithms_memory() -> None
     flat = stage(buckets, algo, "group", 96, 4, 0)  # type: ignore[arg-type]
     assert flat is not None and flat.data_ptr() == algo.slot.data_ptr()
     assert flat.tolist() == [x / 4 for x in [0, 1, 2, 0, 1, 2, 3, 4]]
-    assert algo.asked == [("group", 32, torch.float32, 96)]
+    assert algo.asked == [("group", 32, torch.float32, 96), ("gather", 2, 0.25)]
     # Cut into pieces by the fusion size, or an algorithm that copies nothing: not staged.
     assert stage(buckets, algo, "group", 96, 4, 16) is None  # type: ignore[arg-type]
     algo.leaves_result = False
