@@ -210,10 +210,9 @@ class SharedMemoryAllReduce(AllReduceAlgorithm):
         ):
             parts = [buf]
         if parts is not None:
-            assert window.exposed is not None
             at = window.take(nbytes, window.results_bytes(comm.size)) // buf.element_size()
             comm.traffic.result = area[at : at + buf.numel()]
-            self._sum_in_place(parts, scale, comm, window, window.exposed, comm.traffic.result)
+            self._sum_in_place(parts, scale, comm, window, comm.traffic.result)
             return
         taken = nbytes if leave else min(nbytes, step * buf.element_size())
         at = window.take(taken, window.results_bytes(comm.size)) // buf.element_size()
@@ -253,7 +252,6 @@ class SharedMemoryAllReduce(AllReduceAlgorithm):
         scale: float | None,
         comm: Comm,
         window: _Window,
-        exposed: Exposed,
         out: torch.Tensor,
     ) -> None:
         """`_sum_shares` for a message whose sum the caller takes in the window, in one turn:
@@ -261,22 +259,15 @@ class SharedMemoryAllReduce(AllReduceAlgorithm):
         barrier where its parts are (`Exposed.record`), in place or gathered into its slot, and
         each sums its share from there, part by part. (An owner's memory is read until the
         second barrier, which every rank passes only once every share is summed.)"""
-        size = out.element_size()
+        exposed = window.exposed
+        assert exposed is not None
         slots = window.view(out.dtype)[: comm.size]
         n = out.numel()
         mine = exposed.record(parts, _room)
         copied = _exposed.copied(len(parts))
         if mine == copied:
             gathered(parts, slots[comm.rank, :n], scale)
-        comm.traffic.bytes_sent += n * size
-        comm.traffic.messages_sent += 1
-        began = time.perf_counter()
-        what = "waiting for the other ranks' writes in shared memory"
-        records = window.barrier.exchange(comm, what, mine)
-        waited = time.perf_counter() - began
-        comm.traffic.wait_s += waited
-        if comm.traffic.first_wait_s is None:
-            comm.traffic.first_wait_s = waited
+        records = _written(comm, window, n * out.element_size(), mine)
         sources = {r: exposed.sources(r, record) for r, record in records.items()}
         sources[comm.rank] = None if mine == copied else [p.view(torch.uint8) for p in parts]
         share = split(0, n, comm.size)[comm.rank]
@@ -295,26 +286,30 @@ def _leaves(window: _Window, size: int, nbytes: int, leave_within: int | None) -
 def _put(slot: torch.Tensor, part: torch.Tensor, comm: Comm, window: _Window) -> None:
     """Write this rank's ``part`` (times ``comm.scale``) to its ``slot``; return once every rank
     has written its own."""
-    if slot.data_ptr() == part.data_ptr():
-        pass  # the caller wrote it there (`SharedMemoryAllReduce.stage`)
-    elif comm.scale is None:
-        slot.copy_(part)
-    else:
-        torch.mul(part, comm.scale, out=slot)
-    comm.traffic.bytes_sent += part.numel() * part.element_size()
+    if slot.data_ptr() != part.data_ptr():  # else the caller wrote it there (`stage`)
+        gathered([part], slot, comm.scale)
+    _written(comm, window, part.numel() * part.element_size())
+
+
+def _written(comm: Comm, window: _Window, nbytes: int, record: bytes = b"\0") -> dict[int, bytes]:
+    """Count ``nbytes`` as this rank's message, then the window's barrier that says every rank
+    has written its own (or, in ``record``, where it is: `_sum_in_place`); the peers' records."""
+    comm.traffic.bytes_sent += nbytes
     comm.traffic.messages_sent += 1
-    waited = _wait(comm, window, "waiting for the other ranks' writes in shared memory")
-    if comm.traffic.first_wait_s is None:
-        comm.traffic.first_wait_s = waited
+    return _wait(comm, window, "waiting for the other ranks' writes in shared memory", record)
 
 
-def _wait(comm: Comm, window: _Window, what: str) -> float:
-    """The window's barrier; the seconds it kept this rank, added to ``comm.traffic``."""
+def _wait(comm: Comm, window: _Window, what: str, record: bytes = b"\0") -> dict[int, bytes]:
+    """The window's barrier, sending ``record`` (`PipeBarrier.exchange`); the peers' records.
+    The seconds it kept this rank are added to ``comm.traffic`` (and are the message's first
+    wait, where it had none yet)."""
     began = time.perf_counter()
-    window.barrier.wait(comm, what)
+    records = window.barrier.exchange(comm, what, record)
     waited = time.perf_counter() - began
     comm.traffic.wait_s += waited
-    return waited
+    if comm.traffic.first_wait_s is None:
+        comm.traffic.first_wait_s = waited
+    return records
 
 
 def forget_window(group: ProcessGroup) -> None:
