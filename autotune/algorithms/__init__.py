@@ -8,7 +8,13 @@ when); more arrive through `register` or the ``autotune.algorithms`` entry-point
 
 from __future__ import annotations
 
-from autotune.algorithms._base import SUPPORTED_DTYPES, AllReduceAlgorithm, Pending, check_tensor
+from autotune.algorithms._base import (
+    SUPPORTED_DTYPES,
+    AllReduceAlgorithm,
+    Pending,
+    at_storage_start,
+    check_tensor,
+)
 from autotune.algorithms._choice import (
     COMPRESSIBLE,
     WIRES,
@@ -95,6 +101,7 @@ __all__ = [
     "TreeAllReduce",
     "TwoTreeAllReduce",
     "agreed",
+    "at_storage_start",
     "available",
     "backend_for",
     "binary_tree",

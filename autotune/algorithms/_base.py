@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import abc
-import dataclasses
 import zlib
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -19,7 +18,7 @@ from autotune.comm.groups import Comm, Traffic, connect, ensure_ready
 if TYPE_CHECKING:
     from autotune.algorithms._choice import Choice
 
-__all__ = ["SUPPORTED_DTYPES", "AllReduceAlgorithm", "Pending"]
+__all__ = ["SUPPORTED_DTYPES", "AllReduceAlgorithm", "Pending", "at_storage_start"]
 
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (
     torch.float32,
@@ -179,8 +178,6 @@ class AllReduceAlgorithm(abc.ABC):
         check_segment_bytes(segment_bytes)
         comm = self.connect(group, tensor.device)
         size, backend = comm.size, comm.backend
-        # What this rank sends is ours to count, unless the backend runs the whole collective.
-        traffic = None if self.asynchronous else comm.traffic
         if dist.get_debug_level() == dist.DebugLevel.DETAIL:
             _check_same_call(tensor, segment_bytes, self.name, comm)
         flat = tensor.view(-1)
@@ -188,11 +185,13 @@ class AllReduceAlgorithm(abc.ABC):
         if scale is not None and not fold:
             with torch.no_grad():
                 flat.mul_(scale)
-        if size == 1 or tensor.numel() == 0:
-            return Pending(traffic=traffic)
         if fold or leave_within is not None:
             leave = leave_within if self.leaves_result and not flat.is_cuda else None
-            comm = dataclasses.replace(comm, scale=scale if fold else None, leave_within=leave)
+            comm = comm.again(scale if fold else None, leave)
+        # What this rank sends is ours to count, unless the backend runs the whole collective.
+        traffic = None if self.asynchronous else comm.traffic
+        if size == 1 or tensor.numel() == 0:
+            return Pending(traffic=traffic)
         segment_elems = max(1, segment_bytes // tensor.element_size())
         with torch.no_grad():
             if flat.is_cuda and backend == "gloo" and not self.asynchronous:
@@ -221,8 +220,6 @@ class AllReduceAlgorithm(abc.ABC):
         of autotune's own (`p2p_group`): only for collectives issued where ``group``'s others
         are, in the same order on every rank, as DDP issues its all-reduces from backward.
         """
-        if group is not None and dist.get_rank(group) < 0:
-            raise ValueError("this rank is not a member of the process group passed to all_reduce")
         timeout = None if self.timeout_s is None else timedelta(seconds=self.timeout_s)
         comm = connect(group, device, self.name, timeout, dedicated=dedicated)
         if comm.size > 1:
@@ -348,3 +345,15 @@ def gathered(parts: list[torch.Tensor], flat: torch.Tensor, scale: float | None)
         else:
             torch.mul(part, scale, out=flat[offset : offset + n])
         offset += n
+
+
+def at_storage_start(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (flat, contiguous) as a tensor whose storage starts at its first element, sharing
+    its memory. DDP reads a hook's result with ``as_strided`` at each gradient's offset in the
+    bucket, which counts from the storage's start, not the tensor's: a slice of a larger
+    tensor would be read from the wrong place."""
+    if t.storage_offset() == 0:
+        return t
+    start = t.storage_offset() * t.element_size()
+    storage = t.untyped_storage()[start : start + t.numel() * t.element_size()]
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(storage)

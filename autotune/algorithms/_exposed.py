@@ -33,7 +33,17 @@ from typing import cast
 
 import torch
 
-__all__ = ["MAX_PARTS", "Deferred", "Exposed", "copied", "exact", "record_bytes", "sum_share"]
+__all__ = [
+    "MAX_PARTS",
+    "Deferred",
+    "Exposed",
+    "Operands",
+    "copied",
+    "exact",
+    "record_bytes",
+    "share_operands",
+    "sum_share",
+]
 
 #: A record: in place or copied, the owner's pid, how many parts; then per part where it is
 #: (the storage's descriptor at its owner, the file's inode, the storage's bytes, the part's
@@ -48,6 +58,10 @@ MAX_PARTS = (select.PIPE_BUF - _HEAD.size) // _PART.size
 IDLE_MESSAGES = 1024
 #: Memory is moved into ``/dev/shm`` only where twice its size is free there.
 ROOM_FACTOR = 2
+
+#: Where a share's part is summed (elements from, to, of the message) and its operands, one
+#: per rank in rank order, each with its scale (None: as it is).
+Operands = list[tuple[int, int, list[tuple[torch.Tensor, float | None]]]]
 
 
 def record_bytes(parts: int) -> int:
@@ -83,6 +97,9 @@ class Exposed:
     def __init__(self) -> None:
         self._mine: dict[int, _Mine] = {}  # by the storage's data pointer
         self._theirs: dict[tuple[int, int], _Mapped] = {}  # by (peer, inode)
+        #: Each message's operands, by what every rank's record said and what is summed: a
+        #: model sends the same buckets every iteration, so their views are made once.
+        self._shares: dict[tuple[object, ...], _Share] = {}
         self._messages = 0
 
     def record(self, parts: list[torch.Tensor], room: Callable[[], int]) -> bytes:
@@ -117,11 +134,13 @@ class Exposed:
         self._mine[storage.data_ptr()] = mine
         return mine
 
-    def sources(self, peer: int, record: bytes) -> list[torch.Tensor] | None:
+    def sources(
+        self, peer: int, record: bytes, read: list[_Mapped] | None = None
+    ) -> list[torch.Tensor] | None:
         """Peer ``peer``'s parts as its ``record`` says where: each its storage (uint8, flat)
-        from the part's first byte on, mapped here the first time; None where the peer copied
-        them into its slot. Raises `RuntimeError` where the record names a file this rank
-        cannot open."""
+        from the part's first byte on, mapped here the first time (and added to ``read``);
+        None where the peer copied them into its slot. Raises `RuntimeError` where the record
+        names a file this rank cannot open."""
         kind, pid, count = _HEAD.unpack_from(record)
         if kind == _COPIED:
             return None
@@ -134,12 +153,50 @@ class Exposed:
                 self._theirs[(peer, ino)] = mapped
             mapped.used = self._messages
             out.append(mapped.base[offset:])
+            if read is not None:
+                read.append(mapped)
         return out
 
+    def operands(
+        self,
+        mine: bytes,
+        theirs: dict[int, bytes],
+        parts: list[torch.Tensor],
+        scale: float | None,
+        share: tuple[int, int],
+        slots: torch.Tensor,
+    ) -> Operands:
+        """`share_operands` for a message of ``parts``, this rank's, whose record was ``mine``
+        and its peers' ``theirs`` (by rank) at its first barrier: made once for the same
+        records and share, then kept while in use (a model sends the same buckets each
+        iteration)."""
+        rank = next(r for r in range(len(theirs) + 1) if r not in theirs)
+        records = [theirs.get(r, mine) for r in range(len(theirs) + 1)]
+        key = (*records, scale, share, slots.dtype, slots.data_ptr(), *(p.numel() for p in parts))
+        found = self._shares.get(key)
+        if found is None:
+            own = None if mine == copied(len(parts)) else [p.view(torch.uint8) for p in parts]
+            read: list[_Mapped] = []
+            sources = [
+                own if r == rank else self.sources(r, record, read)
+                for r, record in enumerate(records)
+            ]
+            sizes = [p.numel() for p in parts]
+            found = _Share(share_operands(sizes, scale, share, slots, sources), read)
+            self._shares[key] = found
+        found.used = self._messages
+        for m in found.mapped:
+            m.used = self._messages
+        return found.operands
+
     def done(self) -> None:
-        """A message is done: unmap the peers' storages not read for `IDLE_MESSAGES`."""
+        """A message is done: unmap the peers' storages not read for `IDLE_MESSAGES`, and
+        forget the operands not summed for as long (they hold the storages)."""
         self._messages += 1
-        idle = [k for k, m in self._theirs.items() if self._messages - m.used > IDLE_MESSAGES]
+        now = self._messages
+        for key in [k for k, share in self._shares.items() if now - share.used > IDLE_MESSAGES]:
+            del self._shares[key]
+        idle = [k for k, m in self._theirs.items() if now - m.used > IDLE_MESSAGES]
         for key in idle:
             del self._theirs[key]
 
@@ -153,6 +210,15 @@ class Exposed:
 
 
 @dataclass
+class _Share:
+    """A message's operands as this rank sums its share, and the peers' storages among them."""
+
+    operands: Operands
+    mapped: list[_Mapped]
+    used: int = 0  # the message that last summed them
+
+
+@dataclass
 class Deferred:
     """``parts`` a caller gathers, times ``scale``, into the slot at ``slot`` (a data pointer),
     left to the `start` on that slot that follows (`SharedMemoryAllReduce.gather`)."""
@@ -162,35 +228,41 @@ class Deferred:
     scale: float
 
 
-def sum_share(
-    out: torch.Tensor,
+def share_operands(
     sizes: list[int],
     scale: float | None,
     share: tuple[int, int],
     slots: torch.Tensor,
-    sources: dict[int, list[torch.Tensor] | None],
-) -> None:
-    """Sum this rank's ``share`` (elements lo to hi) of a message of parts of ``sizes``
-    elements into ``out`` (the whole message's result), in rank order: from each rank's
-    ``sources``, its parts as bytes from each part's first on (times ``scale``), or, where None,
-    its row of ``slots`` (scaled already). Part by part, so that a part's operands are views."""
+    sources: list[list[torch.Tensor] | None],
+) -> Operands:
+    """What this rank sums for its ``share`` (elements lo to hi) of a message of parts of
+    ``sizes`` elements, in ``slots``' dtype: from each rank's ``sources`` (by rank), its parts
+    as bytes from each part's first on (times ``scale``), or, where None, its row of ``slots``
+    (scaled already). Part by part, so that a part's operands are views."""
     lo, hi = share
-    size = out.element_size()
+    dtype, size = slots.dtype, slots.element_size()
+    out: Operands = []
     begin = 0
     for i, numel in enumerate(sizes):
         end = begin + numel
         a, b = max(begin, lo), min(end, hi)
         if b > a:
             operands: list[tuple[torch.Tensor, float | None]] = []
-            for rank in range(len(sources)):
-                source = sources[rank]
+            for rank, source in enumerate(sources):
                 if source is None:
                     operands.append((slots[rank, a:b], None))
                 else:
                     there = source[i][(a - begin) * size : (b - begin) * size]
-                    operands.append((there.view(out.dtype), scale))
-            sum_scaled(out[a:b], operands)
+                    operands.append((there.view(dtype), scale))
+            out.append((a, b, operands))
         begin = end
+    return out
+
+
+def sum_share(out: torch.Tensor, operands: Operands) -> None:
+    """Sum a share's ``operands`` (`share_operands`) into ``out``, the whole message's result."""
+    for a, b, each in operands:
+        sum_scaled(out[a:b], each)
 
 
 def sum_scaled(out: torch.Tensor, operands: list[tuple[torch.Tensor, float | None]]) -> None:

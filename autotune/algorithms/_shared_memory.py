@@ -27,7 +27,8 @@ import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import cast
 
 import torch
@@ -35,7 +36,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from autotune.algorithms import _exposed
-from autotune.algorithms._base import AllReduceAlgorithm, gathered
+from autotune.algorithms._base import AllReduceAlgorithm, at_storage_start, gathered
 from autotune.algorithms._exposed import MAX_PARTS, Deferred, Exposed, exact, sum_share
 from autotune.algorithms._pipes import PipeBarrier
 from autotune.algorithms._transport import split
@@ -63,6 +64,8 @@ _PREFIXES = ("autotune-shm-", "autotune-probe-")
 _STALE_AFTER_S = 60
 #: Where results start in the result area: a multiple of this many bytes (a cache line).
 _ALIGN = 64
+#: A window's views kept (`_Window._made`) before it makes them anew: a job needs a few.
+_MAX_VIEWS = 1024
 
 
 @dataclass
@@ -83,17 +86,33 @@ class _Window:
     cursor: int = 0
     exposed: Exposed | None = None
     deferred: Deferred | None = None
+    #: Views of the window, by what they are of (`_made`): every message asks for its own.
+    _views: dict[object, torch.Tensor] = field(default_factory=dict)
+
+    def _made(self, key: object, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) > _MAX_VIEWS:
+                self._views.clear()
+            view = self._views[key] = make()
+        return view
 
     def view(self, dtype: torch.dtype) -> torch.Tensor:
-        return self.base.view(dtype).view(self.regions, -1)
+        return self._made(dtype, lambda: self.base.view(dtype).view(self.regions, -1))
 
     def results(self, size: int, dtype: torch.dtype) -> torch.Tensor:
         """The result area of a window of ``size`` > 2 ranks, flat, in ``dtype``."""
-        return self.base[size * self.slot_bytes :].view(dtype)
+        return self._made((size, dtype), lambda: self.base[size * self.slot_bytes :].view(dtype))
 
     def results_bytes(self, size: int) -> int:
         """The result area's size, in bytes, of a window of ``size`` > 2 ranks."""
         return self.base.numel() - size * self.slot_bytes
+
+    def result(self, size: int, at: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """``numel`` elements of ``dtype`` from element ``at`` of the result area (``size`` >
+        2 ranks), as a tensor whose storage starts there: what DDP reads a result as."""
+        area = self.results(size, dtype)
+        return self._made((at, numel, dtype), lambda: at_storage_start(area[at : at + numel]))
 
     def take(self, nbytes: int, area_bytes: int) -> int:
         """Where in the result area a result of ``nbytes`` goes (bytes): after the last one, or
@@ -211,7 +230,7 @@ class SharedMemoryAllReduce(AllReduceAlgorithm):
             parts = [buf]
         if parts is not None:
             at = window.take(nbytes, window.results_bytes(comm.size)) // buf.element_size()
-            comm.traffic.result = area[at : at + buf.numel()]
+            comm.traffic.result = window.result(comm.size, at, buf.numel(), buf.dtype)
             self._sum_in_place(parts, scale, comm, window, comm.traffic.result)
             return
         taken = nbytes if leave else min(nbytes, step * buf.element_size())
@@ -259,19 +278,15 @@ class SharedMemoryAllReduce(AllReduceAlgorithm):
         barrier where its parts are (`Exposed.record`), in place or gathered into its slot, and
         each sums its share from there, part by part. (An owner's memory is read until the
         second barrier, which every rank passes only once every share is summed.)"""
-        exposed = window.exposed
+        exposed, n = window.exposed, out.numel()
         assert exposed is not None
         slots = window.view(out.dtype)[: comm.size]
-        n = out.numel()
         mine = exposed.record(parts, _room)
-        copied = _exposed.copied(len(parts))
-        if mine == copied:
+        if mine == _exposed.copied(len(parts)):
             gathered(parts, slots[comm.rank, :n], scale)
-        records = _written(comm, window, n * out.element_size(), mine)
-        sources = {r: exposed.sources(r, record) for r, record in records.items()}
-        sources[comm.rank] = None if mine == copied else [p.view(torch.uint8) for p in parts]
+        theirs = _written(comm, window, n * out.element_size(), mine)
         share = split(0, n, comm.size)[comm.rank]
-        sum_share(out, [p.numel() for p in parts], scale, share, slots, sources)
+        sum_share(out, exposed.operands(mine, theirs, parts, scale, share, slots))
         _wait(comm, window, "waiting for the other ranks' sums in shared memory")
         exposed.done()
 

@@ -109,6 +109,23 @@ class Comm:
     def global_rank(self, peer: int) -> int:
         return dist.get_global_rank(self.group, peer)
 
+    def again(self, scale: float | None = None, leave_within: int | None = None) -> Comm:
+        """The same connection for another message: no traffic yet, with ``scale`` and
+        ``leave_within``. (Built field by field: `dataclasses.replace` costs several times
+        as much, and an algorithm's `start` makes one per message.)"""
+        return Comm(
+            self.group,
+            self.rank,
+            self.size,
+            self.backend,
+            self.algorithm,
+            self.timeout,
+            Traffic(),
+            self.collective,
+            scale,
+            leave_within,
+        )
+
     def wait(self, work: dist.Work, what: str, peer: int | None = None) -> None:
         """Wait for ``work``; a failure or timeout becomes a `PeerError` saying what was pending
         (``peer``: the group rank it waited on, if one)."""
@@ -328,6 +345,7 @@ def forget_p2p_group(group: ProcessGroup | None = None, channel: int = 0) -> Pro
         dropped = _p2p_groups.pop((base.group_name, channel), None)
         if dropped is not None:
             _p2p_dropped.add(dropped.group_name)
+            _connected.clear()
     if dropped is not None:
         for forget in _on_forget:
             forget(dropped)
@@ -353,7 +371,37 @@ def connect(
     dedicated: bool = True,
 ) -> Comm:
     """Where ``algorithm`` talks for ``group``: its dedicated group (or, ``dedicated`` False,
-    ``group`` itself), this rank, the backend."""
+    ``group`` itself), this rank, the backend. Looked up once per (group, device, algorithm,
+    timeout, collective), then kept (`_connected`) until the world or a dedicated group goes:
+    every message an algorithm starts asks."""
+    world = dist.group.WORLD
+    base = world if group is None else group
+    key = (base, device, algorithm, timeout, collective, dedicated)
+    if _connected_world[0] is not world:
+        _connected.clear()
+        _connected_world[0] = world
+    kept = _connected.get(key)
+    if kept is None:
+        kept = _connected[key] = _connect(group, device, algorithm, timeout, collective, dedicated)
+    return kept.again()
+
+
+#: What `connect` found, by what it was asked; cleared for a new world and whenever
+#: `forget_p2p_group` drops a dedicated group (a message after that must not reach it).
+_connected: dict[tuple[object, ...], Comm] = {}
+_connected_world: list[ProcessGroup | None] = [None]
+
+
+def _connect(
+    group: ProcessGroup | None,
+    device: torch.device,
+    algorithm: str,
+    timeout: timedelta | None,
+    collective: str,
+    dedicated: bool,
+) -> Comm:
+    if group is not None and dist.get_rank(group) < 0:
+        raise ValueError(f"this rank is not a member of the process group passed to {collective}")
     if not dedicated:
         base = dist.group.WORLD if group is None else group
         assert base is not None, "the default process group is not initialised"
@@ -391,8 +439,10 @@ def ensure_ready(comm: Comm, device: torch.device) -> None:
     tree's first round leaves some ranks idle. All ranks call this at their first all-reduce on
     the group, so the one-element all-reduce lines up everywhere.
     """
+    if comm.backend != "nccl":
+        return
     key = (comm.group.group_name, str(device))
-    if comm.backend != "nccl" or key in _ready:
+    if key in _ready:
         return
     zero = torch.zeros(1, device=device)
     comm.run(

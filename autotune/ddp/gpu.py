@@ -70,11 +70,10 @@ class Gpu:
             yield stream
 
 
-@contextlib.contextmanager
-def side(gpu: Gpu | None) -> Iterator[Any]:
-    """``gpu``'s side stream made current (yielded, `Gpu.side`); None off CUDA (``gpu`` None)."""
-    if gpu is None:
-        yield None
-        return
-    with gpu.side() as stream:
-        yield stream
+def side(gpu: Gpu | None) -> contextlib.AbstractContextManager[Any]:
+    """``gpu``'s side stream made current (entered, it gives the stream, `Gpu.side`); None off
+    CUDA (``gpu`` None). The engine enters it for every message, on both its threads."""
+    return _NO_STREAM if gpu is None else gpu.side()
+
+
+_NO_STREAM = contextlib.nullcontext()

@@ -72,11 +72,14 @@ class Lane:
         choice = plan.choice(nbytes)
         if choice.wire is not None:
             return None  # the general path sends a cast copy
-        message = Message([bucket], bucket.buffer, algorithm=choice.algorithm)
         try:
             connection = self.connection(choice.algorithm, bucket.buffer.device)
-            if connection is None:
-                return None
+        except BaseException as exc:
+            return Message([bucket], bucket.buffer, algorithm=choice.algorithm, error=exc)
+        if connection is None:
+            return None  # Python-driven: the engine's general path
+        message = Message([bucket], bucket.buffer, algorithm=choice.algorithm)
+        try:
             algo, comm = connection
             if comm.backend == "nccl" and not self.whole(plan, fusion_bytes):
                 return None

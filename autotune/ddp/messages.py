@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.distributed import ProcessGroup
 
-from autotune.algorithms import AllReduceAlgorithm, Pending, split
+from autotune.algorithms import AllReduceAlgorithm, Pending, at_storage_start, split
 from autotune.ddp.gpu import Gpu
 from autotune.ddp.kernel_clock import KernelClock, Ticket
 from autotune.ddp.stats import MessageRecord
@@ -179,18 +179,6 @@ class Message:
             n = b.buffer.numel()
             b.result = at_storage_start(self.flat[offset : offset + n])
             offset += n
-
-
-def at_storage_start(t: torch.Tensor) -> torch.Tensor:
-    """``t`` (flat, contiguous) as a tensor whose storage starts at its first element, sharing
-    its memory. DDP reads a hook's result with ``as_strided`` at each gradient's offset in the
-    bucket, which counts from the storage's start, not the tensor's: a slice of a larger
-    tensor would be read from the wrong place."""
-    if t.storage_offset() == 0:
-        return t
-    start = t.storage_offset() * t.element_size()
-    storage = t.untyped_storage()[start : start + t.numel() * t.element_size()]
-    return torch.empty(0, dtype=t.dtype, device=t.device).set_(storage)
 
 
 def joins(pending: list[Bucket], bucket: Bucket, limit: int) -> bool:
