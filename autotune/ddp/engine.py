@@ -13,7 +13,7 @@ the submitting thread, completed by the backend's own callback. How buckets beco
 what a message measured, is `autotune.ddp.messages`. Plan switches stay in step on every rank
 because, where the tuner announced one (`Engine.switch_at`), an iteration's first bucket waits
 until the completing thread has handled the previous iteration's end (`IterationEnd`, where the
-switch happens); elsewhere that thread may fall up to two iterations behind.
+switch happens); elsewhere that thread may lag up to two iterations (`autotune.ddp.progress`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -45,11 +46,16 @@ from autotune.ddp.messages import (
     stage,
     stamp,
 )
+from autotune.ddp.progress import Progress
 from autotune.ddp.stats import IterationRecord
 from autotune.ddp.step_clock import DeviceEvent, StepClock
 from autotune.plan import Plan
 
 __all__ = ["Engine"]
+
+#: The engines open in this process. The last message runs on the autograd thread only where
+#: one is (`Engine._dispatch`): in one backward of several hooked models, the others may not.
+_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
 class Engine:
@@ -110,18 +116,13 @@ class Engine:
         self.step_clock: StepClock | None = None
         self._completed_at = 0.0  # when the latest bucket's future completed (completing thread)
         self._lock = threading.Lock()
-        # Iterations: whose last bucket was submitted, whose IterationEnd listeners have run, and
-        # whose IterationDone listeners have run (the latter two counted by the completing thread).
-        self._submitted = 0
-        self._ended = 0
-        self._done = 0
-        self._open = False  # an iteration's buckets are being submitted
-        self._switches: set[int] = set()  # iterations at whose end the plan may change
-        self._progress = threading.Condition(threading.Lock())
+        self._progress = Progress()
         self._completing = threading.Lock()  # one of set_result / set_exception per future
         # Started messages whose futures the backend completes, handed to the completing thread
         # together (at the last bucket, or before anything else): it wakes once an iteration.
         self._held: list[Message] = []
+        self._run_here: list[Bucket] | None = None  # to run on the submitting thread: `_dispatch`
+        self.ran_here_s = 0.0  # seconds the latest `submit` ran a message there
         self._lane = Lane(group, world_size, algorithm_for, self._completing)
         self._casts = 0  # pieces sent on a compressed wire (the start thread's count)
         self._closing = False
@@ -135,6 +136,7 @@ class Engine:
         ]
         for t in self._threads:
             t.start()
+        _engines.add(self)
 
     def subscribe(self, listener: Listener) -> None:
         """Tell ``listener`` every `autotune.ddp.events.Event`, on the finishing thread, in order:
@@ -147,9 +149,7 @@ class Engine:
 
     def submit(self, buffer: torch.Tensor, is_last: bool) -> torch.futures.Future[torch.Tensor]:
         """Queue ``buffer`` (flat) to be averaged over the group; the future completes with it."""
-        if not self._open:
-            self._open = True
-            self._wait_for_plan(self._submitted + 1)
+        self._progress.bucket()
         if self.device is None:
             self.device, self.dtype = buffer.device, buffer.dtype
             if self.gpu is None:
@@ -163,7 +163,7 @@ class Engine:
         future: torch.futures.Future[torch.Tensor] = (
             torch.futures.Future() if self.gpu is None else self.gpu.future()
         )
-        bucket = Bucket(buffer, future, is_last, self._submitted)
+        bucket = Bucket(buffer, future, is_last, self._progress.submitted)
         with self._lock:
             if self._error is not None:
                 self._fail(future, self._error)
@@ -184,42 +184,41 @@ class Engine:
                 self._last_bucket_at = time.perf_counter()
                 self._flush()
                 self._release()
-        if is_last:
-            self._open = False
-            with self._progress:
-                self._submitted += 1
+        try:
+            self.ran_here_s = 0.0 if self._run_here is None else self._run_last_here()
+        finally:
+            if is_last:
+                self._progress.submitted_one()
         return future
+
+    def _run_last_here(self) -> float:
+        """Run the iteration's last message here (`_dispatch` says when); its seconds. A
+        KeyboardInterrupt is the user's: it goes on up through backward, and the message fails
+        with a RuntimeError saying so (a future takes no other kind)."""
+        buckets, self._run_here, begin = self._run_here, None, time.perf_counter()
+        assert buckets is not None
+        started = self._started(buckets)
+        took = time.perf_counter() - begin
+        interrupt = None if isinstance(started.error, Exception) else started.error
+        if interrupt is not None:
+            name = type(interrupt).__name__
+            started.error = RuntimeError(f"autotune: the last message was interrupted ({name})")
+            started.error.__cause__ = interrupt
+        self._to_finish.put(started)
+        if interrupt is not None:
+            raise interrupt
+        return took
 
     @property
     def submitted(self) -> int:
         """Iterations whose last bucket was submitted (read it on the submitting thread)."""
-        return self._submitted
+        return self._progress.submitted
 
     def switch_at(self, iteration: int) -> None:
         """The plan may change at the end of ``iteration`` (a listener will switch it there, at
         `IterationEnd`): the next iteration's first bucket waits for that end. Say so by the
         end of the iteration before it (at its `IterationDone`)."""
-        with self._progress:
-            self._switches.add(iteration)
-
-    def _wait_for_plan(self, iteration: int) -> None:
-        """Before ``iteration``'s first bucket: make sure it runs the plan every rank runs.
-
-        The completing thread is always let get two iterations behind (it has handled the
-        `IterationDone` that would have announced a switch); it must have handled the previous
-        iteration's end only where the plan may switch there. Waiting at every iteration would
-        tie each step to that thread's scheduling (milliseconds on an oversubscribed CPU).
-        """
-        previous = iteration - 1
-
-        def ready() -> bool:
-            if self._done < iteration - 2:
-                return False
-            return previous not in self._switches or self._ended >= previous
-
-        self._wait_for(ready)
-        with self._progress:
-            self._switches.discard(previous)
+        self._progress.switch_at(iteration)
 
     def forget_step(self) -> None:
         """The next iteration's step is not timed: the model ran iterations without the hook
@@ -231,22 +230,23 @@ class Engine:
     def settle(self, timeout_s: float | None = None) -> bool:
         """Wait until every submitted iteration has been handled on the completing thread (its
         records and events are out): True, or False at the timeout. A failure settles it too."""
-        return self._wait_for(lambda: self._done >= self._submitted, timeout_s)
-
-    def _wait_for(self, progress: Callable[[], bool], timeout_s: float | None = None) -> bool:
-        with self._progress:
-            return self._progress.wait_for(lambda: progress() or self._error is not None, timeout_s)
+        return self._progress.settle(timeout_s)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the workers once they have run what is queued (or at the timeout)."""
         with self._lock:
             self._closing = True  # what is flushed here is not on the autograd thread
+            _engines.discard(self)
             self._flush()
             self._release()
         self._to_start.put(None)
         deadline = time.monotonic() + timeout_s
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
+
+    @property
+    def _alone(self) -> bool:  # the process's only engine, open, on CPU
+        return self.gpu is None and not self._closing and len(_engines) == 1
 
     @property
     def error(self) -> BaseException | None:
@@ -264,7 +264,10 @@ class Engine:
         Called with the lock held. An asynchronous algorithm (the backend's own collective) is
         started on the submitting thread, as DDP starts its own all-reduces: a hop to the start
         thread would cost a thread wake-up per message. Anything Python-driven goes to the start
-        thread, so the autograd thread never runs it.
+        thread, so that backward goes on computing; but an iteration's last message on CPU with
+        nothing ahead of it runs on the autograd thread (`submit`, once the lock is let go):
+        backward only waits for it, and the start thread's wake-up takes a millisecond or more
+        where the ranks' backward keeps the cores busy (docs/BENCHMARKS.md, "Where it runs").
         """
         # Whether a message takes the lane depends on the plan and the bucket only, the same on
         # every rank: the lane and the rest talk on different groups. (Not at close: no backward.)
@@ -284,6 +287,8 @@ class Engine:
         self._release()  # ahead of what this puts, or the start thread will
         if inline:
             self._to_finish.put(self._started(buckets))
+        elif buckets[-1].is_last and self._starting == 0 and self._alone:
+            self._run_here = buckets
         else:
             self._starting += 1
             self._to_start.put(buckets)
@@ -414,8 +419,7 @@ class Engine:
                 error = self._error
                 stranded, self._pending = self._pending, []  # submitted after the failure
             assert error is not None
-            with self._progress:
-                self._progress.notify_all()  # a submit or settle waiting on this thread
+            self._progress.fail()  # a submit or settle waiting on this thread
             if first:
                 self._emit(Failure(error))
             for b in [*started.buckets, *stranded]:
@@ -465,9 +469,7 @@ class Engine:
                 self._emit(IterationEnd(self.iteration, exposed, step, step_of))
                 took = time.perf_counter() - begin
                 self._emit(IterationRecord(self.iteration, exposed, took))
-                with self._progress:
-                    self._ended += 1
-                    self._progress.notify_all()
+                self._progress.ended_one()
             if started.sparse:
                 future = started.pieces[0].pending.future
                 assert future is not None
@@ -485,9 +487,7 @@ class Engine:
                 self._emit(piece.record(took, iteration, self.world_size, "cuda", kernel))
             if buckets[-1].is_last:
                 self._emit(IterationDone(self.iteration))
-                with self._progress:
-                    self._done += 1
-                    self._progress.notify_all()
+                self._progress.done_one()
 
     def _fail(self, future: torch.futures.Future[torch.Tensor], error: BaseException) -> None:
         # A listener after the last bucket's result (IterationDone) can fail once its futures

@@ -109,7 +109,7 @@ class PlainCheck:
     def _switch(self, hooked: bool) -> bool:
         """Put the reducer for ``hooked`` in place; False if that failed (the check against plain
         DDP stops, the reducer as it was). The hooked blocks are not made to wait for the engine's
-        listeners (the training thread never does, `Engine._wait_for_plan`): only a switch does."""
+        listeners (the training thread never does, `Progress.wait_for_plan`): only a switch does."""
         if hooked == self.hooked:
             return True
         self._settle()

@@ -216,10 +216,90 @@ def test_submit_returns_before_the_message_runs() -> None:
         plan=Plan(Choice("recording")),
         algorithm_for=lambda name: algo,
     )
-    fut = engine.submit(torch.ones(4), is_last=True)
+    fut = engine.submit(torch.ones(4), is_last=False)
     assert not fut.done()  # the caller (autograd) is free while the message waits
     gate.set()
     assert fut.wait().eq(1).all()
+    engine.close()
+
+
+class Held(Recording):
+    """Starts each message once ``gate`` is open, noting on which thread, and takes
+    ``seconds`` (the last message's start raises ``interrupt`` where one is given)."""
+
+    def __init__(self, gate: threading.Event, seconds: float = 0.0) -> None:
+        super().__init__(world_size=2)
+        self.gate, self.seconds = gate, seconds
+        self.threads: list[str] = []
+        self.interrupt: BaseException | None = None
+
+    def start(  # type: ignore[no-untyped-def]
+        self, tensor, group=None, *, segment_bytes=None, scale=None, leave_within=None
+    ) -> Pending:
+        assert self.gate.wait(10)
+        self.threads.append(threading.current_thread().name)
+        time.sleep(self.seconds)
+        if self.interrupt is not None:
+            raise self.interrupt
+        return super().start(tensor)
+
+
+def held_engine(algo: Held) -> Engine:
+    return Engine(
+        group=None,  # type: ignore[arg-type]
+        world_size=2,
+        plan=Plan(Choice("recording")),
+        algorithm_for=lambda name: algo,
+    )
+
+
+def test_the_last_message_runs_on_the_submitting_thread_where_nothing_is_ahead() -> None:
+    gate = threading.Event()
+    gate.set()
+    algo = Held(gate, seconds=0.05)
+    engine = held_engine(algo)
+    here = threading.current_thread().name
+    first = engine.submit(torch.ones(4), is_last=False)
+    assert first.wait().eq(1).all()  # the start thread has nothing left
+    assert engine.ran_here_s == 0.0
+    last = engine.submit(torch.ones(6), is_last=True)
+    # Backward has nothing left but to wait for it: it ran here, and the submit took its time.
+    assert algo.threads == ["autotune-start", here]
+    assert engine.ran_here_s >= 0.05
+    assert last.wait().eq(1).all()
+    assert engine.settle(10)
+    engine.close()
+
+
+def test_the_last_message_waits_its_turn_behind_one_still_starting() -> None:
+    gate = threading.Event()
+    algo = Held(gate)
+    engine = held_engine(algo)
+    futures = [engine.submit(torch.ones(n), is_last=n == 6) for n in (4, 6)]
+    assert engine.ran_here_s == 0.0 and not futures[1].done()  # behind the first, in order
+    gate.set()
+    assert [f.wait().numel() for f in futures] == [4, 6]
+    engine.close()
+    assert algo.threads == ["autotune-start", "autotune-start"]
+    assert algo.messages == [16, 24]
+
+
+def test_an_interrupt_in_the_last_message_goes_up_through_backward() -> None:
+    gate = threading.Event()
+    gate.set()
+    algo = Held(gate)
+    algo.interrupt = KeyboardInterrupt()
+    engine = held_engine(algo)
+    with pytest.raises(KeyboardInterrupt):
+        engine.submit(torch.ones(4), is_last=True)
+    assert engine.settle(10)
+    # The engine stops there, saying why (a future fails with an Exception only).
+    assert isinstance(engine.error, RuntimeError)
+    assert "the last message was interrupted (KeyboardInterrupt)" in str(engine.error)
+    assert isinstance(engine.error.__cause__, KeyboardInterrupt)
+    later = engine.submit(torch.ones(4), is_last=False)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        later.wait()
     engine.close()
 
 
