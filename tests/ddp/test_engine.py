@@ -64,6 +64,17 @@ def make_engine(fusion_bytes: int, world_size: int = 4, fail_at: int | None = No
     return engine, algo, recorder
 
 
+def on_two_ranks(algo: AllReduceAlgorithm, name: str = "recording", **options: Any) -> Engine:
+    """An engine of 2 ranks whose every message runs ``algo`` (named ``name``)."""
+    return Engine(
+        group=None,  # type: ignore[arg-type]
+        world_size=2,
+        plan=Plan(Choice(name)),
+        algorithm_for=lambda _: algo,
+        **options,
+    )
+
+
 def submit_iteration(engine: Engine, sizes: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Submit float32 buckets of ``sizes`` elements, then wait, as DDP does (a fused bucket's
     future completes only once a later bucket or the last one flushes it); return (input, result).
@@ -209,13 +220,7 @@ def test_submit_returns_before_the_message_runs() -> None:
             gate.wait(10)
             return super().start(tensor)
 
-    algo = Slow(2)
-    engine = Engine(
-        group=None,  # type: ignore[arg-type]
-        world_size=2,
-        plan=Plan(Choice("recording")),
-        algorithm_for=lambda name: algo,
-    )
+    engine = on_two_ranks(Slow(2))
     fut = engine.submit(torch.ones(4), is_last=False)
     assert not fut.done()  # the caller (autograd) is free while the message waits
     gate.set()
@@ -244,20 +249,11 @@ class Held(Recording):
         return super().start(tensor)
 
 
-def held_engine(algo: Held) -> Engine:
-    return Engine(
-        group=None,  # type: ignore[arg-type]
-        world_size=2,
-        plan=Plan(Choice("recording")),
-        algorithm_for=lambda name: algo,
-    )
-
-
 def test_the_last_message_runs_on_the_submitting_thread_where_nothing_is_ahead() -> None:
     gate = threading.Event()
     gate.set()
     algo = Held(gate, seconds=0.05)
-    engine = held_engine(algo)
+    engine = on_two_ranks(algo)
     here = threading.current_thread().name
     first = engine.submit(torch.ones(4), is_last=False)
     assert first.wait().eq(1).all()  # the start thread has nothing left
@@ -274,7 +270,7 @@ def test_the_last_message_runs_on_the_submitting_thread_where_nothing_is_ahead()
 def test_the_last_message_waits_its_turn_behind_one_still_starting() -> None:
     gate = threading.Event()
     algo = Held(gate)
-    engine = held_engine(algo)
+    engine = on_two_ranks(algo)
     futures = [engine.submit(torch.ones(n), is_last=n == 6) for n in (4, 6)]
     assert engine.ran_here_s == 0.0 and not futures[1].done()  # behind the first, in order
     gate.set()
@@ -289,7 +285,7 @@ def test_an_interrupt_in_the_last_message_goes_up_through_backward() -> None:
     gate.set()
     algo = Held(gate)
     algo.interrupt = KeyboardInterrupt()
-    engine = held_engine(algo)
+    engine = on_two_ranks(algo)
     with pytest.raises(KeyboardInterrupt):
         engine.submit(torch.ones(4), is_last=True)
     assert engine.settle(10)
@@ -399,13 +395,7 @@ class Backend(AllReduceAlgorithm):
 
 def on_backend(algo: Backend, **options: Any) -> Engine:
     """An engine of 2 ranks whose every message runs ``algo`` (named "a")."""
-    return Engine(
-        group=None,  # type: ignore[arg-type]
-        world_size=2,
-        plan=Plan(Choice("a")),
-        algorithm_for=lambda name: algo,
-        **options,
-    )
+    return on_two_ranks(algo, "a", **options)
 
 
 def test_the_backends_callback_completes_a_lone_bucket_and_plans_switch_in_step() -> None:
